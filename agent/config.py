@@ -1,0 +1,197 @@
+"""The agent's settings: one typed, frozen object loaded from the chart's `config.yaml`.
+
+Every key is declared once, here, with its type, default and meaning. The chart's `values.yaml`,
+`values.schema.json` and ConfigMap template name the same keys; `tests/chart` loads the rendered
+ConfigMap through `load_settings` so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+import yaml
+
+from agent.errors import ConfigError
+
+DEFAULT_CONFIG_PATH = "/etc/istio-cni/config.yaml"
+MAX_CONFIG_BYTES = 1 << 20
+
+LogLevel = Literal["panic", "fatal", "error", "warn", "info", "debug"]
+RepairMode = Literal["repair-in-place", "delete", "label"]
+RuleBackend = Literal["auto", "python-iptables", "iptables-legacy", "iptables-nft", "nftables"]
+UninstallOnStop = Literal["auto", "always", "never"]
+
+
+@dataclass(frozen=True)
+class RepairSettings:
+    """What the agent does with pods that started before the plugin was in place."""
+
+    enabled: bool = True
+    """Look for broken pods on this node at all."""
+    mode: RepairMode = "repair-in-place"
+    """repair-in-place: program the pod's netns; delete: delete the pod; label: mark it."""
+    labelKey: str = "cni.istio.io/uninitialized"
+    """Label set on a broken pod in `label` mode."""
+    labelValue: str = "true"
+    """Value of that label."""
+    initContainerName: str = "istio-validation"
+    """Init container whose failure marks a pod as started without redirect."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The agent's configuration; field names are the `config.yaml` keys (camelCase)."""
+
+    cniBinDir: str = "/opt/cni/bin"
+    """Node path of the CNI bin dir, as the container runtime sees it."""
+    cniConfDir: str = "/etc/cni/net.d"
+    """Node path of the CNI config dir."""
+    cniConfFileName: str = ""
+    """Primary config to chain into (chained) or our file's name (standalone); empty = auto."""
+    chained: bool = True
+    """Chain into the primary conflist (true) or write a standalone config (false)."""
+    istioOwnedCNIConfig: bool = False
+    """Write a file that sorts first, holding the primary's plugins plus ours."""
+    istioOwnedCNIConfigFileName: str = "02-istio-cni.conflist"
+    """Name of that file; it must sort before the primary's."""
+    logLevel: LogLevel = "info"
+    """Agent and plugin log level."""
+    excludeNamespaces: tuple[str, ...] = ("istio-system", "kube-system")
+    """Pods in these namespaces are never redirected."""
+    mountedCniBinDir: str = "/host/opt/cni/bin"
+    """Where the node's bin dir is mounted in the agent container."""
+    mountedCniConfDir: str = "/host/etc/cni/net.d"
+    """Where the node's conf dir is mounted in the agent container."""
+    pluginSourceDir: str = "/opt/istio-cni/bin"
+    """Directory in the image holding the built plugin executables that install copies."""
+    cniAgentRunDir: str = "/var/run/istio-cni"
+    """Node path of the agent's run dir, holding the plugin's Unix socket (same path in the pod)."""
+    hostProcDir: str = "/host/proc"
+    """Where the node's /proc is mounted, to find pod network namespaces for repair."""
+    metricsPort: int = 15014
+    """Port of /healthz, /readyz and /metrics (on the host network)."""
+    ruleBackend: RuleBackend = "auto"
+    """How rules are applied: auto picks what the node already uses, as Istio does."""
+    uninstallOnStop: UninstallOnStop = "auto"
+    """On SIGTERM: auto uninstalls only when the DaemonSet is going away."""
+    conflictsPerMinuteWarning: int = 5
+    """Heals a minute of one file past which another writer is reported as fighting us."""
+    repair: RepairSettings = field(default_factory=RepairSettings)
+    """Handling of pods that started before the plugin was in place."""
+
+    @property
+    def socket_path(self) -> str:
+        return os.path.join(self.cniAgentRunDir, "pluginevent.sock")
+
+
+_ABSOLUTE_PATH_KEYS = frozenset(
+    {"cniBinDir", "cniConfDir", "mountedCniBinDir", "mountedCniConfDir", "pluginSourceDir",
+     "cniAgentRunDir", "hostProcDir"}
+)
+_FILE_NAME_KEYS = frozenset({"cniConfFileName", "istioOwnedCNIConfigFileName"})
+
+
+def load_settings(path: str = DEFAULT_CONFIG_PATH) -> Settings:
+    """Read, default and validate `config.yaml`; a missing file means all defaults."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+    except FileNotFoundError:
+        if path == DEFAULT_CONFIG_PATH:
+            return Settings()
+        raise ConfigError(f"{path}: config file not found") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read config file: {e.strerror}") from e
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: config file larger than {MAX_CONFIG_BYTES} bytes")
+    try:
+        data = yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    return settings_from_mapping(data if data is not None else {}, source=path)
+
+
+def settings_from_mapping(data: object, *, source: str) -> Settings:
+    """Build Settings from parsed YAML, naming `source` and the key in every error."""
+    top = _as_mapping(data, source=source, where="top level")
+    values = _convert_fields(Settings, top, source=source, prefix="")
+    return Settings(**values)
+
+
+def _as_mapping(data: object, *, source: str, where: str) -> Mapping[str, Any]:
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{source}: {where} must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def _convert_fields(
+    cls: type, data: Mapping[str, Any], *, source: str, prefix: str
+) -> dict[str, Any]:
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in fields:
+            known = ", ".join(sorted(fields))
+            raise ConfigError(f"{source}: unknown key {prefix}{key!s} (known keys: {known})")
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        out[key] = _convert_value(fields[key].type, value, source=source, name=name)
+    return out
+
+
+def _convert_value(type_name: object, value: object, *, source: str, name: str) -> object:
+    def wrong(expected: str) -> ConfigError:
+        return ConfigError(
+            f"{source}: key {name} must be {expected}, got {type(value).__name__} {value!r}"
+        )
+
+    if type_name == "RepairSettings":
+        mapping = _as_mapping(value, source=source, where=f"key {name}")
+        return RepairSettings(
+            **_convert_fields(RepairSettings, mapping, source=source, prefix=f"{name}.")
+        )
+    if type_name == "bool":
+        if not isinstance(value, bool):
+            raise wrong("true or false")
+        return value
+    if type_name == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise wrong("an integer")
+        if name.endswith("Port") and not 1 <= value <= 65535:
+            raise wrong("a port number 1-65535")
+        if value < 0:
+            raise wrong("a non-negative integer")
+        return value
+    if type_name == "tuple[str, ...]":
+        if value is None:
+            return ()
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise wrong("a list of strings")
+        return tuple(value)
+    literal = _LITERALS.get(str(type_name))
+    if literal is not None:
+        if value not in literal:
+            raise wrong("one of " + ", ".join(literal))
+        return value
+    if type_name == "str":
+        if not isinstance(value, str):
+            raise wrong("a string")
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf in _ABSOLUTE_PATH_KEYS and not os.path.isabs(value):
+            raise wrong("an absolute path")
+        if leaf in _FILE_NAME_KEYS and ("/" in value or value in (".", "..")):
+            raise wrong("a file name without '/'")
+        return value
+    raise AssertionError(f"config field {name} has unsupported type {type_name}")
+
+
+_LITERALS: dict[str, tuple[str, ...]] = {
+    "LogLevel": get_args(LogLevel),
+    "RepairMode": get_args(RepairMode),
+    "RuleBackend": get_args(RuleBackend),
+    "UninstallOnStop": get_args(UninstallOnStop),
+}

@@ -1,0 +1,33 @@
+"""The agent's exceptions, chosen by what the caller does with them.
+
+    AgentError
+     ├── ConfigError        bad config.yaml or flags: report and exit, never retry
+     ├── InstallError       a step of install/uninstall failed on the node's files
+     │    └── TransientInstallError   try again later (dir missing, primary config not there yet)
+     └── RedirectError      rules could not be built or applied into a pod's netns
+          └── InvalidAnnotationError  a pod annotation has a bad value (names it)
+"""
+
+
+class AgentError(Exception):
+    """Base of every error the agent raises on purpose."""
+
+
+class ConfigError(AgentError):
+    """Invalid configuration (file, key, flag): permanent until the operator fixes it."""
+
+
+class InstallError(AgentError):
+    """Installing or removing the plugin's files on the node failed."""
+
+
+class TransientInstallError(InstallError):
+    """A condition that may clear by itself; retry after the next change or interval."""
+
+
+class RedirectError(AgentError):
+    """Building or applying a pod's redirect rules failed."""
+
+
+class InvalidAnnotationError(RedirectError):
+    """A pod annotation holds a value the agent refuses (message names annotation and value)."""

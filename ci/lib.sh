@@ -1,0 +1,8 @@
+# Shared helpers for ci/ scripts: sourced, not run.
+set -euo pipefail
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CACHE_DIR=${ISTIO_CNI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/istio-cni}
+VENV=${ISTIO_CNI_VENV:-$REPO_ROOT/.venv}
+mkdir -p "$CACHE_DIR"
+step() { printf '\n==> %s\n' "$*" >&2; }
+die() { printf 'ci: FAILED: %s\n' "$*" >&2; exit 1; }

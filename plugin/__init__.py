@@ -1,0 +1,1 @@
+"""istio-cni CNI plugin: standard library only; its start-up time is pod start-up time."""

@@ -1,0 +1,17 @@
+"""Project-wide test settings: a skipped test is a failed run when ci/test runs the suite."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if os.environ.get("ISTIO_CNI_FAIL_ON_SKIP") != "1":
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = len(reporter.stats.get("skipped", [])) if reporter else 0
+    if skipped and session.exitstatus == 0:
+        reporter.write_line(f"FAILED: {skipped} test(s) skipped; a missing part is a failure here")
+        session.exitstatus = 1

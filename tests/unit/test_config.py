@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent.config import Settings, load_settings
+from agent.errors import ConfigError
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_empty_file_gives_defaults(tmp_path: Path) -> None:
+    assert load_settings(write(tmp_path, "")) == Settings()
+
+
+def test_defaults_match_the_design_contract() -> None:
+    s = Settings()
+    assert (s.cniBinDir, s.cniConfDir, s.cniConfFileName) == ("/opt/cni/bin", "/etc/cni/net.d", "")
+    assert s.chained is True and s.logLevel == "info"
+    assert s.excludeNamespaces == ("istio-system", "kube-system")
+    assert (s.mountedCniBinDir, s.mountedCniConfDir) == ("/host/opt/cni/bin", "/host/etc/cni/net.d")
+
+
+def test_values_are_read_and_nested_repair_applies(tmp_path: Path) -> None:
+    s = load_settings(
+        write(
+            tmp_path,
+            "cniBinDir: /home/kubernetes/bin\nchained: false\nexcludeNamespaces: [a, b]\n"
+            "logLevel: debug\nrepair: {mode: delete}\nmetricsPort: 9000\n",
+        )
+    )
+    assert s.cniBinDir == "/home/kubernetes/bin"
+    assert s.chained is False
+    assert s.excludeNamespaces == ("a", "b")
+    assert s.logLevel == "debug"
+    assert s.repair.mode == "delete" and s.repair.enabled is True
+    assert s.metricsPort == 9000
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("cniBinDri: /x\n", "unknown key cniBinDri"),
+        ("chained: 'yes'\n", "key chained must be true or false"),
+        ("logLevel: verbose\n", "key logLevel must be one of panic, fatal"),
+        ("excludeNamespaces: kube-system\n", "key excludeNamespaces must be a list of strings"),
+        ("cniConfDir: etc/cni\n", "key cniConfDir must be an absolute path"),
+        ("metricsPort: 70000\n", "key metricsPort must be a port number"),
+        ("metricsPort: true\n", "key metricsPort must be an integer"),
+        ("repair: {mode: fix}\n", "key repair.mode must be one of"),
+        ("repair: {colour: red}\n", "unknown key repair.colour"),
+        ("cniConfFileName: ../x.conf\n", "key cniConfFileName must be a file name"),
+        ("- a\n- b\n", "top level must be a mapping"),
+        ("a: [\n", "not valid YAML"),
+    ],
+    ids=[
+        "unknown-key", "bool-type", "log-level", "list-type", "relative-dir", "port-range",
+        "bool-as-int", "repair-mode", "repair-unknown", "file-name", "not-mapping", "bad-yaml",
+    ],
+)
+def test_bad_config_names_key_and_file(tmp_path: Path, text: str, expected: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load_settings(path)
+    assert expected in str(err.value)
+    assert path in str(err.value)
+
+
+def test_missing_explicit_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_settings(str(tmp_path / "nope.yaml"))
