@@ -72,6 +72,8 @@ class Settings:
     """Node path of the agent's run dir, holding the plugin's Unix socket (same path in the pod)."""
     hostProcDir: str = "/host/proc"
     """Where the node's /proc is mounted, to find pod network namespaces for repair."""
+    mountedNetnsDir: str = "/host/var/run/netns"
+    """Where the node's netns dir (runtime-named pod namespaces) is mounted, for repair."""
     metricsPort: int = 15014
     """Port of /healthz, /readyz and /metrics (on the host network)."""
     ruleBackend: RuleBackend = "auto"
@@ -90,7 +92,7 @@ class Settings:
 
 _ABSOLUTE_PATH_KEYS = frozenset(
     {"cniBinDir", "cniConfDir", "mountedCniBinDir", "mountedCniConfDir", "pluginSourceDir",
-     "cniAgentRunDir", "hostProcDir"}
+     "cniAgentRunDir", "hostProcDir", "mountedNetnsDir"}
 )
 _FILE_NAME_KEYS = frozenset({"cniConfFileName", "istioOwnedCNIConfigFileName"})
 
