@@ -1,0 +1,165 @@
+"""The repair loop: find pods on this node that run without redirect and handle them per mode."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from agent.config import Settings
+from agent.repair import actions
+from agent.repair.detect import is_running_with_addresses, pod_ips, pod_key, validation_failed
+from agent.repair.netns_finder import AddressReader, find_pod_netns, index_netns_by_address
+
+log = logging.getLogger(__name__)
+
+Redirect = Callable[[Mapping[str, Any], str], None]
+RulesInPlace = Callable[[Mapping[str, Any], str], bool]
+ShouldRedirect = Callable[[Mapping[str, Any]], bool]
+
+METRIC_TYPE = {"repair-in-place": "repair", "delete": "delete", "label": "label"}
+
+
+class PodSource(Protocol):
+    def list_pods(self) -> list[Mapping[str, Any]]: ...
+    def ready(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Outcome:
+    pod: str
+    action: str  # repair | delete | label | none
+    result: str  # success | fail | skip
+    detail: str = ""
+
+
+class RepairService:
+    """Runs `run_once` every `interval` seconds until stopped; each pod UID is handled once."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        node_name: str,
+        pods: PodSource,
+        core: actions.CoreApi,
+        should_redirect: ShouldRedirect,
+        redirect: Redirect,
+        rules_in_place: RulesInPlace,
+        read_addresses: AddressReader,
+        interval: float = 5.0,
+    ) -> None:
+        self._settings = settings
+        self._node_name = node_name
+        self._pods = pods
+        self._core = core
+        self._should_redirect = should_redirect
+        self._redirect = redirect
+        self._rules_in_place = rules_in_place
+        self._read_addresses = read_addresses
+        self._interval = interval
+        self._handled: set[str] = set()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="repair", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def ready(self) -> bool:
+        return True
+
+    def _loop(self) -> None:
+        while not self._stopping.wait(self._interval):
+            if not self._pods.ready():
+                continue
+            try:
+                self.run_once()
+            except Exception:  # one bad round must not end repair for the agent's lifetime
+                log.exception("repair round failed")
+
+    def run_once(self) -> list[Outcome]:
+        pods = self._pods.list_pods()
+        live = {str(p["metadata"].get("uid")) for p in pods}
+        self._handled &= live  # forget deleted pods so the set cannot grow without bound
+        todo = [p for p in pods if self._is_candidate(p)]
+        if not todo:
+            return []
+        index = index_netns_by_address(
+            netns_dir=self._settings.mountedNetnsDir,
+            proc_dir=self._settings.hostProcDir,
+            read_addresses=self._read_addresses,
+        )
+        return [self._handle(pod, find_pod_netns(pod_ips(pod), index)) for pod in todo]
+
+    def _is_candidate(self, pod: Mapping[str, Any]) -> bool:
+        uid = str(pod["metadata"].get("uid"))
+        if uid in self._handled or (pod["metadata"].get("deletionTimestamp")):
+            return False
+        return is_running_with_addresses(pod) and self._should_redirect(pod)
+
+    def _handle(self, pod: Mapping[str, Any], netns: str | None) -> Outcome:
+        key, uid = pod_key(pod), str(pod["metadata"]["uid"])
+        broken = validation_failed(pod, init_container_name=self._settings.repair.initContainerName)
+        if not broken:
+            if netns is None:
+                return Outcome(key, "none", "skip", "netns not found yet")
+            try:
+                if self._rules_in_place(pod, netns):
+                    self._handled.add(uid)
+                    return Outcome(key, "none", "skip", "rules in place")
+            except Exception as e:
+                log.warning("cannot check rules of pod %s in %s: %s", key, netns, e)
+                return Outcome(key, "none", "skip", f"check failed: {e}")
+        mode = self._settings.repair.mode
+        kind = METRIC_TYPE[mode]
+        try:
+            detail = self._act(mode, pod, netns)
+        except Exception as e:
+            log.error("repair of pod %s (%s) failed: %s", key, mode, e,
+                      extra={"fields": {"pod": key, "mode": mode}})
+            actions.PODS_REPAIRED.labels(type=kind, result="fail").inc()
+            message = f"pod started without traffic redirect; {mode} failed: {e}"
+            actions.record_event(self._core, pod, reason=_REASON[mode], message=message,
+                                 node_name=self._node_name)
+            return Outcome(key, kind, "fail", str(e))
+        self._handled.add(uid)
+        if detail == "skip":
+            actions.PODS_REPAIRED.labels(type=kind, result="skip").inc()
+            return Outcome(key, kind, "skip", "already labeled")
+        actions.PODS_REPAIRED.labels(type=kind, result="success").inc()
+        log.info("pod %s started without traffic redirect: %s", key, detail,
+                 extra={"fields": {"pod": key, "mode": mode}})
+        actions.record_event(self._core, pod, reason=_REASON[mode],
+                             message=f"pod started without traffic redirect; {detail}",
+                             node_name=self._node_name)
+        return Outcome(key, kind, "success", detail)
+
+    def _act(self, mode: str, pod: Mapping[str, Any], netns: str | None) -> str:
+        if mode == "repair-in-place":
+            if netns is None:
+                raise LookupError("network namespace not found on this node")
+            self._redirect(pod, netns)
+            return f"rules programmed in {netns}"
+        if mode == "delete":
+            actions.delete_pod(self._core, pod)
+            return "deleted"
+        repair = self._settings.repair
+        if (pod["metadata"].get("labels") or {}).get(repair.labelKey) is not None:
+            return "skip"
+        actions.label_pod(self._core, pod, key=repair.labelKey, value=repair.labelValue)
+        return f"labeled {repair.labelKey}={repair.labelValue}"
+
+
+_REASON = {
+    "repair-in-place": "RepairBrokenPod",
+    "delete": "DeleteBrokenPod",
+    "label": "LabelBrokenPod",
+}
