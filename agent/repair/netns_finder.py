@@ -13,6 +13,8 @@ import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
 
+from agent.errors import AgentError
+
 log = logging.getLogger(__name__)
 
 AddressReader = Callable[[str], set[str]]
@@ -38,7 +40,7 @@ def index_netns_by_address(
         seen.add(identity)
         try:
             addresses = read_addresses(path)
-        except OSError as e:
+        except (OSError, AgentError) as e:
             log.debug("cannot read addresses of netns %s: %s", path, e)
             continue
         for address in addresses:
