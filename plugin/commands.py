@@ -1,0 +1,143 @@
+"""One function per CNI command: what is decided here, and what is asked of the agent.
+
+Decided without the agent (the pod passes, ADD returns prevResult): no Kubernetes pod in
+CNI_ARGS, a namespace in `exclude_namespaces`, the agent's own pod. Everything else is one
+request to the agent, and an agent that is unreachable or fails fails ADD and CHECK (fail
+closed: a pod that should be captured must never start uncaptured).
+
+DEL with the agent unreachable succeeds: the runtime retries a failed DEL without end and holds
+the pod's teardown meanwhile, while everything our ADD made lives inside the pod's network
+namespace, which goes away with the sandbox. State the agent keeps per sandbox is dropped by GC
+and by its own reconciliation. An agent that answers DEL with an error still fails it.
+"""
+
+from __future__ import annotations
+
+from plugin import versions, wire
+from plugin.client import AgentClient, AgentUnavailable
+from plugin.errors import NOT_AVAILABLE, CniError
+from plugin.log import PluginLog
+from plugin.skel import parse_cni_args
+
+TYPE_CHECKING = False  # not typing's: importing typing costs ~10 ms of start-up
+if TYPE_CHECKING:
+    from typing import Any, TextIO
+
+    from plugin.config import NetConf
+    from plugin.skel import CmdArgs, Command
+
+
+class Pod:
+    """The Kubernetes pod the runtime names in CNI_ARGS."""
+
+    __slots__ = ("name", "namespace", "uid")
+
+    def __init__(self, name: str, namespace: str, uid: str) -> None:
+        self.name = name
+        self.namespace = namespace
+        self.uid = uid
+
+
+def pod_of(args: CmdArgs) -> Pod | None:
+    """The pod in CNI_ARGS (K8S_POD_NAME, K8S_POD_NAMESPACE, K8S_POD_UID), None without one."""
+    kv = parse_cni_args(args.args)
+    name, namespace = kv.get("K8S_POD_NAME", ""), kv.get("K8S_POD_NAMESPACE", "")
+    if not name or not namespace:
+        return None
+    return Pod(name, namespace, kv.get("K8S_POD_UID", ""))
+
+
+def pass_reason(conf: NetConf, pod: Pod | None) -> str | None:
+    """Why the pod passes without asking the agent, or None when the agent decides."""
+    if pod is None:
+        return "no Kubernetes pod in CNI_ARGS"
+    if pod.namespace in conf.exclude_namespaces:
+        return f"namespace {pod.namespace} is excluded"
+    if conf.pod_name and (pod.namespace, pod.name) == (conf.pod_namespace, conf.pod_name):
+        return "the istio-cni agent's own pod"
+    return None
+
+
+class Plugin:
+    """The commands, writing their log lines to `stderr` (and to the agent)."""
+
+    def __init__(self, *, stderr: TextIO) -> None:
+        self.stderr = stderr
+
+    def commands(self) -> dict[str, Command]:
+        return {"ADD": self.add, "CHECK": self.check, "DEL": self.delete,
+                "GC": self.gc, "STATUS": self.status}
+
+    def add(self, args: CmdArgs, conf: NetConf) -> dict[str, Any]:
+        # Checked before any decision: a malformed prevResult fails every pod alike.
+        result = versions.convert_result(conf.prev_result or {}, conf.cni_version)
+        self._ask("ADD", args, conf)
+        return result
+
+    def check(self, args: CmdArgs, conf: NetConf) -> None:
+        if conf.prev_result is not None:
+            versions.convert_result(conf.prev_result, conf.cni_version)
+        self._ask("CHECK", args, conf)
+
+    def delete(self, args: CmdArgs, conf: NetConf) -> None:
+        self._ask("DEL", args, conf, unreachable_ok=True)
+
+    def gc(self, args: CmdArgs, conf: NetConf) -> None:
+        client = AgentClient(conf.agent_run_dir, timeout=conf.agent_timeout)
+        reply = client.gc(wire.gc_request(conf.valid_attachments or []))
+        self._log(args, conf, None).debug(
+            "GC done", attachments=len(conf.valid_attachments or []), reason=reply["reason"])
+
+    def status(self, args: CmdArgs, conf: NetConf) -> None:
+        client = AgentClient(conf.agent_run_dir, timeout=conf.agent_timeout)
+        try:
+            reply = client.status()
+        except CniError as e:
+            raise CniError(NOT_AVAILABLE, "the plugin is not available",
+                           f"{e.msg}: {e.details}" if e.details else e.msg) from e
+        if not reply["ready"]:
+            raise CniError(NOT_AVAILABLE, "the plugin is not available",
+                           "istio-cni agent not ready: " + reply.get("reason", ""))
+
+    def _ask(
+        self, command: str, args: CmdArgs, conf: NetConf, *, unreachable_ok: bool = False
+    ) -> None:
+        """Decide locally or send the one request; raises CniError when the agent fails
+        (or cannot be reached, unless `unreachable_ok`)."""
+        pod = pod_of(args)
+        reason = pass_reason(conf, pod)
+        if reason is not None or pod is None:
+            self._log(args, conf, pod).debug(f"{command}: pass", reason=reason)
+            return
+        client = AgentClient(conf.agent_run_dir, timeout=conf.agent_timeout)
+        log = self._log(args, conf, pod)
+        try:
+            reply = client.cni(command, wire.cni_request(
+                command=command, container_id=args.container_id, netns=args.netns,
+                ifname=args.ifname, pod_name=pod.name, pod_namespace=pod.namespace,
+                pod_uid=pod.uid, cni_version=conf.cni_version, prev_result=conf.prev_result))
+        except AgentUnavailable as e:
+            if not unreachable_ok:
+                log.error(f"{command} failed", code=e.code, error=e.msg, details=e.details)
+                raise
+            log.warn(f"{command} succeeds without the agent: the netns and its rules go with "
+                     "the sandbox", error=e.msg, details=e.details)
+            return
+        except CniError as e:
+            log.error(f"{command} failed", code=e.code, error=e.msg, details=e.details)
+            raise
+        log.debug(f"{command}: {reply['result']}", reason=reply["reason"])
+
+    def _log(self, args: CmdArgs, conf: NetConf, pod: Pod | None) -> PluginLog:
+        """Lines to stderr and to the agent's log, tagged with the pod."""
+        name, namespace = (pod.name, pod.namespace) if pod else ("", "")
+        client = AgentClient(conf.agent_run_dir, timeout=conf.agent_timeout)
+
+        def sink(level: str, msg: str) -> bool:
+            return client.log(wire.log_request(level=level, msg=msg, pod_name=name,
+                                               pod_namespace=namespace,
+                                               container_id=args.container_id))
+
+        fields = {"pod": f"{namespace}/{name}" if pod else "",
+                  "containerID": args.container_id, "command": args.command}
+        return PluginLog(conf.log_level, stderr=self.stderr, fields=fields, sink=sink)

@@ -1,0 +1,339 @@
+"""Plugin <-> agent wire format: HTTP/1.1 over the agent's Unix socket, JSON bodies.
+
+Standard library only. The agent imports this module (and nothing else from `plugin`), so both
+sides build and check the same bodies:
+
+    POST /v1/cni/add | /v1/cni/check | /v1/cni/del   CniRequest
+    POST /v1/cni/gc                                   GcRequest
+    GET  /v1/status                                   -> StatusReply (200 ready, 503 not ready)
+    POST /v1/log                                      LogRequest
+    200 Reply {"result": "redirected"|"skipped", "reason"}; 4xx/5xx ErrorReply {code, msg, details}
+
+The TypedDicts below exist for type checkers only: importing `typing` at run time costs the
+plugin ~10 ms of start-up on every pod sandbox. Import them under `TYPE_CHECKING`.
+"""
+
+from __future__ import annotations
+
+import json
+
+TYPE_CHECKING = False  # not typing's: importing typing costs ~10 ms of start-up
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any, NotRequired, TypedDict
+
+    class CniRequest(TypedDict):
+        command: str
+        containerId: str
+        netns: str
+        ifname: str
+        podName: str
+        podNamespace: str
+        podUid: str
+        cniVersion: str
+        prevResult: dict[str, Any] | None
+
+    class Attachment(TypedDict):
+        containerId: str
+        ifname: str
+
+    class GcRequest(TypedDict):
+        validAttachments: list[Attachment]
+
+    class LogRequest(TypedDict):
+        level: str
+        msg: str
+        podName: str
+        podNamespace: str
+        containerId: str
+
+    class Reply(TypedDict):
+        result: str
+        reason: str
+
+    class ErrorReply(TypedDict):
+        code: int
+        msg: str
+        details: str
+
+    class StatusReply(TypedDict):
+        ready: bool
+        reason: NotRequired[str]
+
+
+SOCKET_NAME = "pluginevent.sock"
+PATH_ADD = "/v1/cni/add"
+PATH_CHECK = "/v1/cni/check"
+PATH_DEL = "/v1/cni/del"
+PATH_GC = "/v1/cni/gc"
+PATH_STATUS = "/v1/status"
+PATH_LOG = "/v1/log"
+COMMAND_PATHS = {"ADD": PATH_ADD, "CHECK": PATH_CHECK, "DEL": PATH_DEL}
+RESULT_REDIRECTED = "redirected"
+RESULT_SKIPPED = "skipped"
+LOG_LEVELS = ("debug", "info", "warn", "error")
+MAX_BODY = 1 << 20
+"""The plugin reads at most this many bytes of a reply body (a runaway agent cannot exhaust it)."""
+MAX_HEAD = 64 << 10
+
+_CNI_FIELDS = ("containerId", "netns", "ifname", "podName", "podNamespace", "podUid", "cniVersion")
+_LOG_FIELDS = ("level", "msg", "podName", "podNamespace", "containerId")
+
+
+class WireError(ValueError):
+    """A message that does not follow the wire format; the text names the field at fault."""
+
+
+def socket_path(run_dir: str) -> str:
+    """The agent's socket inside `cni_agent_run_dir`."""
+    return run_dir.rstrip("/") + "/" + SOCKET_NAME
+
+
+def encode(obj: object) -> bytes:
+    """Compact UTF-8 JSON, the only body encoding on the wire."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def decode_object(body: bytes, what: str) -> dict[str, Any]:
+    """The JSON object in `body`, or WireError naming `what` could not be read."""
+    try:
+        obj = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise WireError(f"{what}: not JSON: {e}") from e
+    if not isinstance(obj, dict):
+        raise WireError(f"{what}: expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def _strings(obj: dict[str, Any], fields: tuple[str, ...], what: str) -> None:
+    for field in fields:
+        if not isinstance(obj.get(field), str):
+            raise WireError(f"{what}: field {field!r} must be a string")
+
+
+def cni_request(
+    *,
+    command: str,
+    container_id: str,
+    netns: str,
+    ifname: str,
+    pod_name: str,
+    pod_namespace: str,
+    pod_uid: str,
+    cni_version: str,
+    prev_result: dict[str, Any] | None,
+) -> CniRequest:
+    """The body of POST /v1/cni/{add,check,del}."""
+    return {
+        "command": command,
+        "containerId": container_id,
+        "netns": netns,
+        "ifname": ifname,
+        "podName": pod_name,
+        "podNamespace": pod_namespace,
+        "podUid": pod_uid,
+        "cniVersion": cni_version,
+        "prevResult": prev_result,
+    }
+
+
+def parse_cni_request(body: bytes, *, command: str | None = None) -> CniRequest:
+    """Check an ADD/CHECK/DEL body; `command`, when given, must match the one in the body."""
+    obj = decode_object(body, "CNI request")
+    if obj.get("command") not in COMMAND_PATHS:
+        raise WireError(f"CNI request: field 'command' must be one of {sorted(COMMAND_PATHS)}")
+    if command is not None and obj["command"] != command:
+        raise WireError(f"CNI request: command {obj['command']!r} sent to the {command} path")
+    _strings(obj, _CNI_FIELDS, "CNI request")
+    prev = obj.get("prevResult")
+    if prev is not None and not isinstance(prev, dict):
+        raise WireError("CNI request: field 'prevResult' must be an object or null")
+    obj.setdefault("prevResult", None)
+    return obj  # type: ignore[return-value]  # checked field by field above
+
+
+def gc_request(valid_attachments: list[tuple[str, str]]) -> GcRequest:
+    """The body of POST /v1/cni/gc from (containerId, ifname) pairs."""
+    return {"validAttachments": [{"containerId": c, "ifname": i} for c, i in valid_attachments]}
+
+
+def parse_gc_request(body: bytes) -> GcRequest:
+    obj = decode_object(body, "GC request")
+    items = obj.get("validAttachments")
+    if not isinstance(items, list):
+        raise WireError("GC request: field 'validAttachments' must be a list")
+    for n, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise WireError(f"GC request: validAttachments[{n}] must be an object")
+        _strings(item, ("containerId", "ifname"), f"GC request: validAttachments[{n}]")
+    return obj  # type: ignore[return-value]  # checked above
+
+
+def log_request(
+    *, level: str, msg: str, pod_name: str, pod_namespace: str, container_id: str
+) -> LogRequest:
+    """The body of POST /v1/log: one plugin log line for the agent's log."""
+    return {
+        "level": level,
+        "msg": msg,
+        "podName": pod_name,
+        "podNamespace": pod_namespace,
+        "containerId": container_id,
+    }
+
+
+def parse_log_request(body: bytes) -> LogRequest:
+    obj = decode_object(body, "log request")
+    _strings(obj, _LOG_FIELDS, "log request")
+    if obj["level"] not in LOG_LEVELS:
+        raise WireError(f"log request: field 'level' must be one of {list(LOG_LEVELS)}")
+    return obj  # type: ignore[return-value]  # checked above
+
+
+def reply(result: str, reason: str) -> Reply:
+    """The agent's 200 body for ADD/CHECK/DEL/GC."""
+    return {"result": result, "reason": reason}
+
+
+def parse_reply(body: bytes) -> Reply:
+    obj = decode_object(body, "agent reply")
+    if obj.get("result") not in (RESULT_REDIRECTED, RESULT_SKIPPED):
+        raise WireError("agent reply: field 'result' must be 'redirected' or 'skipped'")
+    if not isinstance(obj.get("reason", ""), str):
+        raise WireError("agent reply: field 'reason' must be a string")
+    obj.setdefault("reason", "")
+    return obj  # type: ignore[return-value]  # checked above
+
+
+def error_reply(code: int, msg: str, details: str = "") -> ErrorReply:
+    """The agent's 4xx/5xx body; `code` is a CNI error code the plugin passes on."""
+    return {"code": code, "msg": msg, "details": details}
+
+
+def parse_error_reply(body: bytes, status: int) -> ErrorReply:
+    """Lenient: whatever the agent (or something in its place) sent becomes an ErrorReply."""
+    try:
+        obj = decode_object(body, "agent error reply")
+    except WireError:
+        text = body[:512].decode("utf-8", "replace").strip()
+        return error_reply(999, f"agent answered HTTP {status}", text)
+    code = obj.get("code")
+    if isinstance(code, bool) or not isinstance(code, int) or code <= 0:
+        code = 999
+    msg = obj.get("msg")
+    details = obj.get("details")
+    return error_reply(
+        code,
+        msg if isinstance(msg, str) and msg else f"agent answered HTTP {status}",
+        details if isinstance(details, str) else "",
+    )
+
+
+def status_reply(ready: bool, reason: str = "") -> StatusReply:
+    return {"ready": ready, "reason": reason} if reason else {"ready": ready}
+
+
+def parse_status_reply(body: bytes) -> StatusReply:
+    obj = decode_object(body, "status reply")
+    if not isinstance(obj.get("ready"), bool):
+        raise WireError("status reply: field 'ready' must be a boolean")
+    if not isinstance(obj.get("reason", ""), str):
+        raise WireError("status reply: field 'reason' must be a string")
+    return obj  # type: ignore[return-value]  # checked above
+
+
+# --- HTTP/1.1 framing (the plugin's side; a few lines instead of http.client's ~60 ms import) ---
+
+
+def http_request(method: str, path: str, body: bytes | None = None) -> bytes:
+    """One request on its own connection (`Connection: close`), so curl can replay it."""
+    head = [f"{method} {path} HTTP/1.1", "Host: istio-cni-agent", "Connection: close"]
+    if body is not None:
+        head += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
+    return ("\r\n".join(head) + "\r\n\r\n").encode("ascii") + (body or b"")
+
+
+class HttpResponse:
+    """Status, lower-cased headers, body (at most the caller's limit) and whether it was cut."""
+
+    __slots__ = ("body", "headers", "status", "truncated")
+
+    def __init__(
+        self, status: int, headers: dict[str, str], body: bytes, truncated: bool
+    ) -> None:
+        self.status = status
+        self.headers = headers
+        self.body = body
+        self.truncated = truncated
+
+
+def read_http_response(recv: Callable[[int], bytes], *, limit: int = MAX_BODY) -> HttpResponse:
+    """Read one response through `recv` (socket.recv); the body is cut at `limit` bytes.
+
+    Raises WireError for a response that is not HTTP/1.x. Chunked bodies are decoded.
+    """
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        if len(buf) > MAX_HEAD:
+            raise WireError(f"HTTP response head longer than {MAX_HEAD} bytes")
+        data = recv(65536)
+        if not data:
+            raise WireError("connection closed before a complete HTTP response head")
+        buf += data
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+        raise WireError(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if sep:
+            headers[name.strip().lower()] = value.strip()
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        body, truncated = _read_chunked(rest, recv, limit)
+    else:
+        body, truncated = _read_plain(rest, recv, limit, headers.get("content-length"))
+    return HttpResponse(int(parts[1]), headers, body, truncated)
+
+
+def _read_plain(
+    buf: bytes, recv: Callable[[int], bytes], limit: int, length: str | None
+) -> tuple[bytes, bool]:
+    want = int(length) if length and length.isdigit() else None
+    while (want is None or len(buf) < want) and len(buf) <= limit:
+        data = recv(65536)
+        if not data:
+            break
+        buf += data
+    if want is not None:
+        buf = buf[:want]
+    return (buf[:limit], True) if len(buf) > limit else (buf, False)
+
+
+def _read_chunked(
+    buf: bytes, recv: Callable[[int], bytes], limit: int
+) -> tuple[bytes, bool]:
+    body = b""
+    while True:
+        while b"\r\n" not in buf:
+            data = recv(65536)
+            if not data:
+                return body, False
+            buf += data
+        size_line, _, buf = buf.partition(b"\r\n")
+        try:
+            size = int(size_line.split(b";")[0].strip() or b"0", 16)
+        except ValueError as e:
+            raise WireError(f"bad chunk size line {size_line[:40]!r}") from e
+        if size == 0:
+            return body, False
+        while len(buf) < size + 2:
+            data = recv(65536)
+            if not data:
+                return (body + buf[:size])[:limit], len(body) + len(buf[:size]) > limit
+            buf += data
+        body += buf[:size]
+        buf = buf[size + 2 :]
+        if len(body) > limit:
+            return body[:limit], True
