@@ -1,0 +1,81 @@
+"""values.schema.json: a bad value makes `helm template`, `helm lint` and `helm install` fail with
+a message that names the value (Helm 3 says `repair.mode:`, Helm 4 says `at '/repair/mode'`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.chart.conftest import CHART, Helm
+
+pytestmark = pytest.mark.chart
+
+# (--set argument, path of the value the error must name)
+BAD_VALUES = [
+    pytest.param("cniBinDir=opt/cni/bin", "cniBinDir", id="bin-dir-relative"),
+    pytest.param("cniConfDir=etc/cni", "cniConfDir", id="conf-dir-relative"),
+    pytest.param("cniNetnsDir=run/netns", "cniNetnsDir", id="netns-dir-relative"),
+    pytest.param("cniAgentRunDir=istio-cni", "cniAgentRunDir", id="run-dir-relative"),
+    pytest.param("cniConfFileName=net.d/10-x.conflist", "cniConfFileName", id="conf-file-path"),
+    pytest.param("logLevel=verbose", "logLevel", id="log-level"),
+    pytest.param("pullPolicy=Sometimes", "pullPolicy", id="pull-policy"),
+    pytest.param("platform=gcp", "platform", id="platform"),
+    pytest.param("repair.mode=restart", "repair.mode", id="repair-mode"),
+    pytest.param("repair.enabled=maybe", "repair.enabled", id="repair-enabled-type"),
+    pytest.param("chained=yes", "chained", id="chained-type"),
+    pytest.param("metricsPort=70000", "metricsPort", id="metrics-port-range"),
+    pytest.param("metricsPort=port", "metricsPort", id="metrics-port-type"),
+    pytest.param("ruleBackend=ebpf", "ruleBackend", id="rule-backend"),
+    pytest.param("uninstallOnStop=sometimes", "uninstallOnStop", id="uninstall-on-stop"),
+    pytest.param("excludeNamespaces[0]=Kube_System", "excludeNamespaces.0", id="namespace-name"),
+    pytest.param("provider=calico", "provider", id="provider"),
+    pytest.param("seLinuxOptions.kind=spc_t", "seLinuxOptions", id="selinux-unknown-field"),
+    pytest.param("cniBinDIr=/opt/cni/bin", "cniBinDIr", id="misspelt-value"),
+    pytest.param("resourceQuota.pods=0", "resourceQuota.pods", id="quota-pods"),
+]
+
+
+def names_value(message: str, path: str) -> bool:
+    parts = path.split(".")
+    return (
+        f"- {path}:" in message  # Helm 3
+        or f"at '/{'/'.join(parts)}'" in message  # Helm 4
+        or f"additional property {parts[-1]} ".lower() in message.lower()  # Helm 3, unknown key
+        or f"additional properties '{parts[-1]}'" in message  # Helm 4, unknown key
+    )
+
+
+@pytest.mark.parametrize(("setting", "path"), BAD_VALUES)
+def test_helm_template_rejects_bad_value_naming_it(helm: Helm, setting: str, path: str) -> None:
+    proc = helm.template(sets=[setting], check=False)
+    assert proc.returncode != 0, f"{setting} was accepted"
+    assert "values don't meet the specifications of the schema" in proc.stderr
+    assert names_value(proc.stderr, path), proc.stderr
+
+
+@pytest.mark.parametrize(("setting", "path"), BAD_VALUES[:6])
+def test_helm_lint_rejects_bad_value_naming_it(helm: Helm, setting: str, path: str) -> None:
+    proc = helm.run("lint", "--strict", str(CHART), "--set", setting, check=False)
+    assert proc.returncode != 0
+    assert names_value(proc.stdout + proc.stderr, path), proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(("setting", "path"), BAD_VALUES[:6])
+def test_helm_install_rejects_bad_value_naming_it(helm: Helm, setting: str, path: str) -> None:
+    # Helm 4 validates a client-side dry run without a cluster; Helm 3 would first dial one, so
+    # it runs against the real API server in tests/cluster instead.
+    if helm.version.startswith("3."):
+        proc = helm.template(sets=[setting], check=False)
+    else:
+        proc = helm.run("install", "istio-cni", str(CHART), "--namespace", "kube-system",
+                        "--dry-run=client", "--set", setting, check=False)
+    assert proc.returncode != 0
+    assert names_value(proc.stderr, path), proc.stderr
+
+
+def test_good_values_of_every_kind_are_accepted(helm: Helm) -> None:
+    helm.template(sets=[
+        "cniBinDir=/opt/cni/bin", "logLevel=debug", "pullPolicy=Always", "platform=kind",
+        "repair.mode=label", "chained=false", "metricsPort=15020", "ruleBackend=nftables",
+        "uninstallOnStop=never", "excludeNamespaces={a,b-c}", "provider=multus",
+        "seLinuxOptions.type=spc_t", "resourceQuota.pods=10", "cniConfFileName=10-x.conflist",
+    ])

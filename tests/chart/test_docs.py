@@ -1,0 +1,129 @@
+"""The chart README is generated from the values comments and is up to date; every value has a
+comment; NOTES.txt tells what was installed and how to check it."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.chart.conftest import CHART, EXAMPLES, REPO_ROOT, Helm, cache_dir
+
+pytestmark = pytest.mark.chart
+
+CHART_README = REPO_ROOT / "ci" / "chart-readme"
+
+
+def run_readme(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(root / "ci" / "chart-readme"), *args],
+                          capture_output=True, text=True, check=False)
+
+
+def test_chart_readme_is_up_to_date() -> None:
+    proc = run_readme(REPO_ROOT, "--check")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_readme_lists_every_top_level_value_and_preset() -> None:
+    readme = (CHART / "README.md").read_text()
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    for key in values:
+        assert f"| `{key}` |" in readme, key
+    for platform in EXAMPLES.glob("*.yaml"):
+        assert f"| `{platform.stem}` |" in readme
+
+
+@pytest.fixture
+def repo_copy(tmp_path: Path) -> Path:
+    """The files ci/chart-readme reads, in a scratch tree it may write to."""
+    root = tmp_path / "repo"
+    shutil.copytree(CHART, root / "charts" / "istio-cni")
+    shutil.copytree(EXAMPLES, root / "values-examples")
+    (root / "ci").mkdir()
+    shutil.copy2(CHART_README, root / "ci" / "chart-readme")
+    return root
+
+
+def test_check_fails_naming_the_readme_when_a_comment_changed(repo_copy: Path) -> None:
+    values = repo_copy / "charts" / "istio-cni" / "values.yaml"
+    values.write_text(values.read_text().replace("Pods in these namespaces", "Pods in those"))
+    proc = run_readme(repo_copy, "--check")
+    assert proc.returncode == 1
+    assert "README.md is out of date" in proc.stderr and "Pods in those" in proc.stderr
+    assert run_readme(repo_copy).returncode == 0
+    assert run_readme(repo_copy, "--check").returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "key"),
+    [
+        ("# -- Image pull policy: Always, IfNotPresent or Never.\n", "", "pullPolicy"),
+        ("  # -- Value of that label.\n", "", "repair.labelValue"),
+    ],
+    ids=["top-level", "nested"],
+)
+def test_a_value_without_comment_is_an_error_naming_it(
+    repo_copy: Path, old: str, new: str, key: str
+) -> None:
+    values = repo_copy / "charts" / "istio-cni" / "values.yaml"
+    text = values.read_text()
+    assert old in text
+    values.write_text(text.replace(old, new))
+    proc = run_readme(repo_copy)
+    assert proc.returncode == 1
+    assert f"value {key} has no '# --' comment" in proc.stderr
+
+
+@pytest.fixture
+def helm4(tmp_path: Path) -> Helm:
+    # Helm 4 renders NOTES.txt in a client-only dry run; Helm 3 would need a cluster for that.
+    binary = cache_dir() / "helm" / "4.1.4" / "helm"
+    if not binary.exists():
+        pytest.fail(f"Helm 4.1.4 missing at {binary}: run ci/setup-helm", pytrace=False)
+    return Helm(binary=binary, version="4.1.4", home=tmp_path / "helm-home")
+
+
+def notes(helm: Helm, *sets: str) -> str:
+    args = ["install", "istio-cni", str(CHART), "--namespace", "kube-system", "--dry-run=client"]
+    for s in sets:
+        args += ["--set", s]
+    out = helm.run(*args).stdout
+    return out[out.index("NOTES:"):]
+
+
+def test_notes_say_what_was_installed_and_how_to_check_it(helm4: Helm) -> None:
+    text = notes(helm4)
+    assert "DaemonSet istio-cni" in text
+    assert "kubectl -n kube-system rollout status daemonset/istio-cni" in text
+    assert "logs daemonset/istio-cni" in text and "READY" in text
+    assert "/opt/cni/bin" in text and "chains it into" in text
+
+
+def test_notes_name_the_platform_parts(helm4: Helm) -> None:
+    text = notes(helm4, "platform=openshift")
+    assert "platform preset: openshift" in text
+    assert "NetworkAttachmentDefinition istio-cni" in text
+    assert "system:openshift:scc:privileged" in text
+    assert "/etc/cni/multus/net.d/istio-cni.conf" in text
+
+
+def test_every_value_is_typed_in_the_schema() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    schema = yaml.safe_load((CHART / "values.schema.json").read_text())
+    assert schema["additionalProperties"] is False  # a misspelt value is an error
+
+    def walk(data: dict[str, object], node: dict[str, object], prefix: str) -> None:
+        props = node.get("properties")
+        assert isinstance(props, dict), f"{prefix or 'values'}: schema has no properties"
+        for key, value in data.items():
+            path = f"{prefix}{key}"
+            assert key in props, f"value {path} is not in values.schema.json"
+            assert props[key].get("type"), f"value {path} has no type in values.schema.json"
+            if isinstance(value, dict) and "properties" in props[key]:
+                walk(value, props[key], f"{path}.")
+
+    walk(values, schema, "")

@@ -1,0 +1,190 @@
+"""What each platform preset changes, that `--set platform=X` renders exactly what
+`-f values-examples/X.yaml` renders, and that values set explicitly override a preset."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.chart.conftest import (
+    EXAMPLES,
+    PLATFORMS,
+    Helm,
+    agent_config,
+    agent_container,
+    host_paths,
+    mounts,
+    of_kind,
+    only,
+    platform_values,
+)
+
+pytestmark = pytest.mark.chart
+
+STD_BIN, STD_CONF, STD_NETNS = "/opt/cni/bin", "/etc/cni/net.d", "/var/run/netns"
+K3S_CONF = "/var/lib/rancher/k3s/agent/etc/cni/net.d"
+
+# What each preset must render; the paths as checked in each platform's documentation (the
+# sources are cited in values-examples/<platform>.yaml).
+EXPECTED: dict[str, dict[str, Any]] = {
+    "default": {},
+    "gke": {"bin": "/home/kubernetes/bin"},  # quota: not in kube-system, see below
+    "openshift": {
+        "bin": "/var/lib/cni/bin", "conf": "/etc/cni/multus/net.d", "chained": False,
+        "file": "istio-cni.conf", "scc": "system:openshift:scc:privileged", "nad": True,
+        "selinux": "spc_t",
+    },
+    "eks": {},
+    "aks": {},
+    "iks": {},
+    "k3s": {"bin": "/var/lib/rancher/k3s/data/cni", "conf": K3S_CONF},
+    "k3d": {"bin": "/bin", "conf": K3S_CONF},
+    "microk8s": {
+        "bin": "/var/snap/microk8s/current/opt/cni/bin",
+        "conf": "/var/snap/microk8s/current/args/cni-network",
+    },
+    "minikube": {"netns": "/var/run/docker/netns"},
+    "kind": {},
+    "rke2": {"selinux": "spc_t"},
+}
+
+
+def test_expectations_cover_every_preset() -> None:
+    assert set(EXPECTED) == {"default", *PLATFORMS}
+
+
+@pytest.mark.parametrize("preset", sorted(EXPECTED))
+def test_preset_renders_its_platform(helm: Helm, preset: str) -> None:
+    want = EXPECTED[preset]
+    docs = helm.render(values=platform_values(preset))
+    paths, mnt, config = host_paths(docs), mounts(docs), agent_config(docs)
+
+    # Host paths follow the platform; the container paths stay fixed and match the config.
+    assert paths["cni-bin-dir"] == config["cniBinDir"] == want.get("bin", STD_BIN)
+    assert paths["cni-conf-dir"] == config["cniConfDir"] == want.get("conf", STD_CONF)
+    assert mnt[config["mountedCniBinDir"]]["name"] == "cni-bin-dir"
+    assert mnt[config["mountedCniConfDir"]]["name"] == "cni-conf-dir"
+    assert (config["mountedCniBinDir"], config["mountedCniConfDir"]) == (
+        "/host/opt/cni/bin", "/host/etc/cni/net.d")
+    # The netns dir: at the node path (what the runtime passes) and where repair looks.
+    netns = want.get("netns", STD_NETNS)
+    assert paths["cni-netns-dir"] == netns
+    for path in (netns, config["mountedNetnsDir"]):
+        assert mnt[path]["name"] == "cni-netns-dir"
+        assert mnt[path]["readOnly"] is True
+        assert mnt[path]["mountPropagation"] == "HostToContainer"
+
+    assert config["chained"] is want.get("chained", True)
+    assert config["cniConfFileName"] == want.get("file", "")
+
+    bindings = [b for b in of_kind(docs, "RoleBinding") if b["roleRef"]["kind"] == "ClusterRole"]
+    if "scc" in want:
+        assert [b["roleRef"]["name"] for b in bindings] == [want["scc"]]
+        account = only(docs, "ServiceAccount")["metadata"]["name"]
+        assert bindings[0]["subjects"][0]["name"] == account
+    else:
+        assert bindings == []
+
+    nads = of_kind(docs, "NetworkAttachmentDefinition")
+    if want.get("nad"):
+        assert [(n["apiVersion"], n["metadata"]["name"]) for n in nads] == [
+            ("k8s.cni.cncf.io/v1", "istio-cni")
+        ]
+        assert nads[0]["metadata"]["namespace"] == "kube-system"
+    else:
+        assert nads == []
+
+    selinux = agent_container(docs)["securityContext"].get("seLinuxOptions")
+    assert selinux == ({"type": want["selinux"]} if "selinux" in want else None)
+
+    quotas = of_kind(docs, "ResourceQuota")
+    if want.get("quota"):
+        (quota,) = quotas
+        scope = quota["spec"]["scopeSelector"]["matchExpressions"][0]
+        assert scope["scopeName"] == "PriorityClass"
+        assert scope["values"] == ["system-node-critical"]
+    else:
+        assert quotas == []
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_set_platform_renders_the_same_as_the_values_file(helm: Helm, platform: str) -> None:
+    from_file = helm.template(values=[EXAMPLES / f"{platform}.yaml"]).stdout
+    from_set = helm.template(sets=[f"platform={platform}"]).stdout
+    assert from_set == from_file
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_values_file_starts_with_a_comment_naming_its_source(platform: str) -> None:
+    text = (EXAMPLES / f"{platform}.yaml").read_text()
+    header = text.split("\nplatform:")[0]
+    assert text.startswith("# "), f"{platform}.yaml must start with a comment"
+    assert "What differs" in header and "Source" in header
+    assert f"--set platform={platform}" in header
+
+
+@pytest.mark.parametrize(
+    ("sets", "check"),
+    [
+        (["platform=k3s", "cniBinDir=/opt/custom/bin"],
+         lambda d: host_paths(d)["cni-bin-dir"] == "/opt/custom/bin"
+         and host_paths(d)["cni-conf-dir"] == K3S_CONF),
+        (["platform=openshift", "chained=true"], lambda d: agent_config(d)["chained"] is True),
+        (["platform=openshift", "cniConfFileName="],
+         lambda d: agent_config(d)["cniConfFileName"] == ""),
+        (["platform=openshift", "provider="],
+         lambda d: of_kind(d, "NetworkAttachmentDefinition") == []),
+        (["platform=openshift", "psp_cluster_role="],
+         lambda d: all(b["roleRef"]["kind"] == "Role" for b in of_kind(d, "RoleBinding"))),
+        (["platform=minikube", "cniNetnsDir=/run/netns"],
+         lambda d: host_paths(d)["cni-netns-dir"] == "/run/netns"),
+        (["platform=rke2", "seLinuxOptions.type=container_t"],
+         lambda d: agent_container(d)["securityContext"]["seLinuxOptions"]
+         == {"type": "container_t"}),
+    ],
+    ids=["bin-dir", "chained", "empty-conf-file-name", "no-multus", "no-scc", "netns-dir",
+         "selinux-type"],
+)
+def test_explicit_value_overrides_the_preset(helm: Helm, sets: list[str], check: Any) -> None:
+    assert check(helm.render(sets=sets))
+
+
+def test_values_file_and_explicit_override_combine(helm: Helm) -> None:
+    docs = helm.render(values=[EXAMPLES / "microk8s.yaml"], sets=["cniConfDir=/etc/cni/net.d"])
+    assert host_paths(docs)["cni-bin-dir"] == "/var/snap/microk8s/current/opt/cni/bin"
+    assert host_paths(docs)["cni-conf-dir"] == "/etc/cni/net.d"
+
+
+def test_extra_network_attachment_namespaces(helm: Helm) -> None:
+    docs = helm.render(
+        sets=["platform=openshift", "networkAttachmentNamespaces={bookinfo,kube-system}"]
+    )
+    names = sorted(n["metadata"]["namespace"] for n in of_kind(docs, "NetworkAttachmentDefinition"))
+    assert names == ["bookinfo", "kube-system"]
+
+
+@pytest.mark.parametrize(
+    ("namespace", "sets", "quota"),
+    [
+        ("istio-system", [], True),
+        ("kube-system", [], False),
+        ("istio-system", ["resourceQuota.enabled=false"], False),
+        ("istio-system", ["priorityClassName="], False),
+    ],
+    ids=["istio-system", "kube-system", "disabled", "no-priority-class"],
+)
+def test_gke_quota_for_node_critical_pods_outside_kube_system(
+    helm: Helm, namespace: str, sets: list[str], quota: bool
+) -> None:
+    docs = helm.render(sets=["platform=gke", *sets], namespace=namespace)
+    quotas = of_kind(docs, "ResourceQuota")
+    if not quota:
+        assert quotas == []  # GKE's own quota admits them there; a second one would cap them
+        return
+    (found,) = quotas
+    assert found["metadata"]["namespace"] == namespace
+    assert found["spec"]["hard"] == {"pods": "5000"}
+    scope = found["spec"]["scopeSelector"]["matchExpressions"][0]
+    assert (scope["scopeName"], scope["operator"], scope["values"]) == (
+        "PriorityClass", "In", ["system-node-critical"])

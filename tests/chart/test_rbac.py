@@ -1,0 +1,104 @@
+"""Least privilege: the agent's rights follow the enabled features."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.chart.conftest import Helm, of_kind, only
+
+pytestmark = pytest.mark.chart
+
+
+def grants(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) for every rule."""
+    return {
+        (group, resource, verb)
+        for rule in rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+BASE = {
+    ("", "pods", "get"), ("", "pods", "list"), ("", "pods", "watch"),
+    ("", "events", "create"), ("", "nodes", "get"),
+}
+
+
+@pytest.mark.parametrize(
+    ("sets", "extra"),
+    [
+        ([], set()),
+        (["repair.mode=repair-in-place"], set()),
+        (["repair.mode=delete"], {("", "pods", "delete")}),
+        (["repair.mode=label"], {("", "pods/status", "patch")}),
+        (["repair.mode=delete", "repair.enabled=false"], set()),
+        (["repair.mode=label", "repair.enabled=false"], set()),
+    ],
+    ids=["default", "repair-in-place", "delete", "label", "delete-disabled", "label-disabled"],
+)
+def test_cluster_role_grants_only_what_the_repair_mode_needs(
+    helm: Helm, sets: list[str], extra: set[tuple[str, str, str]]
+) -> None:
+    role = only(helm.render(sets=sets), "ClusterRole")
+    assert grants(role["rules"]) == BASE | extra
+    assert not any(r.get("resourceNames") for r in role["rules"])
+
+
+def test_cluster_role_is_bound_to_the_agents_service_account(helm: Helm) -> None:
+    docs = helm.render()
+    binding, sa = only(docs, "ClusterRoleBinding"), only(docs, "ServiceAccount")
+    role = only(docs, "ClusterRole")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [{
+        "kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": "kube-system",
+    }]
+    ds = only(docs, "DaemonSet")
+    assert ds["spec"]["template"]["spec"]["serviceAccountName"] == sa["metadata"]["name"]
+
+
+def test_daemonset_get_is_limited_to_the_own_daemonset_in_its_namespace(helm: Helm) -> None:
+    docs = helm.render()
+    role = only(docs, "Role")
+    ds = only(docs, "DaemonSet")
+    assert role["metadata"]["namespace"] == ds["metadata"]["namespace"] == "kube-system"
+    assert role["rules"] == [{
+        "apiGroups": ["apps"], "resources": ["daemonsets"],
+        "resourceNames": [ds["metadata"]["name"]], "verbs": ["get"],
+    }]
+    (binding,) = [b for b in of_kind(docs, "RoleBinding") if b["roleRef"]["kind"] == "Role"]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+
+
+@pytest.mark.parametrize(
+    ("sets", "bound"),
+    [
+        ([], None),
+        (["psp_cluster_role=restricted-psp-user"], "restricted-psp-user"),
+        (["platform=openshift"], "system:openshift:scc:privileged"),
+        (["platform=openshift", "psp_cluster_role=system:openshift:scc:hostaccess"],
+         "system:openshift:scc:hostaccess"),
+    ],
+    ids=["none", "psp", "openshift-scc", "openshift-other-scc"],
+)
+def test_psp_cluster_role_is_bound_only_when_set(
+    helm: Helm, sets: list[str], bound: str | None
+) -> None:
+    docs = helm.render(sets=sets)
+    to_cluster_roles = [b for b in of_kind(docs, "RoleBinding")
+                        if b["roleRef"]["kind"] == "ClusterRole"]
+    if bound is None:
+        assert to_cluster_roles == []
+        return
+    (binding,) = to_cluster_roles
+    assert binding["roleRef"]["name"] == bound
+    assert binding["metadata"]["namespace"] == "kube-system"
+    assert binding["subjects"][0]["name"] == only(docs, "ServiceAccount")["metadata"]["name"]
+    # The binding grants nothing cluster-wide.
+    assert len(of_kind(docs, "ClusterRoleBinding")) == 1
