@@ -1,0 +1,104 @@
+"""`istio-cni-agent rules`: print, without applying, the redirect rules for flags or a pod."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+
+from agent.config import DEFAULT_CONFIG_PATH, load_settings
+from agent.errors import ConfigError, InvalidAnnotationError
+from agent.rules import hostfacts
+from agent.rules.builder import build
+from agent.rules.config import CaptureConfig
+from agent.rules.flags import FLAGS, HOST_FLAGS, Flag, parse_bool, parse_flags, request_from_flags
+from agent.rules.pod import capture_config_for_pod, decide, load_pod_manifest
+from agent.rules.render_restore import render
+
+CLI_FLAGS: tuple[Flag, ...] = (
+    Flag("config", None, (), "str", DEFAULT_CONFIG_PATH),
+    Flag("format", None, (), "str", ""),
+    Flag("pod", None, (), "str", ""),
+)
+
+USAGE = """\
+usage: istio-cni-agent rules [istio-iptables FLAGS] [--ipv6=true|false] [--dns-servers=A,B]
+                             [--format restore|nft] [--config FILE]
+       istio-cni-agent rules --pod FILE [--ipv6=..] [--dns-servers=..] [--format ..]
+                             [--config FILE]
+
+Prints the iptables-restore input (IPv4 tables, then IPv6) or, with --format nft, the
+`nft -f` input. FLAGS are those of Istio's istio-iptables (long and short names, same
+environment variables). Without --ipv6 / --dns-servers they are detected here as Istio does.
+A pod that would not be redirected prints nothing and its reason on stderr.
+"""
+
+
+def main(command: str, argv: list[str], environ: Mapping[str, str] | None = None) -> int:
+    env = os.environ if environ is None else environ
+    if any(arg in ("-h", "--help") for arg in argv):
+        sys.stdout.write(USAGE)
+        return 0
+    try:
+        return _run(argv, env)
+    except InvalidAnnotationError as e:
+        sys.stderr.write(f"istio-cni-agent {command}: {e}\n")
+        return 1
+    except (ConfigError, ValueError, OSError) as e:
+        sys.stderr.write(f"istio-cni-agent {command}: {e}\n")
+        return 2
+
+
+def _run(argv: list[str], environ: Mapping[str, str]) -> int:
+    parsed = parse_flags(argv, FLAGS + HOST_FLAGS + CLI_FLAGS, environ)
+    values = parsed.values
+    fmt = values["format"]
+    if fmt not in ("", "restore", "nft"):
+        raise ConfigError(f"flag --format: invalid value {fmt!r}: want restore or nft")
+    settings = load_settings(values["config"])
+    dual_stack = parse_bool(values["dual-stack"])
+    ipv6 = _ipv6(values["ipv6"], dual_stack=dual_stack)
+    servers = _dns_servers(values["dns-servers"], given="dns-servers" in parsed.given)
+    native = False
+    config: CaptureConfig | None
+    if values["pod"]:
+        istio_flags = parsed.given & {f.name for f in FLAGS}
+        if istio_flags:
+            raise ConfigError(
+                "--pod takes its settings from the pod; drop --" + ", --".join(sorted(istio_flags))
+            )
+        pod = load_pod_manifest(values["pod"])
+        decision = decide(pod, exclude_namespaces=settings.excludeNamespaces)
+        if not decision.redirect:
+            sys.stderr.write(f"not redirected: {decision.reason}\n")
+            return 0
+        config = capture_config_for_pod(pod, ipv6=ipv6, dns_servers=servers)
+    else:
+        request = request_from_flags(parsed, environ, ipv6=ipv6, dns_servers=servers)
+        config, native = request.config, request.native_nftables
+    if config is None:
+        sys.stderr.write("no rules: rule generation is switched off by the flags\n")
+        return 0
+    ruleset = build(config)
+    if fmt == "nft" or (fmt == "" and native):
+        from agent.rules.render_nft import render as render_nft
+
+        sys.stdout.write(render_nft(ruleset))
+    else:
+        sys.stdout.write(render(ruleset))
+    return 0
+
+
+def _ipv6(value: str, *, dual_stack: bool) -> bool:
+    if value == "":
+        return hostfacts.ipv6_enabled(hostfacts.local_addresses(), dual_stack=dual_stack)
+    try:
+        return parse_bool(value)
+    except ValueError as e:
+        raise ConfigError(f"flag --ipv6: invalid value: {e}") from None
+
+
+def _dns_servers(value: str, *, given: bool) -> list[str]:
+    if not given:
+        return hostfacts.resolv_conf_servers()
+    return [item.strip() for item in value.split(",") if item.strip()]

@@ -1,0 +1,89 @@
+"""Render model rules as python-iptables (`iptc`) objects for the in-process legacy backend.
+
+python-iptables parses each option with the same xtables extension that `iptables` uses, so a
+rule built here is the rule `iptables-restore` would build from our text; negation is a leading
+`!` on the value.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agent.rules.model import Match, Rule, Target
+
+
+def iptc_rule(rule: Rule, *, family: int) -> Any:
+    """A new `iptc.Rule` (or `Rule6`) equal to `rule`."""
+    import iptc
+
+    r = iptc.Rule() if family == 4 else iptc.Rule6()
+    proto = ""
+    for m in rule.matches:
+        _apply_match(r, m, proto)
+        if m.kind == "proto":
+            proto = m.value
+    _apply_target(r, rule.target)
+    return r
+
+
+def _neg(m: Match) -> str:
+    return f"!{m.value}" if m.negate else m.value
+
+
+def _apply_match(r: Any, m: Match, proto: str) -> None:
+    if m.kind == "proto":
+        r.protocol = _neg(m)
+    elif m.kind == "in":
+        r.in_interface = _neg(m)
+    elif m.kind == "out":
+        r.out_interface = _neg(m)
+    elif m.kind == "src":
+        r.src = _neg(m)
+    elif m.kind == "dst":
+        r.dst = _neg(m)
+    elif m.kind in ("dport", "sport"):
+        match = _match(r, proto)
+        setattr(match, m.kind, _neg(m))
+    elif m.kind == "dports":
+        r.create_match("multiport").dports = _neg(m)
+    elif m.kind == "uid":
+        r.create_match("owner").uid_owner = _neg(m)
+    elif m.kind == "gid":
+        r.create_match("owner").gid_owner = _neg(m)
+    elif m.kind == "ctstate":
+        r.create_match("conntrack").ctstate = _neg(m)
+    elif m.kind == "mark":
+        r.create_match("mark").mark = _neg(m)
+    elif m.kind == "connmark":
+        r.create_match("connmark").mark = _neg(m)
+    else:
+        raise AssertionError(f"unknown match kind {m.kind}")
+
+
+def _match(r: Any, proto: str) -> Any:
+    """The implicit `-m tcp`/`-m udp` of `--dport`, shared by both port options."""
+    for existing in r.matches:
+        if existing.name == proto:
+            return existing
+    return r.create_match(proto)
+
+
+def _apply_target(r: Any, t: Target) -> None:
+    if t.kind == "jump":
+        r.create_target(t.value)
+    elif t.kind == "redirect":
+        r.create_target("REDIRECT").to_ports = t.value
+    elif t.kind == "tproxy":
+        target = r.create_target("TPROXY")
+        target.tproxy_mark = f"{t.mark}/0xffffffff"
+        target.on_port = t.value
+    elif t.kind == "set_mark":
+        r.create_target("MARK").set_mark = t.value
+    elif t.kind == "save_mark":
+        r.create_target("CONNMARK").save_mark = ""
+    elif t.kind == "restore_mark":
+        r.create_target("CONNMARK").restore_mark = ""
+    elif t.kind == "ct_zone":
+        r.create_target("CT").zone = t.value
+    else:
+        raise AssertionError(f"unknown target kind {t.kind}")

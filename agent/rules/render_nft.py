@@ -1,0 +1,140 @@
+"""Render the rule model as native nftables (`nft -f` input).
+
+Each iptables table of each family becomes its own nftables table (`ip istio-proxy-nat`,
+`ip6 istio-proxy-mangle`, ...) with base chains at the iptables priorities, so our rules never
+share a table with other software and can be replaced or removed as a whole. Expressions are
+written in the form `nft list` prints them, so a listing reads back equal to what we rendered.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+from agent.rules.model import BUILTIN_CHAINS, Family, Match, Rule, RuleSet, TableRules, Target
+
+TABLE_PREFIX = "istio-proxy-"
+
+# (iptables table, built-in chain) -> nft base chain declaration.
+BASE_CHAINS: dict[tuple[str, str], str] = {
+    ("nat", "PREROUTING"): "type nat hook prerouting priority dstnat; policy accept;",
+    ("nat", "OUTPUT"): "type nat hook output priority -100; policy accept;",
+    ("mangle", "PREROUTING"): "type filter hook prerouting priority mangle; policy accept;",
+    ("mangle", "OUTPUT"): "type route hook output priority mangle; policy accept;",
+    ("raw", "PREROUTING"): "type filter hook prerouting priority raw; policy accept;",
+    ("raw", "OUTPUT"): "type filter hook output priority raw; policy accept;",
+}
+
+
+def nft_family(family: Family) -> str:
+    return "ip" if family == 4 else "ip6"
+
+
+def table_name(table: str) -> str:
+    return TABLE_PREFIX + table
+
+
+def render(ruleset: RuleSet) -> str:
+    """All tables, IPv4 then IPv6."""
+    parts = [render_table(t, family=4) for t in ruleset.v4]
+    parts += [render_table(t, family=6) for t in ruleset.v6]
+    return "".join(parts)
+
+
+def render_table(table: TableRules, *, family: Family) -> str:
+    lines = [f"table {nft_family(family)} {table_name(table.name)} {{"]
+    chains = table.final_chains()
+    order = [c for c in ("PREROUTING", "OUTPUT") if c in chains] + [
+        c for c in chains if c not in BUILTIN_CHAINS
+    ]
+    for i, chain in enumerate(order):
+        if i:
+            lines.append("")
+        lines.append(f"\tchain {chain_name(chain)} {{")
+        if chain in BUILTIN_CHAINS:
+            lines.append(f"\t\t{BASE_CHAINS[(table.name, chain)]}")
+        lines.extend(f"\t\t{rule_expr(rule, family=family)}" for rule in chains[chain])
+        lines.append("\t}")
+    lines.append("}")
+    return "".join(line + "\n" for line in lines)
+
+
+def chain_name(chain: str) -> str:
+    return chain.lower() if chain in BUILTIN_CHAINS else chain
+
+
+def rule_expr(rule: Rule, *, family: Family) -> str:
+    words: list[str] = []
+    has_port = any(m.kind in ("dport", "sport", "dports") for m in rule.matches)
+    proto = next((m.value for m in rule.matches if m.kind == "proto"), "")
+    for m in rule.matches:
+        if m.kind == "proto" and has_port:
+            continue  # `tcp dport` implies the protocol; nft lists it without
+        words.append(_match(m, proto, family))
+    words.append(_target(rule.target, family))
+    return " ".join(words)
+
+
+def _op(m: Match) -> str:
+    return "!= " if m.negate else ""
+
+
+def _addr(value: str) -> str:
+    iface = ipaddress.ip_interface(value)
+    net = iface.network
+    if net.prefixlen == net.max_prefixlen:
+        return str(net.network_address)
+    return str(net)
+
+
+def _hex(value: str) -> str:
+    return f"0x{int(value, 0):08x}"
+
+
+def _match(m: Match, proto: str, family: Family) -> str:
+    ip = "ip" if family == 4 else "ip6"
+    if m.kind == "proto":
+        return f"meta l4proto {_op(m)}{m.value}"
+    if m.kind == "in":
+        return f'iifname {_op(m)}"{m.value}"'
+    if m.kind == "out":
+        return f'oifname {_op(m)}"{m.value}"'
+    if m.kind == "src":
+        return f"{ip} saddr {_op(m)}{_addr(m.value)}"
+    if m.kind == "dst":
+        return f"{ip} daddr {_op(m)}{_addr(m.value)}"
+    if m.kind in ("dport", "sport"):
+        return f"{proto} {m.kind} {_op(m)}{m.value}"
+    if m.kind == "dports":
+        ports = ", ".join(m.value.split(","))
+        return f"{proto} dport {_op(m)}{{ {ports} }}"
+    if m.kind == "uid":
+        return f"meta skuid {_op(m)}{m.value}"
+    if m.kind == "gid":
+        return f"meta skgid {_op(m)}{m.value}"
+    if m.kind == "ctstate":
+        states = ",".join(sorted(s.lower() for s in m.value.split(",")))
+        return f"ct state {_op(m)}{states}"
+    if m.kind == "mark":
+        return f"meta mark {_op(m)}{_hex(m.value)}"
+    if m.kind == "connmark":
+        return f"ct mark {_op(m)}{_hex(m.value)}"
+    raise AssertionError(f"unknown match kind {m.kind}")
+
+
+def _target(t: Target, family: Family) -> str:
+    if t.kind == "jump":
+        verdicts = {"RETURN": "return", "ACCEPT": "accept", "DROP": "drop"}
+        return verdicts.get(t.value, f"jump {t.value}")
+    if t.kind == "redirect":
+        return f"redirect to :{t.value}"
+    if t.kind == "tproxy":
+        return f"meta mark set {_hex(t.mark)} tproxy to :{t.value} accept"
+    if t.kind == "set_mark":
+        return f"meta mark set {_hex(t.value)}"
+    if t.kind == "save_mark":
+        return "ct mark set meta mark"
+    if t.kind == "restore_mark":
+        return "meta mark set ct mark"
+    if t.kind == "ct_zone":
+        return f"ct zone set {t.value}"
+    raise AssertionError(f"unknown target kind {t.kind}")
