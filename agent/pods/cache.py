@@ -1,0 +1,319 @@
+"""A cache of the pods scheduled to this node, kept current by a list + watch on the API server.
+
+    list (spec.nodeName=<node>) ──► store, resourceVersion
+      └─► watch from that resourceVersion ──► ADDED/MODIFIED/DELETED/BOOKMARK into the store
+            ├─ server timeout ends the watch ──► watch again from the last resourceVersion
+            ├─ 410 Gone (version expired) ─────► list again
+            ├─ error / connection lost ────────► back off, then watch again
+            └─ resync period passed ───────────► list again (heals anything a watch missed)
+
+Pods are kept as the API's JSON (camelCase dicts), the form the redirect decision reads. A pod
+not in the cache yet (its sandbox can be created before the watch delivers it) is fetched with a
+GET, retried a few times over about two seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import random
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import urllib3
+from kubernetes.client.exceptions import ApiException
+
+from agent.errors import AgentError
+
+log = logging.getLogger(__name__)
+
+Pod = dict[str, Any]
+"""A pod as the API server's JSON (metadata, spec, status)."""
+
+HTTP_GONE = 410
+HTTP_NOT_FOUND = 404
+
+
+class PodLookupError(AgentError):
+    """The API server did not answer a pod lookup; the caller should try again later."""
+
+
+class ResourceExpired(Exception):
+    """The watch's resourceVersion is too old for the server (410 Gone): list again."""
+
+
+class WatchError(Exception):
+    """The watch stream reported an error other than an expired version."""
+
+
+class PodCache:
+    """Pods on `node_name`, from a background list + watch; `get` answers ADDs from it."""
+
+    def __init__(
+        self,
+        core: Any,
+        node_name: str,
+        *,
+        resync_seconds: float = 300.0,
+        watch_timeout_seconds: int = 240,
+        get_tries: int = 5,
+        get_first_delay_seconds: float = 0.125,
+        backoff_max_seconds: float = 30.0,
+    ) -> None:
+        """`core` is a kubernetes CoreV1Api; the timing arguments exist so tests can be quick."""
+        if not node_name:
+            raise ValueError("pod cache: node name is empty (is NODE_NAME set?)")
+        self._core = core
+        self._node = node_name
+        self._selector = f"spec.nodeName={node_name}"
+        self._resync_seconds = resync_seconds
+        self._watch_timeout = watch_timeout_seconds
+        self._get_tries = get_tries
+        self._get_first_delay = get_first_delay_seconds
+        self._backoff_max = backoff_max_seconds
+        self._pods: dict[tuple[str, str], Pod] = {}
+        self._changed = threading.Condition()  # guards _pods; notified on every change
+        self._synced = threading.Event()
+        self._stopping = threading.Event()
+        self._next_resync = 0.0
+        self._response: Any = None  # the open watch response, so stop() can cut it
+        self._response_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.relists = 0
+        """How many full lists were done (first one included); read by tests and logs."""
+
+    # -- service -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._run, name="pod-cache", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        with self._response_lock:
+            if self._response is not None:
+                _cut(self._response)
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def ready(self) -> bool:
+        """True once the first list of this node's pods is in the cache."""
+        return self._synced.is_set()
+
+    # -- lookups -----------------------------------------------------------------------------
+
+    def cached(self, namespace: str, name: str) -> Pod | None:
+        """The cached pod, without asking the API server."""
+        with self._changed:
+            return self._pods.get((namespace, name))
+
+    def list_pods(self) -> list[Pod]:
+        """Every cached pod of this node (for repair, which scans them all)."""
+        with self._changed:
+            return list(self._pods.values())
+
+    def get(self, namespace: str, name: str, uid: str | None = None) -> Pod | None:
+        """The pod from the cache, else from a GET retried while it is missing or failing.
+
+        With `uid`, a pod of that name but another uid (a deleted and recreated pod) does not
+        count. Returns None when the pod still does not exist after the retries; raises
+        PodLookupError when the API server kept failing.
+        """
+        delay = self._get_first_delay
+        error: Exception | None = None
+        for attempt in range(self._get_tries):
+            pod = self._matching(self.cached(namespace, name), uid)
+            if pod is not None:
+                return pod
+            try:
+                pod = self._matching(self._read(namespace, name), uid)
+                error = None
+            except PodLookupError as e:
+                error = e
+            if pod is not None:
+                return pod
+            if attempt + 1 < self._get_tries:
+                self._wait_for_change(delay)
+                delay *= 2
+        if error is not None:
+            raise error
+        return None
+
+    def get_pod(self, namespace: str, name: str, uid: str | None = None) -> Pod | None:
+        """`get`, under the name the pod server's PodSource protocol uses."""
+        return self.get(namespace, name, uid)
+
+    @staticmethod
+    def _matching(pod: Pod | None, uid: str | None) -> Pod | None:
+        if pod is None or not uid:
+            return pod
+        return pod if pod.get("metadata", {}).get("uid") == uid else None
+
+    def _wait_for_change(self, seconds: float) -> None:
+        with self._changed:
+            self._changed.wait(seconds)
+
+    def _read(self, namespace: str, name: str) -> Pod | None:
+        try:
+            response = self._core.read_namespaced_pod(
+                name, namespace, _preload_content=False, _request_timeout=(2, 5)
+            )
+            pod: Pod = json.loads(response.data)
+            return pod
+        except ApiException as e:
+            if e.status == HTTP_NOT_FOUND:
+                return None
+            raise PodLookupError(
+                f"get pod {namespace}/{name}: API server answered {e.status} {e.reason}"
+            ) from e
+        except (urllib3.exceptions.HTTPError, OSError, ValueError) as e:
+            raise PodLookupError(f"get pod {namespace}/{name}: {e}") from e
+
+    # -- list + watch ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        version: str | None = None
+        failures = 0
+        while not self._stopping.is_set():
+            try:
+                version = self.step(version)
+                failures = 0
+            except Exception as e:  # every failure: back off and retry, never end the watch
+                if self._stopping.is_set():
+                    break
+                failures += 1
+                delay = min(self._backoff_max, 0.5 * 2 ** min(failures, 10))
+                delay *= random.uniform(0.8, 1.2)  # jitter: nodes must not relist in step
+                log.warning("pod watch failed; retrying", extra={"fields": {
+                    "node": self._node, "error": _short(e), "retryIn": f"{delay:.1f}s"}})
+                self._stopping.wait(delay)
+        log.debug("pod cache stopped", extra={"fields": {"node": self._node}})
+
+    def step(self, resource_version: str | None) -> str | None:
+        """One round of the loop: list when there is no version or a resync is due, else watch.
+
+        Returns the version to continue from; None after a 410 so the next round lists.
+        """
+        if resource_version is None or time.monotonic() >= self._next_resync:
+            return self.relist()
+        try:
+            return self.watch_once(resource_version)
+        except ResourceExpired as e:
+            log.info("pod watch version expired; listing again", extra={"fields": {
+                "node": self._node, "resourceVersion": resource_version, "error": _short(e)}})
+            return None
+
+    def relist(self) -> str:
+        """Replace the cache with a fresh list of this node's pods; returns its version."""
+        response = self._core.list_pod_for_all_namespaces(
+            field_selector=self._selector, _preload_content=False, _request_timeout=(5, 60)
+        )
+        body = json.loads(response.data)
+        pods = {_key(p): _as_pod(p) for p in body.get("items") or []}
+        version = str(body["metadata"]["resourceVersion"])
+        with self._changed:
+            self._pods = pods
+            self._changed.notify_all()
+        self.relists += 1
+        self._next_resync = time.monotonic() + self._resync_seconds
+        self._synced.set()
+        log.info("pod cache listed", extra={"fields": {
+            "node": self._node, "pods": len(pods), "resourceVersion": version}})
+        return version
+
+    def watch_once(self, resource_version: str) -> str:
+        """Apply watch events from `resource_version` until the server ends the watch.
+
+        Returns the last version seen; raises ResourceExpired on 410 Gone.
+        """
+        timeout = max(1, min(self._watch_timeout, int(self._next_resync - time.monotonic())))
+        try:
+            response = self._core.list_pod_for_all_namespaces(
+                field_selector=self._selector, watch=True, allow_watch_bookmarks=True,
+                resource_version=resource_version, timeout_seconds=timeout,
+                _preload_content=False, _request_timeout=(5, timeout + 30),
+            )
+        except ApiException as e:
+            if e.status == HTTP_GONE:
+                raise ResourceExpired(f"watch from {resource_version}: {e.reason}") from e
+            raise
+        with self._response_lock:
+            if self._stopping.is_set():
+                _cut(response)
+            self._response = response
+        try:
+            version = resource_version
+            for line in _lines(response):
+                version = self.apply_event(json.loads(line), version)
+            return version
+        finally:
+            with self._response_lock:
+                self._response = None
+            response.release_conn()
+
+    def apply_event(self, event: dict[str, Any], version: str) -> str:
+        """Apply one watch event to the store; returns the version it brings."""
+        kind = event.get("type")
+        obj = event.get("object") or {}
+        if kind == "ERROR":
+            code = obj.get("code")
+            message = str(obj.get("message", ""))[:200]
+            if code == HTTP_GONE:
+                raise ResourceExpired(message)
+            raise WatchError(f"watch error {code}: {message}")
+        new_version = str(obj.get("metadata", {}).get("resourceVersion") or version)
+        if kind in ("ADDED", "MODIFIED"):
+            with self._changed:
+                self._pods[_key(obj)] = _as_pod(obj)
+                self._changed.notify_all()
+        elif kind == "DELETED":
+            with self._changed:
+                self._pods.pop(_key(obj), None)
+                self._changed.notify_all()
+        elif kind != "BOOKMARK":
+            log.debug("ignored watch event", extra={"fields": {"type": kind}})
+        return new_version
+
+
+def _key(pod: dict[str, Any]) -> tuple[str, str]:
+    meta = pod.get("metadata", {})
+    return str(meta.get("namespace", "")), str(meta.get("name", ""))
+
+
+def _as_pod(obj: dict[str, Any]) -> Pod:
+    # List items carry no kind; a GET does. Make both look the same.
+    obj.setdefault("apiVersion", "v1")
+    obj.setdefault("kind", "Pod")
+    return obj
+
+
+def _lines(response: Any) -> Iterator[bytes]:
+    """Newline-separated JSON events of a chunked watch response."""
+    pending = b""
+    for chunk in response.stream(amt=None, decode_content=False):
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            if line.strip():
+                yield line
+    if pending.strip():
+        yield pending
+
+
+def _cut(response: Any) -> None:
+    """Unblock a thread reading the watch response (stop() must not wait for the server)."""
+    # Already released or closed: nobody is blocked on it.
+    with contextlib.suppress(ValueError, RuntimeError, OSError):
+        response.shutdown()
+
+
+def _short(error: BaseException) -> str:
+    text = f"{type(error).__name__}: {error}"
+    return text if len(text) <= 300 else text[:297] + "..."

@@ -1,0 +1,288 @@
+"""What the agent answers to each plugin request, free of HTTP: a request body in, a Reply out.
+
+ADD:   look up the pod (cache, else GET) -> decide -> apply the pod's rules in its netns.
+CHECK: the same lookup and decision -> are the rules in place?
+DEL, GC: forget the sandboxes that are gone (the rules die with the netns).
+
+Fail closed: when the pod cannot be looked up or its rules cannot be applied the reply is a CNI
+error, so the runtime fails the sandbox and retries; it never starts the pod uncaptured.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from agent.logs import LEVELS
+from agent.podserver.metrics import PluginMetrics
+from agent.podserver.sandboxes import Sandbox, SandboxStore
+from plugin import wire
+
+log = logging.getLogger(__name__)
+plugin_log = logging.getLogger("agent.plugin")
+
+# CNI error codes (CNI spec, "Error" section; 999 is libcni's "unknown error").
+CODE_INVALID_ENV = 4
+CODE_DECODE = 6
+CODE_TRY_AGAIN = 11
+CODE_UNKNOWN = 999
+
+MAX_LOG_MESSAGE = 4096
+
+
+@dataclass(frozen=True)
+class Reply:
+    """An HTTP status and the JSON body of the wire protocol."""
+
+    status: int
+    body: Mapping[str, object]
+
+    @property
+    def result(self) -> str:
+        """redirected, skipped, error (the metric's label)."""
+        return str(self.body.get("result", "error"))
+
+
+def ok(result: str, reason: str) -> Reply:
+    return Reply(200, wire.reply(result, reason))
+
+
+def failure(status: int, code: int, msg: str, details: str = "") -> Reply:
+    return Reply(status, wire.error_reply(code, msg, details))
+
+
+class Refused(Exception):
+    """Ends a request early with `reply`."""
+
+    def __init__(self, reply: Reply) -> None:
+        super().__init__(reply.body.get("msg", ""))
+        self.reply = reply
+
+
+class PodSource(Protocol):
+    """Where pods come from (the pod cache in the agent)."""
+
+    def get_pod(
+        self, namespace: str, name: str, uid: str | None = None
+    ) -> Mapping[str, Any] | None:
+        """The pod as API JSON; None when it does not exist; raises when the lookup failed."""
+        ...
+
+
+class Decision(Protocol):
+    @property
+    def redirect(self) -> bool: ...
+
+    @property
+    def reason(self) -> str: ...
+
+
+class Redirector(Protocol):
+    """The redirect operations on one pod (agent.podserver.redirect.RulesRedirector)."""
+
+    def decide(self, pod: Mapping[str, Any]) -> Decision: ...
+
+    def apply(self, netns: str, pod: Mapping[str, Any]) -> str:
+        """Program the pod's rules in `netns`; returns the backend used."""
+        ...
+
+    def present(self, netns: str, pod: Mapping[str, Any]) -> bool: ...
+
+
+@dataclass(frozen=True)
+class CniRequest:
+    """The body of /v1/cni/add, /check and /del."""
+
+    command: str
+    container_id: str
+    netns: str
+    ifname: str
+    pod_name: str
+    pod_namespace: str
+    pod_uid: str
+
+    @property
+    def pod_ref(self) -> str:
+        return f"{self.pod_namespace}/{self.pod_name}"
+
+    @property
+    def has_pod(self) -> bool:
+        return bool(self.pod_name and self.pod_namespace)
+
+    @classmethod
+    def parse(cls, body: bytes, command: str) -> CniRequest:
+        try:
+            data = wire.parse_cni_request(body, command=command)
+        except wire.WireError as e:
+            raise _bad(CODE_DECODE, f"{command} request: {e}") from e
+        if not data["containerId"]:
+            raise _bad(CODE_INVALID_ENV, f"{command} request: containerId is empty")
+        if command in ("ADD", "CHECK") and not data["netns"]:
+            raise _bad(CODE_INVALID_ENV, f"{command} request: netns is empty")
+        return cls(command, data["containerId"], data["netns"], data["ifname"],
+                   data["podName"], data["podNamespace"], data["podUid"])
+
+
+def _bad(code: int, msg: str) -> Refused:
+    return Refused(failure(400, code, msg))
+
+
+class PodHandlers:
+    """The request handlers; every dependency passed in so tests drive them directly."""
+
+    def __init__(
+        self,
+        *,
+        pods: PodSource,
+        redirector: Redirector,
+        sandboxes: SandboxStore,
+        readiness: Callable[[], str | None],
+        metrics: PluginMetrics | None = None,
+    ) -> None:
+        """`readiness` returns None when the agent is ready, else the reason it is not."""
+        self._pods = pods
+        self._redirector = redirector
+        self._sandboxes = sandboxes
+        self._readiness = readiness
+        self._metrics = metrics
+
+    def add(self, body: bytes) -> Reply:
+        return self._run("add", self._add, body)
+
+    def check(self, body: bytes) -> Reply:
+        return self._run("check", self._check, body)
+
+    def delete(self, body: bytes) -> Reply:
+        return self._run("del", self._delete, body)
+
+    def gc(self, body: bytes) -> Reply:
+        return self._run("gc", self._gc, body)
+
+    def _run(self, command: str, handler: Callable[[bytes], Reply], body: bytes) -> Reply:
+        started = time.monotonic()
+        try:
+            reply = handler(body)
+        except Refused as refused:
+            reply = refused.reply
+        except Exception as e:  # a bug must still fail the sandbox, not pass it
+            log.exception("plugin request failed", extra={"fields": {"command": command}})
+            reply = failure(500, CODE_UNKNOWN, f"{command}: internal error in the agent", str(e))
+        if self._metrics is not None:
+            self._metrics.observe(command, reply.result, time.monotonic() - started)
+        return reply
+
+    def _add(self, body: bytes) -> Reply:
+        req = CniRequest.parse(body, "ADD")
+        if not req.has_pod:
+            return ok(wire.RESULT_SKIPPED, "no Kubernetes pod arguments")
+        pod = self._lookup(req)
+        decision = self._decide(req, pod)
+        if not decision.redirect:
+            self._remember(req, redirected=False)
+            self._log_result(req, "skipped", decision.reason)
+            return ok(wire.RESULT_SKIPPED, decision.reason)
+        try:
+            backend = self._redirector.apply(req.netns, pod)
+        except Exception as e:
+            raise self._failed(req, "apply redirect rules", e) from e
+        self._remember(req, redirected=True)
+        reason = f"{decision.reason}; rules applied with {backend}"
+        self._log_result(req, "redirected", reason)
+        return ok(wire.RESULT_REDIRECTED, reason)
+
+    def _check(self, body: bytes) -> Reply:
+        req = CniRequest.parse(body, "CHECK")
+        if not req.has_pod:
+            return ok(wire.RESULT_SKIPPED, "no Kubernetes pod arguments")
+        pod = self._lookup(req)
+        decision = self._decide(req, pod)
+        if not decision.redirect:
+            return ok(wire.RESULT_SKIPPED, decision.reason)
+        try:
+            present = self._redirector.present(req.netns, pod)
+        except Exception as e:
+            raise self._failed(req, "check redirect rules", e) from e
+        if not present:
+            msg = f"pod {req.pod_ref}: redirect rules missing in netns {req.netns}"
+            log.error("check failed", extra={"fields": self._fields(req)})
+            return failure(500, CODE_UNKNOWN, msg)
+        return ok(wire.RESULT_REDIRECTED, "rules present")
+
+    def _delete(self, body: bytes) -> Reply:
+        req = CniRequest.parse(body, "DEL")
+        removed = self._sandboxes.remove(req.container_id)
+        reason = "sandbox state removed" if removed else "no state kept for sandbox"
+        log.debug("del", extra={"fields": {**self._fields(req), "reason": reason}})
+        return ok(wire.RESULT_SKIPPED, reason)
+
+    def _gc(self, body: bytes) -> Reply:
+        try:
+            data = wire.parse_gc_request(body)
+        except wire.WireError as e:
+            raise _bad(CODE_DECODE, str(e)) from e
+        valid = [(a["containerId"], a["ifname"]) for a in data["validAttachments"]]
+        dropped = self._sandboxes.keep_only(valid)
+        if dropped:
+            log.info("gc dropped sandboxes", extra={"fields": {
+                "count": len(dropped), "containerIds": ",".join(s.container_id for s in dropped)}})
+        return ok(wire.RESULT_SKIPPED, f"removed state of {len(dropped)} sandboxes")
+
+    def status(self) -> Reply:
+        reason = self._readiness()
+        if reason is None:
+            return Reply(200, wire.status_reply(True))
+        return Reply(503, wire.status_reply(False, reason))
+
+    def log(self, body: bytes) -> Reply:
+        """Write a plugin log line into the agent's log, with the pod it is about."""
+        try:
+            data = wire.parse_log_request(body)
+        except wire.WireError as e:
+            return failure(400, CODE_DECODE, str(e))
+        fields = {"source": "plugin", "pod": f"{data['podNamespace']}/{data['podName']}",
+                  "containerId": data["containerId"]}
+        level = LEVELS.get(data["level"], logging.INFO)
+        plugin_log.log(level, "%s", data["msg"][:MAX_LOG_MESSAGE], extra={"fields": fields})
+        return ok(wire.RESULT_SKIPPED, "logged")
+
+    def _lookup(self, req: CniRequest) -> Mapping[str, Any]:
+        try:
+            pod = self._pods.get_pod(req.pod_namespace, req.pod_name, req.pod_uid or None)
+        except Exception as e:
+            raise self._failed(req, "look up pod", e, code=CODE_TRY_AGAIN, status=503) from e
+        if pod is None:
+            msg = f"pod {req.pod_ref}: look up pod: not found in the API server"
+            if req.pod_uid:
+                msg += f" with uid {req.pod_uid}"
+            log.warning("pod not found", extra={"fields": self._fields(req)})
+            raise Refused(failure(503, CODE_TRY_AGAIN, msg + "; try again later"))
+        return pod
+
+    def _decide(self, req: CniRequest, pod: Mapping[str, Any]) -> Decision:
+        try:
+            return self._redirector.decide(pod)
+        except Exception as e:
+            raise self._failed(req, "decide redirect", e) from e
+
+    def _failed(
+        self, req: CniRequest, step: str, error: Exception, *,
+        code: int = CODE_UNKNOWN, status: int = 500,
+    ) -> Refused:
+        msg = f"pod {req.pod_ref}: {step} failed: {error}"
+        log.error("%s failed", step, extra={"fields": {**self._fields(req), "error": str(error)}})
+        return Refused(failure(status, code, msg[:1024], f"{type(error).__name__}: {error}"))
+
+    def _remember(self, req: CniRequest, *, redirected: bool) -> None:
+        self._sandboxes.put(Sandbox(req.container_id, req.ifname, req.pod_namespace,
+                                    req.pod_name, req.pod_uid, req.netns, redirected))
+
+    def _log_result(self, req: CniRequest, result: str, reason: str) -> None:
+        log.info("pod %s", result, extra={"fields": {**self._fields(req), "reason": reason}})
+
+    @staticmethod
+    def _fields(req: CniRequest) -> dict[str, str]:
+        return {"command": req.command, "pod": req.pod_ref, "containerId": req.container_id,
+                "netns": req.netns}

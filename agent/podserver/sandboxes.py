@@ -1,0 +1,53 @@
+"""What the agent remembers about each pod sandbox it answered an ADD for, until DEL or GC."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Collection
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """One sandbox (CNI attachment) seen by ADD."""
+
+    container_id: str
+    ifname: str
+    namespace: str
+    name: str
+    uid: str
+    netns: str
+    redirected: bool
+
+
+class SandboxStore:
+    """containerId -> Sandbox, safe to use from the server's request threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._items: dict[str, Sandbox] = {}
+
+    def put(self, sandbox: Sandbox) -> None:
+        with self._lock:
+            self._items[sandbox.container_id] = sandbox
+
+    def get(self, container_id: str) -> Sandbox | None:
+        with self._lock:
+            return self._items.get(container_id)
+
+    def remove(self, container_id: str) -> Sandbox | None:
+        with self._lock:
+            return self._items.pop(container_id, None)
+
+    def keep_only(self, valid: Collection[tuple[str, str]]) -> list[Sandbox]:
+        """Drop every sandbox whose (containerId, ifname) is not in `valid`; returns the dropped."""
+        keep = set(valid)
+        with self._lock:
+            dropped = [s for s in self._items.values() if (s.container_id, s.ifname) not in keep]
+            for sandbox in dropped:
+                del self._items[sandbox.container_id]
+        return dropped
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)

@@ -1,0 +1,248 @@
+"""The HTTP/1.1 server on the agent's Unix socket: a thin shell that routes to PodHandlers.
+
+The socket is created under a temporary name, set to mode 0600, then renamed over the final
+path: a stale socket from a previous agent is replaced atomically and the socket is never
+reachable with a looser mode. Only root (the runtime running the plugin) can connect.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import socketserver
+import stat
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler
+from typing import Any
+
+from agent.errors import AgentError
+from agent.podserver.handlers import CODE_DECODE, CODE_UNKNOWN, PodHandlers, Reply, failure
+from plugin import wire
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = wire.MAX_BODY
+SOCKET_MODE = 0o600
+RUN_DIR_MODE = 0o700
+MAX_SOCKET_PATH = 107  # sun_path is 108 bytes including the NUL
+IDLE_TIMEOUT_SECONDS = 60.0
+# 110 pods may start at once; a full backlog makes a non-blocking connect fail at once.
+LISTEN_BACKLOG = 1024
+
+
+class ServerError(AgentError):
+    """The pod server could not listen on its socket (message names the path)."""
+
+
+Route = Callable[[PodHandlers, bytes], Reply]
+
+ROUTES: dict[tuple[str, str], Route] = {
+    ("POST", wire.PATH_ADD): PodHandlers.add,
+    ("POST", wire.PATH_CHECK): PodHandlers.check,
+    ("POST", wire.PATH_DEL): PodHandlers.delete,
+    ("POST", wire.PATH_GC): PodHandlers.gc,
+    ("POST", wire.PATH_LOG): PodHandlers.log,
+    ("GET", wire.PATH_STATUS): lambda handlers, _body: handlers.status(),
+}
+
+
+class _RequestHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, and what curl --unix-socket speaks
+    server_version = "istio-cni-agent"
+    timeout = IDLE_TIMEOUT_SECONDS
+    server: _UnixHTTPServer
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+    def _dispatch(self, method: str) -> None:
+        path = self.path.split("?", 1)[0]
+        route = ROUTES.get((method, path))
+        if route is None:
+            allowed = [m for (m, p) in ROUTES if p == path]
+            self._discard_body()
+            if allowed:
+                self._send(failure(405, CODE_UNKNOWN, f"{method} {path}: use {allowed[0]}"))
+            else:
+                self._send(failure(404, CODE_UNKNOWN, f"{method} {path}: no such endpoint"))
+            return
+        body = self._read_body() if method == "POST" else b""
+        if isinstance(body, Reply):
+            self._send(body)
+            return
+        self._send(route(self.server.handlers, body))
+
+    def _read_body(self) -> bytes | Reply:
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            self.close_connection = True
+            return failure(411, CODE_DECODE, "chunked request bodies are not accepted")
+        try:
+            length = int(self.headers.get("Content-Length", "0"))
+        except ValueError:
+            self.close_connection = True
+            return failure(400, CODE_DECODE, "Content-Length is not a number")
+        if length < 0 or length > MAX_BODY_BYTES:
+            self.close_connection = True  # the body is not read: the connection is unusable
+            return failure(413, CODE_DECODE, f"request body of {length} bytes is over 1 MiB")
+        return self.rfile.read(length)
+
+    def _discard_body(self) -> None:
+        try:
+            length = int(self.headers.get("Content-Length", "0"))
+        except ValueError:
+            length = -1
+        if 0 <= length <= MAX_BODY_BYTES:
+            self.rfile.read(length)
+        else:
+            self.close_connection = True
+
+    def _send(self, reply: Reply) -> None:
+        payload = wire.encode(reply.body)
+        self.send_response(reply.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def address_string(self) -> str:
+        return "unix"  # AF_UNIX peers have no address; the default indexes an empty string
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("http " + format, *args)
+
+
+class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = False
+    block_on_close = True  # server_close() joins the request threads
+    request_queue_size = LISTEN_BACKLOG
+
+    def __init__(self, handlers: PodHandlers) -> None:
+        super().__init__("", _RequestHandler, bind_and_activate=False)
+        self.handlers = handlers
+        self._open: set[socket.socket] = set()
+        self._open_lock = threading.Lock()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._open_lock:
+            self._open.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._open_lock:
+            self._open.discard(request)
+        super().shutdown_request(request)
+
+    def end_reads(self) -> None:
+        """Make idle keep-alive connections see EOF; in-flight replies are still written."""
+        with self._open_lock:
+            for conn in self._open:
+                with contextlib.suppress(OSError):  # already closed by the peer
+                    conn.shutdown(socket.SHUT_RD)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.warning("pod server connection failed", exc_info=True)
+
+
+class PodServer:
+    """Serves PodHandlers on `socket_path` from a background thread."""
+
+    def __init__(self, socket_path: str, handlers: PodHandlers) -> None:
+        self.socket_path = socket_path
+        self._handlers = handlers
+        self._server: _UnixHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self._inode: int | None = None
+
+    def start(self) -> None:
+        if self._server is not None:
+            return
+        server = _UnixHTTPServer(self._handlers)
+        try:
+            self._inode = _bind(server.socket, self.socket_path)
+            server.server_address = self.socket_path
+            server.server_activate()
+        except BaseException:
+            server.server_close()
+            raise
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, kwargs={
+            "poll_interval": 0.2}, name="pod-server", daemon=True)
+        self._thread.start()
+        log.info("pod server listening", extra={"fields": {"socket": self.socket_path}})
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.shutdown()
+        self._remove_socket()
+        server.end_reads()
+        server.server_close()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        log.info("pod server stopped", extra={"fields": {"socket": self.socket_path}})
+
+    def listening(self) -> bool:
+        return self._server is not None
+
+    def _remove_socket(self) -> None:
+        # Only our own socket: a newer agent may already have replaced it.
+        try:
+            if os.lstat(self.socket_path).st_ino == self._inode:
+                os.unlink(self.socket_path)
+        except FileNotFoundError:
+            pass
+
+
+def _bind(sock: socket.socket, path: str) -> int:
+    """Bind `sock` at `path` with mode 0600, replacing a stale socket; returns the inode."""
+    if len(os.fsencode(path)) + 8 > MAX_SOCKET_PATH:
+        raise ServerError(f"pod server socket path {path} is too long for a Unix socket")
+    parent = os.path.dirname(path) or "."
+    try:
+        os.makedirs(parent, mode=RUN_DIR_MODE, exist_ok=True)
+        _refuse_non_socket(path)
+        temp = f"{path}.{os.getpid()}.tmp"
+        if os.path.lexists(temp):
+            os.unlink(temp)
+        sock.bind(temp)
+        os.chmod(temp, SOCKET_MODE)
+        os.replace(temp, path)
+        return os.lstat(path).st_ino
+    except OSError as e:
+        raise ServerError(f"pod server socket {path}: {e.strerror or e}") from e
+
+
+def _refuse_non_socket(path: str) -> None:
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise ServerError(
+            f"pod server socket {path}: a {_kind(mode)} is in the way; refusing to replace it"
+        )
+    log.info("replacing stale socket", extra={"fields": {"socket": path}})
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "directory"
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    return "regular file" if stat.S_ISREG(mode) else "non-socket file"

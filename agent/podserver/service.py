@@ -1,0 +1,76 @@
+"""PodService: the pod cache and the plugin's socket server, started and stopped together."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from agent.config import Settings
+from agent.kube import KubeClients
+from agent.pods.cache import PodCache
+from agent.podserver.handlers import PodHandlers, Redirector
+from agent.podserver.metrics import PluginMetrics, default_metrics
+from agent.podserver.redirect import RulesRedirector
+from agent.podserver.sandboxes import SandboxStore
+from agent.podserver.server import PodServer
+
+log = logging.getLogger(__name__)
+
+
+class PodService:
+    """Serves the plugin's requests for pods on `node_name` (start/stop/ready for the lifecycle)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        node_name: str,
+        kube_client_factory: Callable[[], KubeClients],
+        install_ready: Callable[[], bool],
+        *,
+        redirector: Redirector | None = None,
+        metrics: PluginMetrics | None = None,
+        cache: PodCache | None = None,
+    ) -> None:
+        """`redirector`, `metrics` and `cache` default to the real ones; tests pass their own.
+
+        The clients from `kube_client_factory` are not closed here: they may be shared.
+        """
+        self._install_ready = install_ready
+        self.pods = cache or PodCache(kube_client_factory().core, node_name)
+        """The node's pod cache; repair reads it too."""
+        if redirector is None:
+            redirector = RulesRedirector(
+                exclude_namespaces=settings.excludeNamespaces, backend=settings.ruleBackend
+            )
+        self.handlers = PodHandlers(
+            pods=self.pods,
+            redirector=redirector,
+            sandboxes=SandboxStore(),
+            readiness=self.not_ready_reason,
+            metrics=metrics or default_metrics(),
+        )
+        self._server = PodServer(settings.socket_path, self.handlers)
+
+    def start(self) -> None:
+        # The cache first: requests before its first list fall back to a GET.
+        self.pods.start()
+        try:
+            self._server.start()
+        except BaseException:
+            self.pods.stop()
+            raise
+
+    def stop(self) -> None:
+        self._server.stop()
+        self.pods.stop()
+
+    def ready(self) -> bool:
+        return self._server.listening() and self.pods.ready()
+
+    def not_ready_reason(self) -> str | None:
+        """None when the plugin may be told the agent is ready (GET /v1/status), else why not."""
+        if not self._install_ready():
+            return "CNI plugin and its config entry are not installed yet"
+        if not self.pods.ready():
+            return "pod cache has not listed this node's pods yet"
+        return None
