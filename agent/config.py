@@ -76,6 +76,8 @@ class Settings:
     """Where the node's netns dir (runtime-named pod namespaces) is mounted, for repair."""
     metricsPort: int = 15014
     """Port of /healthz, /readyz and /metrics (on the host network)."""
+    metricsAddress: str = ""
+    """Address that port listens on; empty = every address (probes hit the node IP)."""
     ruleBackend: RuleBackend = "auto"
     """How rules are applied: auto picks what the node already uses, as Istio does."""
     uninstallOnStop: UninstallOnStop = "auto"

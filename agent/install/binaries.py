@@ -1,0 +1,229 @@
+"""Copy the built plugin from pluginSourceDir into the node's CNI bin dir, and remove it.
+
+Top-level files are replaced atomically (a running plugin keeps its old inode, the runtime never
+sees a half-written one or gets ETXTBSY); top-level directories are support trees whose names carry
+a content hash ("istio-cni-<hash>.d"), so a new version lands beside the old one instead of over
+files an old plugin still has open. Old support dirs are pruned, keeping the previous one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import logging
+import os
+import shutil
+import stat
+from dataclasses import dataclass, field
+
+from agent.errors import InstallError
+from agent.install.atomic import (
+    atomic_rename,
+    atomic_write,
+    fsync_dir,
+    is_temp_name,
+    remove_stale_temps,
+    temp_path,
+)
+from agent.install.ledger import ABSENT, WriteLedger
+
+log = logging.getLogger(__name__)
+
+SUPPORT_PREFIX = "istio-cni"
+SUPPORT_SUFFIX = ".d"
+READ_ONLY_HINT = (
+    "the node's CNI bin dir is read-only here: use the chart's platform preset for this node "
+    "(e.g. GKE: platform: gke, which installs into /home/kubernetes/bin)"
+)
+
+
+@dataclass
+class BinaryResult:
+    written: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+
+
+def is_support_dir(name: str) -> bool:
+    return name.startswith(SUPPORT_PREFIX) and name.endswith(SUPPORT_SUFFIX)
+
+
+def source_entries(source_dir: str) -> dict[str, bool]:
+    """Top-level names of the built plugin -> True for a directory, False for a file."""
+    try:
+        entries = list(os.scandir(source_dir))
+    except OSError as e:
+        raise InstallError(f"read plugin source dir {source_dir}: {e.strerror}") from e
+    out: dict[str, bool] = {}
+    for entry in entries:
+        if is_temp_name(entry.name):
+            continue
+        if entry.is_dir():
+            out[entry.name] = True
+        elif entry.is_file():
+            out[entry.name] = False
+    if "istio-cni" not in out or out["istio-cni"]:
+        raise InstallError(f"plugin source dir {source_dir} has no istio-cni executable")
+    return dict(sorted(out.items()))
+
+
+def tree_digest(path: str) -> str:
+    """One hash over a directory tree: relative names, modes, file contents, link targets."""
+    h = hashlib.sha256()
+    for root, dirs, files in os.walk(path):
+        dirs.sort()
+        for name in sorted(files + [d for d in dirs if os.path.islink(os.path.join(root, d))]):
+            full = os.path.join(root, name)
+            rel = os.path.relpath(full, path)
+            st = os.lstat(full)
+            h.update(f"{rel}\0{stat.S_IMODE(st.st_mode):o}\0".encode())
+            if stat.S_ISLNK(st.st_mode):
+                h.update(os.readlink(full).encode())
+            else:
+                with open(full, "rb") as f:
+                    h.update(hashlib.sha256(f.read()).digest())
+    return h.hexdigest()
+
+
+def _write_error(action: str, path: str, e: OSError) -> InstallError:
+    hint = f": {READ_ONLY_HINT}" if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM) else ""
+    return InstallError(f"{action} {path}: {e.strerror}{hint}")
+
+
+def _same_file(src: str, dst: str, ledger: WriteLedger) -> bool:
+    try:
+        s, d = os.stat(src), os.lstat(dst)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISREG(d.st_mode) or stat.S_IMODE(s.st_mode) != stat.S_IMODE(d.st_mode):
+        return False
+    return ledger.hashes.digest(src) == ledger.hashes.digest(dst)
+
+
+def _install_file(src: str, dst: str, ledger: WriteLedger) -> bool:
+    if os.path.islink(dst) or os.path.isdir(dst):
+        raise InstallError(f"install plugin {dst}: expected a regular file, found "
+                           f"{'a symlink' if os.path.islink(dst) else 'a directory'}; "
+                           "remove it by hand (it is not ours to delete)")
+    if _same_file(src, dst, ledger):
+        ledger.record(dst, ledger.hashes.digest(dst))
+        return False
+    with open(src, "rb") as f:
+        data = f.read()
+    mode = stat.S_IMODE(os.stat(src).st_mode)
+    try:
+        atomic_write(dst, data, mode=mode, keep_mode=False)
+    except OSError as e:
+        raise _write_error("write plugin", dst, e) from e
+    ledger.record_written(dst, data)
+    return True
+
+
+def _fsync_tree(path: str) -> None:
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            full = os.path.join(root, name)
+            if not os.path.islink(full):
+                fd = os.open(full, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        fsync_dir(root)
+
+
+def _install_tree(src: str, dst: str) -> bool:
+    if os.path.islink(dst) or os.path.isfile(dst):
+        raise InstallError(f"install plugin support dir {dst}: expected a directory")
+    if os.path.isdir(dst) and tree_digest(dst) == tree_digest(src):
+        return False
+    tmp = temp_path(dst)
+    try:
+        shutil.copytree(src, tmp, symlinks=True)
+        _fsync_tree(tmp)
+        if os.path.isdir(dst):
+            # Same hashed name, other content: a damaged copy. Swap it out, then drop it.
+            old = temp_path(dst)
+            os.rename(dst, old)
+            atomic_rename(tmp, dst)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            atomic_rename(tmp, dst)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise _write_error("write plugin support dir", dst, e) from e
+    return True
+
+
+def _prune_support_dirs(bin_dir: str, current: set[str]) -> list[str]:
+    """Remove support dirs of older versions, keeping the newest one (an old plugin may run)."""
+    old = [e for e in os.scandir(bin_dir)
+           if is_support_dir(e.name) and e.name not in current
+           and e.is_dir(follow_symlinks=False)]
+    old.sort(key=lambda e: e.stat(follow_symlinks=False).st_mtime_ns, reverse=True)
+    removed = []
+    for entry in old[1:]:
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(entry.name)
+    return removed
+
+
+def install_binaries(source_dir: str, bin_dir: str, ledger: WriteLedger) -> BinaryResult:
+    """Make bin_dir hold every top-level name of source_dir with the same content."""
+    if not os.path.isdir(bin_dir):
+        raise InstallError(f"CNI bin dir {bin_dir} does not exist (is the host path mounted?)")
+    entries = source_entries(source_dir)
+    result = BinaryResult()
+    try:
+        for name in remove_stale_temps(bin_dir):
+            log.info("removed stale temp file", extra={"fields": {"dir": bin_dir, "name": name}})
+    except OSError as e:
+        raise _write_error("clean up", bin_dir, e) from e
+    for name, is_dir in entries.items():
+        src, dst = os.path.join(source_dir, name), os.path.join(bin_dir, name)
+        changed = _install_tree(src, dst) if is_dir else _install_file(src, dst, ledger)
+        (result.written if changed else result.unchanged).append(dst)
+    result.removed = _prune_support_dirs(bin_dir, {n for n, d in entries.items() if d})
+    return result
+
+
+def binary_problems(source_dir: str, bin_dir: str, ledger: WriteLedger) -> list[str]:
+    """What is missing or different in bin_dir (empty: the plugin is in place)."""
+    problems = []
+    for name, is_dir in source_entries(source_dir).items():
+        src, dst = os.path.join(source_dir, name), os.path.join(bin_dir, name)
+        if is_dir:
+            if not os.path.isdir(dst) or os.path.islink(dst):
+                problems.append(f"{dst}: support dir missing")
+        elif not _same_file(src, dst, ledger):
+            problems.append(f"{dst}: plugin missing or different from {src}")
+    return problems
+
+
+def uninstall_binaries(
+    source_dir: str, bin_dir: str, ledger: WriteLedger
+) -> tuple[list[str], list[str]]:
+    """Remove our names and every old support dir; returns (removed, errors)."""
+    names: set[str] = {"istio-cni"}
+    with contextlib.suppress(InstallError):
+        names |= set(source_entries(source_dir))
+    with contextlib.suppress(OSError):
+        names |= {n for n in os.listdir(bin_dir) if is_support_dir(n)}
+    removed, errors = [], []
+    for name in sorted(names):
+        path = os.path.join(bin_dir, name)
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            elif os.path.lexists(path):
+                os.unlink(path)
+            else:
+                continue
+            removed.append(path)
+            ledger.record(path, ABSENT)
+        except OSError as e:
+            errors.append(str(_write_error("remove", path, e)))
+    with contextlib.suppress(OSError):
+        fsync_dir(bin_dir)
+    return removed, errors

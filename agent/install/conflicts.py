@@ -1,0 +1,57 @@
+"""Counting fights with another writer of a CNI config file, and naming the likely culprit."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+
+# plugin type or file-name fragment -> who rewrites that file and how to stop it.
+_CULPRITS: tuple[tuple[str, str], ...] = (
+    ("cilium", "Cilium (its agent rewrites its CNI config unless cni.exclusive=false)"),
+    ("calico", "Calico (install-cni rewrites the conflist; check CNI_CONF_NAME/config sync)"),
+    ("aws-cni", "AWS VPC CNI (aws-node rewrites 10-aws.conflist at start)"),
+    ("flannel", "flannel (its init container copies cni-conf.json over the file)"),
+    ("weave", "Weave Net (weave-kube rewrites its conflist)"),
+    ("antrea", "Antrea (install_cni rewrites its conflist)"),
+    ("multus", "Multus (it regenerates its config from the master network)"),
+    ("ovn", "OVN-Kubernetes (ovnkube-node rewrites its config)"),
+    ("azure", "Azure CNI / CNS (it regenerates the conflist)"),
+    ("kindnet", "kindnet (kindnetd rewrites its conflist)"),
+    ("gke", "GKE netd (it regenerates the conflist from its template)"),
+    ("k3s", "k3s (its agent rewrites the flannel conflist)"),
+)
+
+
+def likely_culprit(file_name: str, plugin_types: Iterable[str]) -> str:
+    """A best guess from the file's name and the plugin types in it."""
+    haystack = " ".join([os.path.basename(file_name).lower(), *(t.lower() for t in plugin_types)])
+    for needle, who in _CULPRITS:
+        if needle in haystack:
+            return who
+    return "another CNI or node agent writing this file"
+
+
+class ConflictTracker:
+    """Heals per file over the last minute; says when one passes the warning threshold."""
+
+    def __init__(self, per_minute: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.per_minute = per_minute
+        self.clock = clock
+        self._heals: dict[str, deque[float]] = {}
+        self._warned: dict[str, float] = {}
+
+    def record(self, path: str) -> int | None:
+        """Count one heal of `path`; the minute's count when a warning is due (once a minute)."""
+        now = self.clock()
+        heals = self._heals.setdefault(path, deque())
+        heals.append(now)
+        while heals and heals[0] < now - 60.0:
+            heals.popleft()
+        if len(heals) <= self.per_minute:
+            return None
+        if now - self._warned.get(path, -1e9) < 60.0:
+            return None
+        self._warned[path] = now
+        return len(heals)

@@ -1,0 +1,306 @@
+"""Install once, check, uninstall: the plugin binaries and our entry in the node's CNI config.
+
+Install writes the binaries before the config (an entry must never name a missing plugin) and
+records each change in an undo log; uninstall removes the config entry before the binaries, from
+that log plus whatever of ours it finds on disk (a fresh `uninstall` process has no log), runs
+every step even when one fails, and reports all failures together.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.config import Settings
+from agent.errors import InstallError, TransientInstallError
+from agent.install import conflist
+from agent.install.atomic import (
+    ChangedUnderUs,
+    FileId,
+    atomic_rename,
+    atomic_write,
+    file_id,
+    remove_file,
+    remove_stale_temps,
+)
+from agent.install.binaries import binary_problems, install_binaries, uninstall_binaries
+from agent.install.entry import plugin_entry, standalone_entry
+from agent.install.ledger import WriteLedger
+from agent.install.plan import (
+    ConfigPlan,
+    interrupted_conversions,
+    plan_config,
+    standalone_name,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class InstallReport:
+    config_path: str
+    changed: list[str] = field(default_factory=list)
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class UndoStep:
+    kind: str
+    """'entry': remove our entry from a list; 'file': remove a file of ours; 'binaries'."""
+    path: str
+
+
+def _canonical(value: object) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+class Installer:
+    """Puts the plugin and its entry on the node for one Settings; keeps an undo log."""
+
+    def __init__(
+        self, settings: Settings, *, pod_name: str, pod_namespace: str,
+        ledger: WriteLedger | None = None,
+    ) -> None:
+        self.pod_name = pod_name
+        self.pod_namespace = pod_namespace
+        self.ledger = ledger or WriteLedger()
+        self.undo: dict[UndoStep, None] = {}
+        self._seen: dict[str, FileId] = {}
+        self.reconfigure(settings)
+
+    def reconfigure(self, settings: Settings) -> None:
+        """Use new settings from now on (a changed config file); the undo log is kept."""
+        self.settings = settings
+        self.conf_dir = settings.mountedCniConfDir
+        self.bin_dir = settings.mountedCniBinDir
+        make = plugin_entry if settings.chained else standalone_entry
+        self.entry = make(settings, pod_name=self.pod_name, pod_namespace=self.pod_namespace)
+
+    # -- reading the conf dir -------------------------------------------------------------
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.conf_dir, name)
+
+    def _names(self) -> list[str]:
+        try:
+            return os.listdir(self.conf_dir)
+        except FileNotFoundError:
+            raise TransientInstallError(f"CNI conf dir {self.conf_dir} does not exist") from None
+        except OSError as e:
+            raise InstallError(f"read CNI conf dir {self.conf_dir}: {e.strerror}") from e
+
+    def read(self, name: str) -> bytes | None:
+        """A config file's bytes (at most one past the size limit), None when absent or no file."""
+        path = self._path(name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except (FileNotFoundError, IsADirectoryError):
+            return None
+        except OSError as e:
+            raise InstallError(f"read CNI config {path}: {e.strerror}") from e
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return None
+            self._seen[name] = file_id(st)
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                return f.read(conflist.MAX_CONFIG_BYTES + 1)
+        except OSError as e:
+            raise InstallError(f"read CNI config {path}: {e.strerror}") from e
+        finally:
+            os.close(fd)
+
+    def plan(self) -> ConfigPlan:
+        return plan_config(self.settings, self.entry, self._names(), self.read)
+
+    # -- install ----------------------------------------------------------------------------
+
+    def install(self) -> InstallReport:
+        """Make binaries and config right; TransientInstallError while the primary is missing."""
+        binaries = install_binaries(self.settings.pluginSourceDir, self.bin_dir, self.ledger)
+        self.undo[UndoStep("binaries", self.bin_dir)] = None
+        self._clean_conf_dir()
+        plan = self.plan()
+        for warning in plan.warnings:
+            log.warning(warning, extra={"fields": {"dir": self.conf_dir}})
+        changed = binaries.written + self._apply(plan)
+        owns_file = not self.settings.chained or self.settings.istioOwnedCNIConfig
+        kind = "file" if owns_file else "entry"
+        self.undo[UndoStep(kind, self._path(plan.target))] = None
+        return InstallReport(self._path(plan.target), changed, plan.warnings)
+
+    def _clean_conf_dir(self) -> None:
+        try:
+            remove_stale_temps(self.conf_dir)
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            raise InstallError(f"clean up CNI conf dir {self.conf_dir}: {e.strerror}") from e
+        for src, dst in interrupted_conversions(self._names(), self.read):
+            log.info("finishing an interrupted .conf to .conflist conversion",
+                     extra={"fields": {"from": self._path(src), "to": self._path(dst)}})
+            self._guard(atomic_rename, self._path(src), self._path(dst))
+
+    def _refuse_symlink(self, path: str) -> None:
+        if os.path.islink(path):
+            raise InstallError(
+                f"{path}: is a symlink, expected a regular file; refusing to replace it "
+                "(set cniConfFileName to the file it points to, or replace the link by a file)")
+
+    def _guard(self, fn: Callable[..., None], path: str, *args: Any) -> None:
+        try:
+            fn(path, *args)
+        except OSError as e:
+            raise InstallError(f"write CNI config {path}: {e.strerror}") from e
+
+    def _apply(self, plan: ConfigPlan) -> list[str]:
+        target = self._path(plan.target)
+        self._refuse_symlink(target)
+        data = conflist.dumps(plan.config)
+        if plan.convert_from is not None:
+            src = self._path(plan.convert_from)
+            self._refuse_symlink(src)
+            # The list goes into the .conf first and is then renamed: the runtime skips a .conf
+            # holding a list, so it never loads the old config while ours exists beside it
+            # (x.conf sorts before x.conflist); one rename then makes ours the only one.
+            self._write(src, data, expect=self._seen.get(plan.convert_from))
+            self._guard(atomic_rename, src, target)
+            self.ledger.record_removed(src)
+            self.ledger.record_written(target, data)
+            log.info("converted CNI config to a list", extra={"fields": {
+                "from": src, "to": target}})
+            return [src, target]
+        expect = self._seen.get(plan.target) if plan.target == plan.primary else None
+        current = self.read(plan.target)
+        if current is not None and self._equal(current, plan.config):
+            self.ledger.record_written(target, current)
+            return []
+        self._write(target, data, expect=expect)
+        log.info("wrote CNI config", extra={"fields": {"path": target, "primary": plan.primary}})
+        return [target]
+
+    def _write(self, path: str, data: bytes, *, expect: FileId | None) -> None:
+        try:
+            atomic_write(path, data, expect=expect)
+        except ChangedUnderUs:
+            raise TransientInstallError(
+                f"{path} changed while we merged our entry into it; merging again") from None
+        except OSError as e:
+            raise InstallError(f"write CNI config {path}: {e.strerror}") from e
+        self.ledger.record_written(path, data)
+
+    @staticmethod
+    def _equal(data: bytes, config: dict[str, Any]) -> bool:
+        try:
+            return _canonical(conflist.parse(data, source="")) == _canonical(config)
+        except InstallError:
+            return False
+
+    # -- check ------------------------------------------------------------------------------
+
+    def problems(self) -> list[str]:
+        """What is not in place (empty: binary and entry are there and valid). Changes nothing."""
+        try:
+            out = binary_problems(self.settings.pluginSourceDir, self.bin_dir, self.ledger)
+        except InstallError as e:
+            out = [str(e)]
+        try:
+            plan = self.plan()
+        except InstallError as e:
+            return [*out, str(e)]
+        if plan.convert_from is not None:
+            return [*out, f"{self._path(plan.convert_from)}: our entry is not chained in"]
+        current = self.read(plan.target)
+        if current is None or not self._equal(current, plan.config):
+            out.append(f"{self._path(plan.target)}: our entry is missing or not as written")
+        return out
+
+    # -- uninstall --------------------------------------------------------------------------
+
+    def uninstall(self) -> list[str]:
+        """Remove everything of ours; returns what was removed, raises with every failure."""
+        steps = list(self.undo)
+        for step in self._discover():
+            if step not in self.undo:
+                steps.append(step)
+        steps.sort(key=lambda s: s.kind == "binaries")
+        done: list[str] = []
+        errors: list[str] = []
+        for step in steps:
+            try:
+                done.extend(self._undo_step(step))
+            except (InstallError, OSError) as e:
+                errors.append(f"{step.kind} {step.path}: {e}")
+        if errors:
+            raise InstallError("uninstall failed: " + "; ".join(errors))
+        self.undo.clear()
+        return done
+
+    def _discover(self) -> list[UndoStep]:
+        steps = []
+        try:
+            names = self._names()
+        except InstallError:
+            names = []
+        own_files = {standalone_name(self.settings)}
+        if self.settings.istioOwnedCNIConfig:
+            own_files.add(self.settings.istioOwnedCNIConfigFileName)
+        extra = [self.settings.cniConfFileName] if self.settings.cniConfFileName else []
+        for name in sorted(set(conflist.candidate_names(names)) | set(extra) | own_files):
+            if name not in names:
+                continue
+            steps.append(UndoStep("file" if name in own_files else "entry", self._path(name)))
+        steps.append(UndoStep("binaries", self.bin_dir))
+        return steps
+
+    def _undo_step(self, step: UndoStep) -> list[str]:
+        for _ in range(4):
+            try:
+                return self._undo_once(step)
+            except TransientInstallError:
+                continue  # another writer changed the file meanwhile: read it again
+        return self._undo_once(step)
+
+    def _undo_once(self, step: UndoStep) -> list[str]:
+        if step.kind == "binaries":
+            removed, errors = uninstall_binaries(
+                self.settings.pluginSourceDir, step.path, self.ledger)
+            if errors:
+                raise InstallError("; ".join(errors))
+            return removed
+        name = os.path.basename(step.path)
+        data = self.read(name)
+        if data is None:
+            return []
+        try:
+            config = conflist.parse(data, source=step.path)
+        except InstallError:
+            if step in self.undo:
+                raise  # we wrote it and can no longer read it: say so
+            return []  # a file we never touched and cannot parse is not ours to judge
+        if not _is_ours_anywhere(config):
+            return []
+        self._refuse_symlink(step.path)
+        remaining = conflist.remove(config) if "plugins" in config and isinstance(
+            config["plugins"], list) else {"plugins": []}
+        if step.kind == "file" or not remaining["plugins"]:
+            with contextlib.suppress(FileNotFoundError):
+                self._guard(_remove, step.path)
+            self.ledger.record_removed(step.path)
+            return [step.path]
+        self._write(step.path, conflist.dumps(remaining), expect=self._seen.get(name))
+        return [step.path]
+
+
+def _remove(path: str) -> None:
+    remove_file(path)
+
+
+def _is_ours_anywhere(config: dict[str, Any]) -> bool:
+    return conflist.is_ours(config) or conflist.count_ours(config) > 0

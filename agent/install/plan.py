@@ -1,0 +1,124 @@
+"""What the node's conf dir should look like: a pure plan from a snapshot of the dir.
+
+`plan_config` decides which file holds our entry and its exact content; the installer executes
+the plan and `check` compares it with the disk, so "check" never changes anything.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.config import Settings
+from agent.errors import InstallError, TransientInstallError
+from agent.install import conflist
+
+DEFAULT_STANDALONE_NAME = "YYY-istio-cni.conf"
+"""Standalone file: sorts after the network's own config, so it never takes the primary's place."""
+
+Reader = Callable[[str], bytes | None]
+
+
+@dataclass(frozen=True)
+class ConfigPlan:
+    target: str
+    """File name (in the conf dir) that must hold `config`."""
+    config: dict[str, Any]
+    """Its content."""
+    convert_from: str | None = None
+    """A single-plugin .conf/.json that becomes `target` (a .conflist) and must go away."""
+    primary: str | None = None
+    """The primary config we chain into (None in standalone mode)."""
+    warnings: tuple[str, ...] = field(default=())
+
+
+def standalone_name(settings: Settings) -> str:
+    return settings.cniConfFileName or DEFAULT_STANDALONE_NAME
+
+
+def standalone_config(name: str, entry: Mapping[str, Any]) -> dict[str, Any]:
+    """Our entry as its own network; a .conflist name needs the list form to load."""
+    if not name.endswith(".conflist"):
+        return dict(entry)
+    plugin = {k: v for k, v in entry.items() if k != "cniVersion"}
+    return {"cniVersion": entry["cniVersion"], "name": plugin["name"], "plugins": [plugin]}
+
+
+def find_primary(settings: Settings, names: Collection[str], read: Reader) -> str:
+    """The primary config's file name, as the runtime (or cniConfFileName) picks it."""
+    exclude = {settings.istioOwnedCNIConfigFileName} if settings.istioOwnedCNIConfig else set()
+    candidates = [n for n in names if n not in exclude]
+    if settings.cniConfFileName:
+        found = conflist.resolve_named(candidates, settings.cniConfFileName)
+        if found is None:
+            raise TransientInstallError(
+                f"waiting for primary CNI config {settings.cniConfFileName} "
+                f"(cniConfFileName) in {settings.mountedCniConfDir}")
+        return found
+    found = conflist.select_primary(candidates, read)
+    if found is None:
+        raise TransientInstallError(
+            f"waiting for a primary CNI config (.conf/.conflist/.json) in "
+            f"{settings.mountedCniConfDir}")
+    return found
+
+
+def plan_config(
+    settings: Settings, entry: Mapping[str, Any], names: Collection[str], read: Reader
+) -> ConfigPlan:
+    """Where our entry goes and what that file must contain. Raises InstallError on bad input."""
+    if not settings.chained:
+        name = standalone_name(settings)
+        return ConfigPlan(target=name, config=standalone_config(name, entry))
+    primary = find_primary(settings, names, read)
+    source = os.path.join(settings.mountedCniConfDir, primary)
+    data = read(primary)
+    if data is None:
+        raise TransientInstallError(f"{source}: primary CNI config vanished while reading it")
+    existing = conflist.load(data, source=source)
+    merged = conflist.insert(existing, entry, source=source)
+    if settings.istioOwnedCNIConfig:
+        owned = settings.istioOwnedCNIConfigFileName
+        return ConfigPlan(target=owned, config=merged, primary=primary,
+                          warnings=tuple(_sorted_before(owned, names, read)))
+    target = conflist.list_file_name(primary)
+    if target != primary:
+        if target in names:
+            raise InstallError(
+                f"{source}: chaining turns it into a list, which must be named {target}, but "
+                f"{os.path.join(settings.mountedCniConfDir, target)} already exists; remove one "
+                "or name the primary with cniConfFileName")
+        return ConfigPlan(target=target, config=merged, convert_from=primary, primary=primary)
+    return ConfigPlan(target=target, config=merged, primary=primary)
+
+
+def _sorted_before(owned: str, names: Collection[str], read: Reader) -> list[str]:
+    out = []
+    for name in conflist.candidate_names(names):
+        if name >= owned:
+            break
+        data = read(name)
+        if data is not None and conflist.runtime_loadable(name, data):
+            out.append(f"{name} sorts before {owned}: the runtime uses it instead of ours")
+    return out
+
+
+def interrupted_conversions(names: Collection[str], read: Reader) -> list[tuple[str, str]]:
+    """(.conf, .conflist) pairs where a crash left our list in a .conf not yet renamed."""
+    pairs = []
+    for name in conflist.candidate_names(names):
+        target = conflist.list_file_name(name)
+        if target == name or target in names:
+            continue
+        data = read(name)
+        if data is None:
+            continue
+        try:
+            config = conflist.load(data, source=name)
+        except InstallError:
+            continue
+        if not conflist.is_single(config) and conflist.count_ours(config) > 0:
+            pairs.append((name, target))
+    return pairs

@@ -1,0 +1,163 @@
+"""On SIGTERM: uninstall (the DaemonSet is going away from this node) or keep (upgrade, reboot).
+
+Keeping is the safe side: a stale entry makes new pods wait for the next agent (the plugin fails
+closed), while a missing one lets them start uncaptured. So anything unclear keeps.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+API_TIMEOUT_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class StopDecision:
+    uninstall: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class ClusterState:
+    """What the API server said; `error` set when it could not be asked."""
+
+    daemonset: Mapping[str, Any] | None = None
+    """None: the DaemonSet does not exist (any more)."""
+    node: Mapping[str, Any] | None = None
+    error: str = ""
+
+
+def decide(mode: str, state: ClusterState | None) -> StopDecision:
+    """Pure decision. mode is Settings.uninstallOnStop: always, never or auto."""
+    if mode == "always":
+        return StopDecision(True, "uninstallOnStop is always")
+    if mode == "never":
+        return StopDecision(False, "uninstallOnStop is never")
+    if state is None:
+        return StopDecision(False, "not running in a pod of a DaemonSet: keeping (fail closed)")
+    if state.error:
+        return StopDecision(False, f"API server unreachable ({state.error}): keeping (fail closed)")
+    ds = state.daemonset
+    if ds is None:
+        return StopDecision(True, "DaemonSet is gone")
+    if (ds.get("metadata") or {}).get("deletionTimestamp"):
+        return StopDecision(True, "DaemonSet is being deleted")
+    if state.node is not None and not node_matches(ds, state.node):
+        return StopDecision(True, "this node no longer matches the DaemonSet's node selection")
+    return StopDecision(False, "DaemonSet still runs on this node: upgrade or restart, keeping")
+
+
+def node_matches(daemonset: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
+    """nodeSelector and required node affinity of the DaemonSet's pod template against the node."""
+    spec = ((daemonset.get("spec") or {}).get("template") or {}).get("spec") or {}
+    labels: Mapping[str, str] = (node.get("metadata") or {}).get("labels") or {}
+    selector: Mapping[str, str] = spec.get("nodeSelector") or {}
+    if any(labels.get(k) != v for k, v in selector.items()):
+        return False
+    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution"))
+    if not required:
+        return True
+    name = str((node.get("metadata") or {}).get("name", ""))
+    terms: Sequence[Mapping[str, Any]] = required.get("nodeSelectorTerms") or []
+    return any(_term_matches(t, labels, name) for t in terms)
+
+
+def _term_matches(term: Mapping[str, Any], labels: Mapping[str, str], name: str) -> bool:
+    exprs = term.get("matchExpressions") or []
+    fields = term.get("matchFields") or []
+    if not exprs and not fields:
+        return False  # an empty term matches no node
+    return (all(_expr_matches(e, labels) for e in exprs)
+            and all(_expr_matches(f, {"metadata.name": name}) for f in fields))
+
+
+def _expr_matches(expr: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    key, op = expr.get("key", ""), expr.get("operator", "")
+    values = [str(v) for v in expr.get("values") or []]
+    present = key in labels
+    value = labels.get(key, "")
+    if op == "In":
+        return present and value in values
+    if op == "NotIn":
+        return not present or value not in values
+    if op == "Exists":
+        return present
+    if op == "DoesNotExist":
+        return not present
+    if op in ("Gt", "Lt") and present and len(values) == 1:
+        try:
+            left, right = int(value), int(values[0])
+        except ValueError:
+            return False
+        return left > right if op == "Gt" else left < right
+    return False
+
+
+def fetch_state(
+    clients: Any, *, pod_name: str, pod_namespace: str, node_name: str
+) -> ClusterState | None:
+    """Own pod -> owning DaemonSet (None if gone) and this node, as plain JSON objects.
+
+    `clients` is agent.kube.KubeClients. Returns None when the pod has no DaemonSet owner.
+    """
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        pod = _raw(clients.core.read_namespaced_pod(
+            pod_name, pod_namespace, _preload_content=False, _request_timeout=API_TIMEOUT_SECONDS))
+        owner = next((o for o in (pod.get("metadata") or {}).get("ownerReferences") or []
+                      if o.get("kind") == "DaemonSet"), None)
+        if owner is None:
+            return None
+        try:
+            ds: Mapping[str, Any] | None = _raw(clients.apps.read_namespaced_daemon_set(
+                owner["name"], pod_namespace, _preload_content=False,
+                _request_timeout=API_TIMEOUT_SECONDS))
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            ds = None
+        if ds is not None and owner.get("uid") and (ds.get("metadata") or {}).get(
+                "uid") != owner.get("uid"):
+            ds = None  # a new DaemonSet of the same name is not the one that made us
+        node = None
+        if node_name:
+            node = _raw(clients.core.read_node(
+                node_name, _preload_content=False, _request_timeout=API_TIMEOUT_SECONDS))
+        return ClusterState(daemonset=ds, node=node)
+    except Exception as e:  # any failure to ask means "keep" (fail closed)
+        return ClusterState(error=f"{type(e).__name__}: {str(e)[:200]}")
+
+
+def _raw(response: Any) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(response.data)
+    return data
+
+
+def decide_from_cluster(
+    mode: str, *, pod_name: str, pod_namespace: str, node_name: str
+) -> StopDecision:
+    """The fetch part: ask the API server only when the mode leaves the choice to it."""
+    if mode in ("always", "never"):
+        return decide(mode, None)
+    if not pod_name or not pod_namespace:
+        return decide(mode, None)
+    try:
+        from agent.kube import build_clients
+
+        clients = build_clients()
+    except Exception as e:  # no client config: keep
+        return decide(mode, ClusterState(error=str(e)[:200]))
+    try:
+        state = fetch_state(clients, pod_name=pod_name, pod_namespace=pod_namespace,
+                            node_name=node_name)
+    finally:
+        clients.close()
+    return decide(mode, state)

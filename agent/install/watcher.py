@@ -1,0 +1,314 @@
+"""Keep the plugin and our entry in place: watch the bin dir, the conf dir and the agent's config
+file, and re-install when something else removes or changes what we put there.
+
+Start-up runs through the same handler as a change. Events on paths still exactly as we left them
+(same content hash) are our own writes and ignored; bursts are grouped (watchfiles debounce);
+the watch is re-armed when a watched directory is replaced, and everything is re-checked at a
+steady interval in case an event was missed.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import watchfiles
+
+from agent import metrics
+from agent.config import load_settings
+from agent.errors import AgentError, InstallError, TransientInstallError
+from agent.install import conflist
+from agent.install.atomic import is_temp_name
+from agent.install.binaries import is_support_dir
+from agent.install.conflicts import ConflictTracker, likely_culprit
+from agent.install.installer import Installer
+from agent.install.ledger import HashCache
+
+log = logging.getLogger(__name__)
+# watchfiles logs every batch of changes at info: our own writes would flood the log.
+logging.getLogger("watchfiles").setLevel(logging.WARNING)
+
+
+@dataclass(frozen=True)
+class WatchTiming:
+    step_ms: int = 20
+    """Quiet time that ends a burst of events."""
+    debounce_ms: int = 200
+    """Longest a burst is grouped before we act (a writer that never stops still gets healed)."""
+    recheck_seconds: float = 5.0
+    """Full check at this interval even without events (a missed event, a replaced mount)."""
+    waiting_log_seconds: float = 30.0
+    """Interval of the "waiting for a primary CNI config" log line."""
+
+
+class InstallWatcher:
+    """Service: install at start, then keep installed until stopped. Ready while in place."""
+
+    def __init__(
+        self, installer: Installer, *, config_path: str | None = None,
+        timing: WatchTiming | None = None,
+    ) -> None:
+        self.installer = installer
+        self.config_path = config_path
+        self.timing = timing or WatchTiming()
+        self.conflicts = ConflictTracker(installer.settings.conflictsPerMinuteWarning)
+        self._config_hashes = HashCache()
+        self._config_digest = self._config_digest_now()
+        self._stop = threading.Event()
+        self._ready = False
+        self._thread: threading.Thread | None = None
+        self._last_wait_log = -1e9
+        self._last_error = ""
+        self._was_ready = False
+        self.heals = 0
+
+    # -- service ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self.run, name="install-watcher", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def ready(self) -> bool:
+        return self._ready
+
+    # -- loop -------------------------------------------------------------------------------
+
+    def run(self, iterations: int | None = None) -> None:
+        """Reconcile now, then on every relevant change until stopped (or `iterations` events)."""
+        self._guarded(lambda: self.reconcile("start"))
+        count = 0
+        while not self._stop.is_set():
+            dirs = self._watched_dirs()
+            identity = _identity(dirs)
+            if not dirs:
+                self._stop.wait(self.timing.recheck_seconds)
+                self._guarded(lambda: self.reconcile("recheck"))
+                continue
+            try:
+                for changes in watchfiles.watch(
+                    *dirs, watch_filter=self._wanted, recursive=False, step=self.timing.step_ms,
+                    debounce=self.timing.debounce_ms, stop_event=self._stop,
+                    rust_timeout=int(self.timing.recheck_seconds * 1000),
+                    yield_on_timeout=True, raise_interrupt=False,
+                ):
+                    self._guarded(functools.partial(self._on_changes, changes))
+                    count += 1
+                    if iterations is not None and count >= iterations:
+                        return
+                    if self._watched_dirs() != dirs or _identity(dirs) != identity:
+                        log.info("a watched directory appeared or was replaced; re-arming")
+                        break
+            except (OSError, RuntimeError) as e:
+                log.warning("watch failed; re-arming", extra={"fields": {"error": str(e)}})
+                self._stop.wait(1.0)
+
+    def _on_changes(self, changes: set[tuple[watchfiles.Change, str]]) -> None:
+        relevant = self._relevant([p for _, p in changes])
+        if relevant or not changes:
+            self.reconcile(relevant[0] if relevant else "recheck")
+
+    def _guarded(self, step: Callable[[], None]) -> None:
+        """One failed round must not end the watch: log it, report not ready, go on."""
+        try:
+            step()
+        except Exception:
+            log.exception("install check failed unexpectedly")
+            self._set_ready(False)
+
+    def _watched_dirs(self) -> list[str]:
+        s = self.installer.settings
+        dirs = [s.mountedCniBinDir, s.mountedCniConfDir]
+        if self.config_path:
+            dirs.append(os.path.dirname(os.path.abspath(self.config_path)))
+        return [d for d in dict.fromkeys(dirs) if os.path.isdir(d)]
+
+    def _wanted(self, change: watchfiles.Change, path: str) -> bool:
+        """watchfiles filter: only names that can matter to us wake the loop."""
+        s = self.installer.settings
+        directory, name = os.path.split(os.path.abspath(path))
+        if is_temp_name(name):
+            return False
+        if directory == os.path.abspath(s.mountedCniBinDir):
+            return name == "istio-cni" or is_support_dir(name) or self._is_source_name(name)
+        if directory == os.path.abspath(s.mountedCniConfDir):
+            return True
+        if self.config_path:
+            # A ConfigMap volume swaps a "..data" symlink; a plain file is written in place.
+            return name == os.path.basename(self.config_path) or name.startswith("..")
+        return False
+
+    def _relevant(self, paths: Iterable[str]) -> list[str]:
+        """Paths whose change was not our own write (or the config file changed)."""
+        conf_dir = os.path.abspath(self.installer.settings.mountedCniConfDir)
+        bin_dir = os.path.abspath(self.installer.settings.mountedCniBinDir)
+        out = []
+        for path in paths:
+            directory = os.path.dirname(os.path.abspath(path))
+            if directory in (conf_dir, bin_dir):
+                if not self.installer.ledger.is_own_state(path):
+                    out.append(path)
+            elif self.config_path and self._config_changed():
+                out.append(path)
+        return out
+
+    def _is_source_name(self, name: str) -> bool:
+        return os.path.exists(os.path.join(self.installer.settings.pluginSourceDir, name))
+
+    def _config_digest_now(self) -> str:
+        if not self.config_path:
+            return ""
+        # A ConfigMap volume serves the file through symlinks: hash what they point to.
+        return self._config_hashes.digest(self.config_path, follow_symlinks=True)
+
+    def _config_changed(self) -> bool:
+        assert self.config_path is not None
+        digest = self._config_digest_now()
+        if digest == self._config_digest:
+            return False
+        self._config_digest = digest
+        try:
+            settings = load_settings(self.config_path)
+        except AgentError as e:
+            log.error("config file changed but is invalid; keeping the previous settings",
+                      extra={"fields": {"path": self.config_path, "error": str(e)}})
+            return False
+        if settings != self.installer.settings:
+            log.info("config file changed; installing with the new settings",
+                     extra={"fields": {"path": self.config_path}})
+            self.installer.reconfigure(settings)
+        return True
+
+    # -- one reconcile ----------------------------------------------------------------------
+
+    def reconcile(self, reason: str) -> None:
+        """Check; when something is missing or different, install and count the heal."""
+        problems = self.installer.problems()
+        if not problems:
+            self._set_ready(True)
+            return
+        self._set_ready(False)
+        try:
+            report = self.installer.install()
+        except TransientInstallError as e:
+            metrics.INSTALLS.labels(result="waiting").inc()
+            self._log_waiting(str(e))
+            return
+        except InstallError as e:
+            metrics.INSTALLS.labels(result="failure").inc()
+            if str(e) != self._last_error:
+                log.error("install failed", extra={"fields": {"error": str(e), "cause": reason}})
+            self._last_error = str(e)
+            return
+        self._last_error = ""
+        metrics.INSTALLS.labels(result="success").inc()
+        if self._was_ready and report.changed:  # a first install is not a heal
+            self._count_heal(report.changed, problems, reason)
+        self._set_ready(not self.installer.problems())
+
+    def _set_ready(self, ready: bool) -> None:
+        self._was_ready = self._was_ready or ready
+        if ready != self._ready:
+            log.info("install ready" if ready else "install not ready")
+        self._ready = ready
+        metrics.INSTALL_READY.set(1 if ready else 0)
+
+    def _log_waiting(self, message: str) -> None:
+        now = time.monotonic()
+        if now - self._last_wait_log >= self.timing.waiting_log_seconds:
+            self._last_wait_log = now
+            log.info(message, extra={"fields": {"dir": self.installer.conf_dir}})
+
+    def _count_heal(self, changed: list[str], problems: list[str], reason: str) -> None:
+        self.heals += 1
+        conf_dir = os.path.abspath(self.installer.conf_dir)
+        for path in changed:
+            in_conf = os.path.dirname(os.path.abspath(path)) == conf_dir
+            metrics.HEALS.labels(kind="config" if in_conf else "binary").inc()
+            if in_conf and os.path.exists(path):
+                self._count_conflict(path)
+        log.info("healed", extra={"fields": {"changed": ",".join(changed),
+                                             "problems": "; ".join(problems), "cause": reason}})
+
+    def _count_conflict(self, path: str) -> None:
+        metrics.CONFLICTS.labels(file=os.path.basename(path)).inc()
+        fights = self.conflicts.record(path)
+        if fights is None:
+            return
+        types = _plugin_types(self.installer.read(os.path.basename(path)))
+        log.warning(
+            "another writer keeps removing our CNI config entry; still healing",
+            extra={"fields": {"file": path, "fights_last_minute": fights,
+                              "likely_culprit": likely_culprit(path, types)}})
+
+
+def _plugin_types(data: bytes | None) -> list[str]:
+    if data is None:
+        return []
+    try:
+        config = conflist.parse(data, source="")
+    except InstallError:
+        return []
+    plugins = config.get("plugins")
+    items = plugins if isinstance(plugins, list) else [config]
+    return [str(p.get("type")) for p in items if isinstance(p, dict) and p.get("type")]
+
+
+def _identity(dirs: list[str]) -> list[tuple[int, int]]:
+    out = []
+    for d in dirs:
+        try:
+            st = os.stat(d)
+        except OSError:
+            out.append((0, 0))
+            continue
+        out.append((st.st_dev, st.st_ino))
+    return out
+
+
+def wait_installed(
+    installer: Installer, *, timeout: float | None, stop: threading.Event,
+    log_interval: float = 30.0, clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """Install, waiting (watching the conf dir, not polling) while the primary config is missing.
+
+    Raises TransientInstallError when `timeout` passes or `stop` is set first.
+    """
+    deadline = None if timeout is None else clock() + timeout
+    last_log = -1e9
+    while True:
+        try:
+            installer.install()
+            return
+        except TransientInstallError as e:
+            now = clock()
+            if stop.is_set() or (deadline is not None and now >= deadline):
+                raise
+            if now - last_log >= log_interval:
+                last_log = now
+                log.info(str(e), extra={"fields": {"dir": installer.conf_dir}})
+            wait_ms = log_interval if deadline is None else min(log_interval, deadline - now)
+            _wait_for_change(installer.conf_dir, int(wait_ms * 1000), stop)
+
+
+def _wait_for_change(directory: str, timeout_ms: int, stop: threading.Event) -> None:
+    if not os.path.isdir(directory):
+        stop.wait(min(timeout_ms / 1000, 1.0))
+        return
+    for _ in watchfiles.watch(directory, watch_filter=None, recursive=False, step=20,
+                              debounce=200, stop_event=stop, rust_timeout=max(timeout_ms, 1),
+                              yield_on_timeout=True, raise_interrupt=False):
+        return
+
+

@@ -1,0 +1,138 @@
+"""`istio-cni-agent run`: install, start the services, wait for SIGTERM, stop them, then
+uninstall or keep as the stop policy decides. Everything else lives in the modules it calls."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import Protocol
+
+from agent.config import DEFAULT_CONFIG_PATH, Settings, load_settings
+from agent.errors import AgentError, InstallError, TransientInstallError
+from agent.http_server import HttpServer
+from agent.install import stop_policy
+from agent.install.commands import make_installer
+from agent.install.installer import Installer
+from agent.install.watcher import InstallWatcher
+from agent.logs import setup_logging
+
+log = logging.getLogger(__name__)
+
+
+class Service(Protocol):
+    """A long-running part: start() returns once running; stop() returns once its threads ended.
+    A service that gates readiness also has `ready() -> bool`."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+def build_services(
+    settings: Settings, installer: Installer, *, config_path: str
+) -> list[Service]:
+    """The services of the agent, started in this order and stopped in reverse."""
+    services: list[Service] = [
+        InstallWatcher(installer, config_path=config_path),
+        # Further services (pod server, repair) are one line each here.
+    ]
+    checks = [(type(s).__name__, _ready_of(s)) for s in services if hasattr(s, "ready")]
+    services.append(HttpServer(port=settings.metricsPort, host=settings.metricsAddress,
+                               checks=checks))
+    return services
+
+
+def _ready_of(service: Service) -> Callable[[], bool]:
+    ready: Callable[[], bool] = service.ready  # type: ignore[attr-defined]
+    return ready
+
+
+def main(command: str, argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog=f"istio-cni-agent {command}")
+    parser.add_argument("--config", default=DEFAULT_CONFIG_PATH, help="agent config.yaml")
+    args = parser.parse_args(argv)
+    try:
+        settings = load_settings(args.config)
+    except AgentError as e:
+        sys.stderr.write(f"istio-cni-agent {command}: {e}\n")
+        return 1
+    setup_logging(settings.logLevel)
+    return run(settings, config_path=args.config)
+
+
+StopDecider = Callable[[Settings], stop_policy.StopDecision]
+
+
+def decide_from_cluster(settings: Settings) -> stop_policy.StopDecision:
+    """Ask the API server about our DaemonSet (unless the config forces the answer)."""
+    return stop_policy.decide_from_cluster(
+        settings.uninstallOnStop, pod_name=os.environ.get("POD_NAME", ""),
+        pod_namespace=os.environ.get("POD_NAMESPACE", ""),
+        node_name=os.environ.get("NODE_NAME", ""))
+
+
+def run(
+    settings: Settings, *, config_path: str, decide_on_stop: StopDecider = decide_from_cluster
+) -> int:
+    """Install, serve until SIGTERM/SIGINT, then uninstall or keep; the process's exit code."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("received %s, stopping", signal.Signals(signum).name)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    installer = make_installer(settings)
+    try:
+        installer.install()
+    except TransientInstallError as e:
+        log.info("not installed yet, watching: %s", e)
+    except InstallError as e:
+        log.error("install failed at start", extra={"fields": {"error": str(e)}})
+        sys.stderr.write(f"istio-cni-agent run: install failed: {e}\n")
+        return 1
+    services = build_services(settings, installer, config_path=config_path)
+    started: list[Service] = []
+    try:
+        for service in services:
+            service.start()
+            started.append(service)
+    except (OSError, AgentError) as e:
+        log.error("start failed", extra={"fields": {"service": type(service).__name__,
+                                                    "error": str(e)}})
+        sys.stderr.write(f"istio-cni-agent run: cannot start {type(service).__name__}: {e}\n")
+        _stop_all(started)
+        return 1
+    while not stop.wait(1.0):
+        pass
+    _stop_all(started)
+    return _finish(decide_on_stop(installer.settings), installer)
+
+
+def _stop_all(services: Sequence[Service]) -> None:
+    for service in reversed(services):
+        try:
+            service.stop()
+        except Exception:  # one failing stop must not keep the others running
+            log.exception("stopping %s failed", type(service).__name__)
+
+
+def _finish(decision: stop_policy.StopDecision, installer: Installer) -> int:
+    log.info("uninstalling" if decision.uninstall else "keeping the plugin and its entry",
+             extra={"fields": {"reason": decision.reason}})
+    if not decision.uninstall:
+        return 0
+    try:
+        removed = installer.uninstall()
+    except InstallError as e:
+        log.error("uninstall failed", extra={"fields": {"error": str(e)}})
+        return 1
+    log.info("uninstalled", extra={"fields": {"removed": ",".join(removed) or "nothing"}})
+    return 0

@@ -1,0 +1,26 @@
+"""Prometheus metrics of the agent (default registry, served on /metrics). Istio's names where
+Istio has one."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge
+
+INSTALL_READY = Gauge(
+    "istio_cni_install_ready",
+    "1 while the plugin binary and its CNI config entry are in place and valid, else 0.",
+)
+INSTALLS = Counter(
+    "istio_cni_installs",
+    "Install runs (start-up and every repair), by result.",
+    ["result"],
+)
+HEALS = Counter(
+    "istio_cni_install_heals",
+    "Times the agent put back a binary or config entry that something removed or changed.",
+    ["kind"],
+)
+CONFLICTS = Counter(
+    "istio_cni_install_conflicts",
+    "Heals that undid another writer's change to a CNI config file, by file.",
+    ["file"],
+)

@@ -1,0 +1,103 @@
+"""Fixtures of the installer tests: a node's bin and conf dirs in a temp dir, a tiny plugin."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import socket
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pytest
+import yaml
+
+from agent.config import Settings
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+PLUGIN_SCRIPT = "#!/bin/sh\n# test plugin {version}\necho '{{\"cniVersion\":\"1.0.0\"}}'\n"
+"""Stands in for the built plugin: a real executable the tests exec."""
+
+
+def conformance_dir() -> pathlib.Path:
+    """../shared/conformance relative to the repo root, or $ISTIO_CNI_CONFORMANCE_DIR."""
+    path = pathlib.Path(os.environ.get("ISTIO_CNI_CONFORMANCE_DIR")
+                        or REPO_ROOT.parent / "shared" / "conformance")
+    if not (path / "install" / "cases.json").is_file():
+        pytest.fail(f"conformance data not found at {path} (set ISTIO_CNI_CONFORMANCE_DIR)")
+    return path
+
+
+@dataclass
+class Node:
+    root: pathlib.Path
+    bin_dir: pathlib.Path
+    conf_dir: pathlib.Path
+    src_dir: pathlib.Path
+    settings: Settings
+
+    def with_settings(self, **overrides: Any) -> Settings:
+        self.settings = replace(self.settings, **overrides)
+        return self.settings
+
+    def write_config_yaml(self, **overrides: Any) -> pathlib.Path:
+        """config.yaml for a subprocess agent: these dirs plus `overrides`."""
+        data: dict[str, Any] = {
+            "mountedCniBinDir": str(self.bin_dir), "mountedCniConfDir": str(self.conf_dir),
+            "pluginSourceDir": str(self.src_dir), "metricsAddress": "127.0.0.1",
+        }
+        for key, value in vars(self.settings).items():
+            if key in ("cniConfFileName", "chained", "istioOwnedCNIConfig",
+                       "istioOwnedCNIConfigFileName", "logLevel", "uninstallOnStop"):
+                data[key] = value
+        data.update(overrides)
+        path = self.root / "config.yaml"
+        path.write_text(yaml.safe_dump(data))
+        return path
+
+    def conf(self, name: str) -> dict[str, Any]:
+        value: dict[str, Any] = json.loads((self.conf_dir / name).read_text())
+        return value
+
+
+def write_plugin(src_dir: pathlib.Path, version: str = "1") -> None:
+    src_dir.mkdir(parents=True, exist_ok=True)
+    plugin = src_dir / "istio-cni"
+    plugin.write_text(PLUGIN_SCRIPT.format(version=version))
+    plugin.chmod(0o755)
+
+
+@pytest.fixture
+def node(tmp_path: pathlib.Path) -> Iterator[Node]:
+    bin_dir, conf_dir, src_dir = tmp_path / "bin", tmp_path / "conf", tmp_path / "src"
+    bin_dir.mkdir()
+    conf_dir.mkdir()
+    write_plugin(src_dir)
+    settings = Settings(mountedCniBinDir=str(bin_dir), mountedCniConfDir=str(conf_dir),
+                        pluginSourceDir=str(src_dir), metricsAddress="127.0.0.1")
+    yield Node(tmp_path, bin_dir, conf_dir, src_dir, settings)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def agent_command(*args: str) -> list[str]:
+    """The agent CLI as a subprocess of this interpreter (the console script's entry point)."""
+    return [sys.executable, "-m", "agent.cli", *args]
+
+
+def agent_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"POD_NAME": "istio-cni-node-x", "POD_NAMESPACE": "istio-system"})
+    for key in ("KUBERNETES_SERVICE_HOST", "KUBECONFIG", "NODE_NAME"):
+        env.pop(key, None)
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    env.update(extra)
+    return env

@@ -1,0 +1,84 @@
+"""/healthz, /readyz, /metrics served from the agent process."""
+
+from __future__ import annotations
+
+import http.client
+from collections.abc import Iterator
+
+import pytest
+
+from agent import metrics
+from agent.http_server import HttpServer
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        conn.close()
+
+
+class Flag:
+    def __init__(self, value: bool) -> None:
+        self.value = value
+
+    def __call__(self) -> bool:
+        return self.value
+
+
+def _broken() -> bool:
+    raise RuntimeError("boom")
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[HttpServer, Flag, Flag]]:
+    a, b = Flag(True), Flag(True)
+    srv = HttpServer(port=0, host="127.0.0.1", checks=[("install", a), ("pods", b)])
+    srv.start()
+    try:
+        yield srv, a, b
+    finally:
+        srv.stop()
+        srv.stop()  # idempotent
+
+
+def test_ready_only_when_every_check_is(server: tuple[HttpServer, Flag, Flag]) -> None:
+    srv, a, b = server
+    assert _get(srv.bound_port, "/readyz") == (200, "ready\n")
+    b.value = False
+    assert _get(srv.bound_port, "/readyz") == (503, "not ready: pods\n")
+    a.value = False
+    assert _get(srv.bound_port, "/readyz") == (503, "not ready: install, pods\n")
+    assert _get(srv.bound_port, "/healthz") == (200, "ok\n")
+    assert _get(srv.bound_port, "/nope")[0] == 404
+
+
+def test_metrics_has_istio_names(server: tuple[HttpServer, Flag, Flag]) -> None:
+    srv, _, _ = server
+    metrics.INSTALLS.labels(result="success").inc()
+    code, body = _get(srv.bound_port, "/metrics")
+    assert code == 200
+    for name in ("istio_cni_install_ready", 'istio_cni_installs_total{result="success"}',
+                 "istio_cni_install_heals_total", "istio_cni_install_conflicts_total"):
+        assert name in body
+
+
+def test_raising_check_is_not_ready() -> None:
+    srv = HttpServer(port=0, host="127.0.0.1", checks=[("broken", _broken)])
+    srv.start()
+    try:
+        assert _get(srv.bound_port, "/readyz") == (503, "not ready: broken\n")
+    finally:
+        srv.stop()
+
+
+def test_default_listens_on_every_address() -> None:
+    srv = HttpServer(port=0)
+    srv.start()
+    try:
+        assert _get(srv.bound_port, "/healthz")[0] == 200  # reached over IPv4 loopback
+    finally:
+        srv.stop()

@@ -1,0 +1,180 @@
+"""`istio-cni-agent run` as a real process: readiness, healing, SIGTERM uninstall vs upgrade."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from agent.install import conflist
+from tests.install.conftest import Node, agent_command, agent_env, free_port
+
+LIST = {"cniVersion": "0.4.0", "name": "net", "plugins": [{"type": "ptp"}, {"type": "portmap"}]}
+NODE = {"metadata": {"name": "node-1", "labels": {"pool": "a"}}}
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        conn.close()
+
+
+def _wait_status(port: int, path: str, status: int, timeout: float = 10.0) -> str:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            code, body = _get(port, path)
+            if code == status:
+                return body
+            last = (code, body)
+        except OSError as e:
+            last = e
+        time.sleep(0.05)
+    raise AssertionError(f"{path} never returned {status}; last: {last!r}")
+
+
+class _Agent:
+    def __init__(self, proc: subprocess.Popen[bytes], log: pathlib.Path) -> None:
+        self.proc = proc
+        self.log = log
+
+
+@contextlib.contextmanager
+def _agent(command: list[str]) -> Iterator[_Agent]:
+    with tempfile.TemporaryDirectory() as tmp:
+        log = pathlib.Path(tmp) / "agent.log"
+        with open(log, "wb") as out:  # a file, not a pipe: nobody reads while it runs
+            proc = subprocess.Popen(command, env=agent_env(), stdout=out, stderr=out)
+        try:
+            yield _Agent(proc, log)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=30)
+
+
+def _stop(agent: _Agent) -> tuple[int, str]:
+    agent.proc.send_signal(signal.SIGTERM)
+    code = agent.proc.wait(timeout=30)
+    return code, agent.log.read_text()
+
+
+def _has_entry(node: Node) -> bool:
+    try:
+        return conflist.count_ours(node.conf("10-net.conflist")) == 1
+    except (OSError, ValueError):
+        return False
+
+
+def _wait(condition: Any, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not condition():
+        time.sleep(0.01)
+    return bool(condition())
+
+
+@pytest.mark.parametrize(("mode", "kept"), [("always", False), ("never", True)])
+def test_run_ready_heals_and_stops(node: Node, mode: str, kept: bool) -> None:
+    (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
+    port = free_port()
+    config = node.write_config_yaml(metricsPort=port, uninstallOnStop=mode)
+    with _agent(agent_command("run", "--config", str(config))) as proc:
+        _wait_status(port, "/readyz", 200)
+        assert _get(port, "/healthz")[0] == 200
+        assert "istio_cni_install_ready 1.0" in _get(port, "/metrics")[1]
+        (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))  # entry dropped
+        assert _wait(lambda: _has_entry(node))
+        _wait_status(port, "/readyz", 200)
+        metrics = _get(port, "/metrics")[1]
+        assert 'istio_cni_install_heals_total{kind="config"} 1.0' in metrics
+        code, err = _stop(proc)
+    assert code == 0, err
+    assert _has_entry(node) is kept
+    assert (node.bin_dir / "istio-cni").exists() is kept
+    if not kept:
+        assert node.conf("10-net.conflist") == LIST
+
+
+def test_not_ready_until_primary_appears(node: Node) -> None:
+    port = free_port()
+    config = node.write_config_yaml(metricsPort=port, uninstallOnStop="always")
+    with _agent(agent_command("run", "--config", str(config))) as proc:
+        body = _wait_status(port, "/readyz", 503)
+        assert "InstallWatcher" in body
+        assert _get(port, "/healthz")[0] == 200
+        (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
+        _wait_status(port, "/readyz", 200)
+        code, err = _stop(proc)
+    assert code == 0, err
+    assert node.conf("10-net.conflist") == LIST
+
+
+def test_start_error_exits_nonzero_with_message(node: Node) -> None:
+    real = node.root / "elsewhere.conflist"
+    real.write_text(json.dumps(LIST))
+    (node.conf_dir / "10-net.conflist").symlink_to(real)
+    config = node.write_config_yaml(metricsPort=free_port())
+    done = subprocess.run(agent_command("run", "--config", str(config)), env=agent_env(),
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 1
+    assert "10-net.conflist: is a symlink" in done.stderr
+
+
+def test_port_in_use_exits_nonzero(node: Node) -> None:
+    (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        config = node.write_config_yaml(metricsPort=busy.getsockname()[1])
+        done = subprocess.run(agent_command("run", "--config", str(config)), env=agent_env(),
+                              capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 1
+    assert "cannot start HttpServer" in done.stderr
+
+
+def _ds(**metadata: Any) -> dict[str, Any]:
+    return {"metadata": {"name": "istio-cni-node", **metadata},
+            "spec": {"template": {"spec": {"nodeSelector": {"pool": "a"}}}}}
+
+
+@pytest.mark.parametrize(("state", "kept"), [
+    ({"daemonset": None, "node": NODE}, False),
+    ({"daemonset": _ds(deletionTimestamp="2026-11-30T00:00:00Z"), "node": NODE}, False),
+    ({"daemonset": _ds(), "node": {"metadata": {"name": "node-1", "labels": {"pool": "b"}}}},
+     False),
+    ({"daemonset": _ds(), "node": NODE}, True),
+    ({"error": "connection refused"}, True),
+], ids=["ds-gone", "ds-deleting", "node-no-longer-selected", "upgrade", "api-unreachable"])
+def test_sigterm_decides_from_daemonset_state(
+    node: Node, state: dict[str, Any], kept: bool
+) -> None:
+    (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
+    port = free_port()
+    config = node.write_config_yaml(metricsPort=port, uninstallOnStop="auto")
+    (node.root / "state.json").write_text(json.dumps(state))
+    command = [sys.executable, "-m", "tests.install.given_state_agent", str(config),
+               str(node.root / "state.json")]
+    with _agent(command) as proc:
+        _wait_status(port, "/readyz", 200)
+        code, err = _stop(proc)
+    assert code == 0, err
+    assert _has_entry(node) is kept
+    assert os.path.exists(node.bin_dir / "istio-cni") is kept

@@ -1,0 +1,256 @@
+"""The watcher keeps the plugin and our entry in place, never reacting to its own writes."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+import yaml
+from prometheus_client import REGISTRY
+
+from agent.config import load_settings
+from agent.install import conflist
+from agent.install.atomic import atomic_write
+from agent.install.installer import Installer
+from agent.install.watcher import InstallWatcher, WatchTiming
+from tests.install.conftest import Node
+
+LIST = {"cniVersion": "0.4.0", "name": "net", "plugins": [{"type": "ptp"}, {"type": "portmap"}]}
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.005)
+    return condition()
+
+
+class Running:
+    def __init__(self, node: Node, recheck: float, config_path: str | None = None) -> None:
+        self.installer = Installer(node.settings, pod_name="agent-1", pod_namespace="istio-system")
+        self.watcher = InstallWatcher(self.installer, config_path=config_path,
+                                      timing=WatchTiming(recheck_seconds=recheck))
+        self.node = node
+
+    def has_entry(self, name: str) -> bool:
+        try:
+            return conflist.has_entry(self.node.conf(name), self.installer.entry)
+        except (OSError, ValueError):
+            return False
+
+
+@pytest.fixture
+def running(node: Node) -> Iterator[Callable[..., Running]]:
+    started: list[Running] = []
+
+    def start(recheck: float = 60.0, config_path: str | None = None) -> Running:
+        r = Running(node, recheck, config_path)
+        r.watcher.start()
+        started.append(r)
+        return r
+
+    yield start
+    for r in started:
+        r.watcher.stop()
+
+
+def _drop_entry(path: str, **extra: object) -> None:
+    with open(path, "rb") as f:
+        config = json.loads(f.read())
+    config = {**conflist.remove(config), **extra}
+    atomic_write(path, conflist.dumps(config))
+
+
+def test_heals_removed_entry_and_keeps_their_change(node: Node, running: Callable[..., Running]
+                                                     ) -> None:
+    (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
+    r = running()
+    assert wait_for(r.watcher.ready)
+    _drop_entry(str(node.conf_dir / "10-net.conflist"), mtu=9001)
+    assert wait_for(lambda: r.has_entry("10-net.conflist"))
+    assert node.conf("10-net.conflist")["mtu"] == 9001
+    assert wait_for(r.watcher.ready)
+    assert r.watcher.heals == 1
+
+
+def test_heals_deleted_and_replaced_binary(node: Node, running: Callable[..., Running]) -> None:
+    (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
+    r = running()
+    assert wait_for(r.watcher.ready)
+    plugin = node.bin_dir / "istio-cni"
+    plugin.unlink()
+    assert wait_for(plugin.exists)
+    plugin.write_text("#!/bin/sh\nexit 1\n")
+    assert wait_for(lambda: b"test plugin" in plugin.read_bytes())
+    assert wait_for(r.watcher.ready)
+
+
+def test_heals_deleted_conflist_by_waiting_then_reinstalling(
+    node: Node, running: Callable[..., Running]
+) -> None:
+    (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
+    r = running()
+    assert wait_for(r.watcher.ready)
+    (node.conf_dir / "10-net.conflist").unlink()
+    assert wait_for(lambda: not r.watcher.ready())
+    (node.conf_dir / "20-new.conflist").write_text(json.dumps(LIST))
+    assert wait_for(lambda: r.has_entry("20-new.conflist"))
+    assert wait_for(r.watcher.ready)
+
+
+def test_own_writes_do_not_wake_it(node: Node, running: Callable[..., Running]) -> None:
+    shutil_conf = node.conf_dir / "10-net.conf"
+    shutil_conf.write_text('{"cniVersion":"1.0.0","name":"n","type":"bridge"}')
+    r = running()
+    assert wait_for(lambda: r.has_entry("10-net.conflist"))
+    inode = os.stat(node.conf_dir / "10-net.conflist").st_ino
+    time.sleep(1.0)
+    assert r.watcher.heals == 0
+    assert os.stat(node.conf_dir / "10-net.conflist").st_ino == inode
+
+
+def test_waits_for_primary_by_watching(node: Node, running: Callable[..., Running]) -> None:
+    r = running(recheck=60.0)  # no periodic recheck within the test: only an event can help
+    time.sleep(0.3)
+    assert not r.watcher.ready()
+    (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
+    assert wait_for(lambda: r.has_entry("10-net.conflist"), timeout=3.0)
+    assert wait_for(r.watcher.ready)
+
+
+def test_ready_does_not_flap_on_harmless_rewrites(node: Node, running: Callable[..., Running]
+                                                   ) -> None:
+    (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
+    r = running()
+    assert wait_for(r.watcher.ready)
+    samples: list[bool] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            samples.append(r.watcher.ready())
+            time.sleep(0.001)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        path = str(node.conf_dir / "10-net.conflist")
+        for _ in range(20):  # same JSON, other formatting, as another tool would re-save it
+            config = json.loads((node.conf_dir / "10-net.conflist").read_text())
+            atomic_write(path, json.dumps(config, separators=(",", ":")).encode())
+            time.sleep(0.02)
+        time.sleep(0.3)
+    finally:
+        stop.set()
+        sampler.join()
+    assert samples and all(samples)
+    assert r.watcher.heals == 0
+
+
+def test_conflict_warning_names_file_and_culprit(
+    node: Node, running: Callable[..., Running], caplog: pytest.LogCaptureFixture
+) -> None:
+    node.with_settings(conflictsPerMinuteWarning=2)
+    (node.conf_dir / "05-cilium.conflist").write_text(json.dumps(
+        {"cniVersion": "0.3.1", "name": "cilium", "plugins": [{"type": "cilium-cni"}]}))
+    r = running()
+    assert wait_for(r.watcher.ready)
+    path = str(node.conf_dir / "05-cilium.conflist")
+    before = REGISTRY.get_sample_value(
+        "istio_cni_install_conflicts_total", {"file": "05-cilium.conflist"}) or 0.0
+    with caplog.at_level(logging.WARNING, logger="agent.install.watcher"):
+        for _ in range(4):
+            _drop_entry(path)
+            assert wait_for(lambda: r.has_entry("05-cilium.conflist"))
+    assert wait_for(lambda: r.watcher.heals == 4)
+    warnings = [rec for rec in caplog.records if "keeps removing" in rec.getMessage()]
+    assert len(warnings) == 1
+    fields = warnings[0].fields  # type: ignore[attr-defined]
+    assert fields["file"] == path and "Cilium" in fields["likely_culprit"]
+    assert wait_for(lambda: REGISTRY.get_sample_value(
+        "istio_cni_install_conflicts_total", {"file": "05-cilium.conflist"}) == before + 4)
+
+
+def test_config_file_change_rewrites_entry(node: Node, running: Callable[..., Running]) -> None:
+    (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
+    config_path = node.write_config_yaml()
+    node.settings = load_settings(str(config_path))
+    r = running(config_path=str(config_path))
+    assert wait_for(r.watcher.ready)
+    data = yaml.safe_load(config_path.read_text())
+    config_path.write_text(yaml.safe_dump({**data, "excludeNamespaces": ["only-this"]}))
+    assert wait_for(lambda: node.conf("10-net.conflist")["plugins"][-1]["exclude_namespaces"]
+                    == ["only-this"])
+
+
+def test_rearms_when_conf_dir_replaced(node: Node, running: Callable[..., Running]) -> None:
+    (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
+    r = running(recheck=0.3)
+    assert wait_for(r.watcher.ready)
+    os.rename(node.conf_dir, node.root / "conf-old")
+    node.conf_dir.mkdir()
+    (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
+    assert wait_for(lambda: r.has_entry("10-net.conflist"))
+    _drop_entry(str(node.conf_dir / "10-net.conflist"))  # the new dir is watched
+    assert wait_for(lambda: r.has_entry("10-net.conflist"), timeout=0.25)
+
+
+def test_conf_dir_created_later_is_watched(node: Node, running: Callable[..., Running]) -> None:
+    os.rmdir(node.conf_dir)
+    r = running(recheck=0.3)
+    time.sleep(0.2)
+    assert not r.watcher.ready()
+    node.conf_dir.mkdir()
+    (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
+    assert wait_for(lambda: r.has_entry("10-net.conflist"))
+    time.sleep(0.4)  # the recheck noticed the new dir and re-armed the watch on it
+    _drop_entry(str(node.conf_dir / "10-net.conflist"))
+    assert wait_for(lambda: r.has_entry("10-net.conflist"), timeout=0.25)
+
+
+def test_waiting_is_logged_at_a_steady_interval(
+    node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    installer = Installer(node.settings, pod_name="agent-1", pod_namespace="istio-system")
+    watcher = InstallWatcher(installer, timing=WatchTiming(recheck_seconds=0.05,
+                                                          waiting_log_seconds=0.4))
+    with caplog.at_level(logging.INFO, logger="agent.install.watcher"):
+        watcher.start()
+        try:
+            time.sleep(1.0)  # about 20 rechecks
+        finally:
+            watcher.stop()
+    lines = [r for r in caplog.records if "waiting for a primary CNI config" in r.getMessage()]
+    assert 2 <= len(lines) <= 4
+    assert str(node.conf_dir) in lines[0].getMessage()
+    assert not watcher.ready()
+
+
+def test_configmap_style_config_change_rewrites_entry(
+    node: Node, running: Callable[..., Running]
+) -> None:
+    """A ConfigMap volume: config.yaml -> ..data/config.yaml, ..data -> ..<timestamp> swapped."""
+    (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
+    plain = node.write_config_yaml()
+    mount = node.root / "etc-istio-cni"
+    (mount / "..v1").mkdir(parents=True)
+    (mount / "..v1" / "config.yaml").write_text(plain.read_text())
+    (mount / "..data").symlink_to("..v1")
+    (mount / "config.yaml").symlink_to("..data/config.yaml")
+    node.settings = load_settings(str(mount / "config.yaml"))
+    r = running(config_path=str(mount / "config.yaml"))
+    assert wait_for(r.watcher.ready)
+    data = yaml.safe_load(plain.read_text())
+    (mount / "..v2").mkdir()
+    (mount / "..v2" / "config.yaml").write_text(yaml.safe_dump({**data, "logLevel": "debug"}))
+    (mount / "..data_tmp").symlink_to("..v2")
+    os.rename(mount / "..data_tmp", mount / "..data")
+    assert wait_for(lambda: node.conf("10-net.conflist")["plugins"][-1]["plugin_log_level"]
+                    == "debug")
