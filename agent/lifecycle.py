@@ -14,13 +14,18 @@ from types import FrameType
 from typing import Protocol
 
 from agent.config import DEFAULT_CONFIG_PATH, Settings, load_settings
-from agent.errors import AgentError, InstallError, TransientInstallError
+from agent.errors import AgentError, ConfigError, InstallError, TransientInstallError
 from agent.http_server import HttpServer
 from agent.install import stop_policy
 from agent.install.commands import make_installer
 from agent.install.installer import Installer
 from agent.install.watcher import InstallWatcher
+from agent.kube import KubeClients, build_clients
 from agent.logs import setup_logging
+from agent.podserver.redirect import RulesRedirector
+from agent.podserver.service import PodService
+from agent.repair.addresses import netns_addresses
+from agent.repair.service import RepairService
 
 log = logging.getLogger(__name__)
 
@@ -35,17 +40,45 @@ class Service(Protocol):
 
 
 def build_services(
-    settings: Settings, installer: Installer, *, config_path: str
+    settings: Settings, installer: Installer, *, config_path: str, node_name: str,
+    clients: KubeClients,
 ) -> list[Service]:
     """The services of the agent, started in this order and stopped in reverse."""
-    services: list[Service] = [
-        InstallWatcher(installer, config_path=config_path),
-        # Further services (pod server, repair) are one line each here.
-    ]
+    watcher = InstallWatcher(installer, config_path=config_path)
+    pods = PodService(settings, node_name, lambda: clients, install_ready=watcher.ready)
+    services: list[Service] = [watcher, pods]
+    if settings.repair.enabled:
+        services.append(_repair_service(settings, node_name, pods, clients))
     checks = [(type(s).__name__, _ready_of(s)) for s in services if hasattr(s, "ready")]
     services.append(HttpServer(port=settings.metricsPort, host=settings.metricsAddress,
                                checks=checks))
     return services
+
+
+def _repair_service(
+    settings: Settings, node_name: str, pods: PodService, clients: KubeClients
+) -> RepairService:
+    redirector = RulesRedirector(exclude_namespaces=settings.excludeNamespaces,
+                                 backend=settings.ruleBackend)
+    return RepairService(
+        settings=settings,
+        node_name=node_name,
+        pods=pods.pods,
+        core=clients.core,
+        should_redirect=lambda pod: redirector.decide(pod).redirect,
+        redirect=lambda pod, netns: redirector.apply(netns, pod),
+        rules_in_place=lambda pod, netns: redirector.present(netns, pod),
+        read_addresses=netns_addresses,
+    )
+
+
+def node_name_from_env() -> str:
+    """The node this agent serves, from the downward API (`spec.nodeName`)."""
+    name = os.environ.get("NODE_NAME", "")
+    if not name:
+        raise ConfigError("environment variable NODE_NAME is not set: the DaemonSet sets it "
+                          "from the downward API (fieldRef spec.nodeName)")
+    return name
 
 
 def _ready_of(service: Service) -> Callable[[], bool]:
@@ -89,6 +122,12 @@ def run(
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
+    try:
+        node_name = node_name_from_env()
+        clients = build_clients()
+    except ConfigError as e:
+        sys.stderr.write(f"istio-cni-agent run: {e}\n")
+        return 1
     installer = make_installer(settings)
     try:
         installer.install()
@@ -98,7 +137,8 @@ def run(
         log.error("install failed at start", extra={"fields": {"error": str(e)}})
         sys.stderr.write(f"istio-cni-agent run: install failed: {e}\n")
         return 1
-    services = build_services(settings, installer, config_path=config_path)
+    services = build_services(settings, installer, config_path=config_path,
+                              node_name=node_name, clients=clients)
     started: list[Service] = []
     try:
         for service in services:

@@ -65,7 +65,10 @@ class PodService:
         self.pods.stop()
 
     def ready(self) -> bool:
-        return self._server.listening() and self.pods.ready()
+        # /readyz: the plugin's requests are answered. An API server that is slow to list does
+        # not make the agent unready: lookups fall back to a GET, and a failure there is a
+        # retryable CNI error (the plugin's STATUS reports the cache state instead).
+        return self._server.listening()
 
     def not_ready_reason(self) -> str | None:
         """None when the plugin may be told the agent is ready (GET /v1/status), else why not."""

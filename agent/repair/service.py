@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -15,7 +15,7 @@ from agent.repair.netns_finder import AddressReader, find_pod_netns, index_netns
 
 log = logging.getLogger(__name__)
 
-Redirect = Callable[[Mapping[str, Any], str], None]
+Redirect = Callable[[Mapping[str, Any], str], object]
 RulesInPlace = Callable[[Mapping[str, Any], str], bool]
 ShouldRedirect = Callable[[Mapping[str, Any]], bool]
 
@@ -23,7 +23,7 @@ METRIC_TYPE = {"repair-in-place": "repair", "delete": "delete", "label": "label"
 
 
 class PodSource(Protocol):
-    def list_pods(self) -> list[Mapping[str, Any]]: ...
+    def list_pods(self) -> Sequence[Mapping[str, Any]]: ...
     def ready(self) -> bool: ...
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import pathlib
 import socket
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
@@ -48,6 +50,7 @@ class Node:
         data: dict[str, Any] = {
             "mountedCniBinDir": str(self.bin_dir), "mountedCniConfDir": str(self.conf_dir),
             "pluginSourceDir": str(self.src_dir), "metricsAddress": "127.0.0.1",
+            "cniAgentRunDir": str(self.root / "run"),
         }
         for key, value in vars(self.settings).items():
             if key in ("cniConfFileName", "chained", "istioOwnedCNIConfig",
@@ -77,7 +80,8 @@ def node(tmp_path: pathlib.Path) -> Iterator[Node]:
     conf_dir.mkdir()
     write_plugin(src_dir)
     settings = Settings(mountedCniBinDir=str(bin_dir), mountedCniConfDir=str(conf_dir),
-                        pluginSourceDir=str(src_dir), metricsAddress="127.0.0.1")
+                        pluginSourceDir=str(src_dir), metricsAddress="127.0.0.1",
+                        cniAgentRunDir=str(tmp_path / "run"))
     yield Node(tmp_path, bin_dir, conf_dir, src_dir, settings)
 
 
@@ -93,11 +97,33 @@ def agent_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "agent.cli", *args]
 
 
+UNREACHABLE_KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:%d", insecure-skip-tls-verify: true}}]
+users: [{name: u, user: {token: not-a-token}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+"""
+
+
+def unreachable_kubeconfig() -> str:
+    """A kubeconfig naming a closed loopback port: the agent runs with no API server to reach.
+
+    Installer tests exercise files and signals only; lookups fail (retryable) and the stop
+    policy keeps the install, as it must when the API cannot be asked.
+    """
+    path = pathlib.Path(tempfile.gettempdir()) / f"istio-cni-test-{os.getpid()}.kubeconfig"
+    if not path.exists():
+        path.write_text(UNREACHABLE_KUBECONFIG % free_port())
+        atexit.register(path.unlink, missing_ok=True)
+    return str(path)
+
+
 def agent_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({"POD_NAME": "istio-cni-node-x", "POD_NAMESPACE": "istio-system"})
-    for key in ("KUBERNETES_SERVICE_HOST", "KUBECONFIG", "NODE_NAME"):
-        env.pop(key, None)
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    env.update({"POD_NAME": "istio-cni-node-x", "POD_NAMESPACE": "istio-system",
+                "NODE_NAME": "node-x", "KUBECONFIG": unreachable_kubeconfig()})
     env["PYTHONPATH"] = str(REPO_ROOT)
     env.update(extra)
     return env
