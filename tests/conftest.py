@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+pytest_plugins = ["tests.testbed.fixtures", "tests.e2e.harness"]
+
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if os.environ.get("ISTIO_CNI_FAIL_ON_SKIP") != "1":

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import ChartOnNode
+from tests.e2e.harness import ChartOnNode
 from tests.testbed.cni import CniNode
 from tests.testbed.helm import Helm
 from tests.testbed.node import NodePods

@@ -1,0 +1,105 @@
+"""A part that is missing or does not start fails with a message naming it, and nothing it
+started is left running."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.testbed import parts
+from tests.testbed.controlplane import Binaries, ControlPlane, free_port
+from tests.testbed.process import PartFailedError
+
+
+def test_missing_binary_names_the_part_and_its_build_script(tmp_path: Path) -> None:
+    part = parts.Part("kube-apiserver", tmp_path / "absent", parts.SETUP_TESTBED)
+    with pytest.raises(parts.MissingPartError) as e:
+        part.require()
+    assert "kube-apiserver" in str(e.value)
+    assert "ci/setup-testbed" in str(e.value)
+
+
+@pytest.mark.cluster
+def test_api_server_that_exits_fails_with_its_name_and_log(tmp_path: Path) -> None:
+    # A stand-in executable, on purpose: the real one does not fail on demand.
+    broken = tmp_path / "broken-apiserver"
+    broken.write_text("#!/bin/sh\necho 'refusing to serve: storage unreachable' >&2\nexit 3\n")
+    broken.chmod(0o755)
+    real = Binaries.from_cache()
+    plane = ControlPlane(
+        tmp_path / "plane",
+        Binaries(
+            etcd=real.etcd,
+            kube_apiserver=broken,
+            kube_controller_manager=real.kube_controller_manager,
+        ),
+        ready_timeout=30,
+    )
+    try:
+        with pytest.raises(PartFailedError) as e:
+            plane.start()
+        etcd = plane.daemons[0]
+        assert etcd.name == "etcd" and etcd.alive()
+        etcd_pid = etcd.pid
+    finally:
+        plane.stop()
+    message = str(e.value)
+    assert "'kube-apiserver'" in message
+    assert "exited with 3" in message
+    assert "refusing to serve: storage unreachable" in message
+    assert not Path(f"/proc/{etcd_pid}").exists()
+    assert not plane.data_dir.exists()
+
+
+@pytest.mark.cluster
+def test_port_taken_between_probe_and_bind_is_retried(tmp_path: Path) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        # The first port handed out (etcd's client port) is already in use.
+        ports = itertools.chain([taken], iter(free_port, None))
+        plane = ControlPlane(
+            tmp_path / "plane", Binaries.from_cache(), port_source=lambda: next(ports)
+        )
+        try:
+            plane.start()
+            assert (plane.log_dir / "etcd.1.log").exists()
+            assert "address already in use" in (plane.log_dir / "etcd.1.log").read_text()
+            assert plane.readyz()[0]
+        finally:
+            plane.stop()
+
+
+def test_fixture_with_a_missing_part_errors_instead_of_skipping(tmp_path: Path) -> None:
+    env = dict(os.environ, ISTIO_CNI_CACHE=str(tmp_path / "empty-cache"))
+    env.pop("KUBECONFIG", None)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "--basetemp",
+            str(tmp_path / "inner"),
+            "tests/cluster/test_controlplane.py::test_simulated_node_is_ready",
+        ],
+        cwd=parts.REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "1 error" in result.stdout and "skipped" not in result.stdout
+    assert "test bed part 'kube-apiserver' is missing" in result.stdout
+    assert "ci/setup-testbed" in result.stdout

@@ -1,0 +1,104 @@
+"""Where the test bed's binaries live: built by ci/setup-testbed into the cache dir, keyed by the
+version pinned in ci/go/<part>/go.mod. A missing part is an error naming the part and its script."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SETUP_TESTBED = "ci/setup-testbed"
+SETUP_HELM = "ci/setup-helm"
+SETUP_APT = "ci/setup-apt"
+
+
+class MissingPartError(RuntimeError):
+    """A binary the test bed needs is not there; the message says which and how to get it."""
+
+
+def cache_dir() -> Path:
+    """The same directory ci/lib.sh computes as $CACHE_DIR."""
+    if env := os.environ.get("ISTIO_CNI_CACHE"):
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "istio-cni"
+
+
+def pinned_version(gomod_dir: str, module: str) -> str:
+    """The version of `module` that ci/go/<gomod_dir>/go.mod requires."""
+    gomod = REPO_ROOT / "ci" / "go" / gomod_dir / "go.mod"
+    match = re.search(rf"^require {re.escape(module)} (v\S+)$", gomod.read_text(), re.MULTILINE)
+    if not match:
+        raise MissingPartError(f"{gomod}: no 'require {module} vX' line")
+    return match.group(1)
+
+
+@dataclass(frozen=True)
+class Part:
+    """One binary: its name, where the build puts it, and the script that builds it."""
+
+    name: str
+    path: Path
+    script: str
+
+    def require(self) -> Path:
+        if not (self.path.is_file() and os.access(self.path, os.X_OK)):
+            raise MissingPartError(
+                f"test bed part '{self.name}' is missing: expected an executable at {self.path}; "
+                f"build it with {self.script}"
+            )
+        return self.path
+
+
+def kube_version() -> str:
+    return pinned_version("kubernetes", "k8s.io/kubernetes")
+
+
+def kube_apiserver() -> Part:
+    version = kube_version()
+    return Part("kube-apiserver", cache_dir() / "kube" / version / "kube-apiserver", SETUP_TESTBED)
+
+
+def kube_controller_manager() -> Part:
+    version = kube_version()
+    path = cache_dir() / "kube" / version / "kube-controller-manager"
+    return Part("kube-controller-manager", path, SETUP_TESTBED)
+
+
+def etcd() -> Part:
+    """Debian's etcd-server: kube-apiserver of the pinned release runs on it (see bench/README.md,
+    section testbed)."""
+    return Part("etcd", Path(shutil.which("etcd") or "/usr/bin/etcd"), SETUP_APT)
+
+
+def cnitool() -> Part:
+    version = pinned_version("cnitool", "github.com/containernetworking/cni")
+    return Part("cnitool", cache_dir() / "cnitool" / version / "cnitool", SETUP_TESTBED)
+
+
+def cni_plugins_dir() -> Path:
+    """Debian's containernetworking-plugins (the reference plugins)."""
+    path = Path("/usr/lib/cni")
+    for plugin in ("bridge", "host-local", "portmap"):
+        Part(f"CNI reference plugin {plugin}", path / plugin, SETUP_APT).require()
+    return path
+
+
+def helm_binaries() -> dict[str, Path]:
+    """Every Helm binary ci/setup-helm put in the cache (helm/<version>/helm), by version."""
+    found = {
+        p.parent.name: p
+        for p in sorted((cache_dir() / "helm").glob("*/helm"))
+        if os.access(p, os.X_OK)
+    }
+    if not found and (on_path := shutil.which("helm")):
+        found["path"] = Path(on_path)
+    if not found:
+        raise MissingPartError(
+            f"test bed part 'helm' is missing: no {cache_dir()}/helm/<version>/helm and no helm "
+            f"on PATH; install it with {SETUP_HELM}"
+        )
+    return found
