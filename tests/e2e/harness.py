@@ -1,5 +1,6 @@
 """Fixtures of the end-to-end tier (a plugin module listed in tests/conftest.py): the chart
-agent run as its DaemonSet would run it for the simulated node (see daemon.py)."""
+installed into the test bed's API server, and the agent run as its DaemonSet would run it for
+the simulated node (see daemon.py)."""
 
 from __future__ import annotations
 
