@@ -41,7 +41,8 @@ class Service:
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + 30
-        while not self.service.ready():
+        # ready() is the socket listening (/readyz); the plugin's STATUS also waits for the cache.
+        while not (self.service.ready() and self.service.not_ready_reason() is None):
             assert time.monotonic() < deadline, "pod service not ready within 30 s"
             time.sleep(0.05)
 
