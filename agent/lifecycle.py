@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Protocol
 
+from agent import metrics
 from agent.config import DEFAULT_CONFIG_PATH, Settings, load_settings
 from agent.errors import AgentError, ConfigError, InstallError, TransientInstallError
 from agent.http_server import HttpServer
@@ -132,11 +133,15 @@ def run(
     try:
         installer.install()
     except TransientInstallError as e:
+        metrics.INSTALLS.labels(result="waiting").inc()
         log.info("not installed yet, watching: %s", e)
     except InstallError as e:
+        metrics.INSTALLS.labels(result="failure").inc()
         log.error("install failed at start", extra={"fields": {"error": str(e)}})
         sys.stderr.write(f"istio-cni-agent run: install failed: {e}\n")
         return 1
+    else:
+        metrics.INSTALLS.labels(result="success").inc()  # the start-up run counts too
     services = build_services(settings, installer, config_path=config_path,
                               node_name=node_name, clients=clients)
     started: list[Service] = []

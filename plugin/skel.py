@@ -7,11 +7,9 @@ config, and prints either the command's result or a CNI error object (then retur
 
 from __future__ import annotations
 
-import json
-import re
 import sys
 
-from plugin import config, versions
+from plugin import config, fastjson, versions
 from plugin.errors import (
     INCOMPATIBLE_VERSION,
     INTERNAL,
@@ -43,7 +41,6 @@ REQUIRED: dict[str, tuple[str, ...]] = {
 """Variables each command needs (as libcni's skeleton checks them); CNI_ARGS is always optional."""
 MIN_VERSION = {"CHECK": versions.CHECK_SINCE, "GC": versions.GC_STATUS_SINCE,
                "STATUS": versions.GC_STATUS_SINCE}
-_CONTAINER_ID = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.\-]*")
 
 
 class CmdArgs:
@@ -130,7 +127,7 @@ def _check_ids(args: CmdArgs) -> None:
         return
     if not args.container_id:
         raise CniError(UNKNOWN_CONTAINER, "missing containerID")
-    if not _CONTAINER_ID.fullmatch(args.container_id):
+    if not config.is_name(args.container_id):
         raise CniError(INVALID_ENV, "invalid characters in CNI_CONTAINERID", args.container_id)
     name = args.ifname
     if len(name) > 15 or name in (".", "..") or any(c in name for c in "/:") \
@@ -155,14 +152,14 @@ def _read(stdin: BinaryIO) -> bytes:
 
 def _requested_version(data: bytes) -> object:
     try:
-        obj = json.loads(data) if data.strip() else None
+        obj = fastjson.loads(data) if data.strip() else None
     except (ValueError, UnicodeDecodeError):
         return None
     return obj.get("cniVersion") if isinstance(obj, dict) else None
 
 
 def _print(stdout: TextIO, obj: object) -> None:
-    stdout.write(json.dumps(obj) + "\n")
+    stdout.write(fastjson.dumps(obj) + "\n")
     stdout.flush()
 
 

@@ -1,7 +1,10 @@
 """On SIGTERM: uninstall (the DaemonSet is going away from this node) or keep (upgrade, reboot).
 
 Keeping is the safe side: a stale entry makes new pods wait for the next agent (the plugin fails
-closed), while a missing one lets them start uncaptured. So anything unclear keeps.
+closed), while a missing one lets them start uncaptured. So anything unclear keeps. One answer is
+clear although it is an error: 401/403 for our own pod or DaemonSet. `helm uninstall` deletes the
+ServiceAccount and RBAC together with the DaemonSet, before the kubelet sends SIGTERM, while an
+upgrade keeps them; keeping then would leave every node with an entry no agent serves.
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ class ClusterState:
     """None: the DaemonSet does not exist (any more)."""
     node: Mapping[str, Any] | None = None
     error: str = ""
+    revoked: str = ""
+    """Set when the API server refused our identity (401/403): its ServiceAccount or RBAC is
+    gone, which only the release's uninstall does."""
 
 
 def decide(mode: str, state: ClusterState | None) -> StopDecision:
@@ -41,6 +47,9 @@ def decide(mode: str, state: ClusterState | None) -> StopDecision:
         return StopDecision(False, "uninstallOnStop is never")
     if state is None:
         return StopDecision(False, "not running in a pod of a DaemonSet: keeping (fail closed)")
+    if state.revoked:
+        return StopDecision(True, f"the agent's ServiceAccount or its RBAC is gone "
+                                  f"({state.revoked}): the release was uninstalled")
     if state.error:
         return StopDecision(False, f"API server unreachable ({state.error}): keeping (fail closed)")
     ds = state.daemonset
@@ -132,7 +141,11 @@ def fetch_state(
             node = _raw(clients.core.read_node(
                 node_name, _preload_content=False, _request_timeout=API_TIMEOUT_SECONDS))
         return ClusterState(daemonset=ds, node=node)
-    except Exception as e:  # any failure to ask means "keep" (fail closed)
+    except ApiException as e:
+        if e.status in (401, 403):
+            return ClusterState(revoked=f"HTTP {e.status} {e.reason}")
+        return ClusterState(error=f"HTTP {e.status} {e.reason}")
+    except Exception as e:  # any other failure to ask means "keep" (fail closed)
         return ClusterState(error=f"{type(e).__name__}: {str(e)[:200]}")
 
 

@@ -9,6 +9,7 @@ from agent.errors import RedirectError
 from agent.rules import apply as rules_apply
 from agent.rules import pod as rules_pod
 from agent.rules.config import CaptureConfig
+from agent.rules.probe import NetnsProbe
 
 
 class RulesRedirector:
@@ -22,22 +23,34 @@ class RulesRedirector:
         return rules_pod.decide(pod, exclude_namespaces=self._exclude)
 
     def apply(self, netns: str, pod: Mapping[str, Any]) -> str:
-        config = self._config(netns, pod)
+        probe = self._probe(netns)
+        config = self._config(netns, pod, probe)
         try:
-            return rules_apply.apply_rules(netns, config, backend=self._backend)
+            return rules_apply.apply_rules(netns, config, backend=self._backend, probe=probe)
         except RedirectError:
             raise
         except Exception as e:
             raise RedirectError(f"apply rules in {netns} (backend {self._backend}): {e}") from e
 
     def present(self, netns: str, pod: Mapping[str, Any]) -> bool:
-        config = self._config(netns, pod)
-        return rules_apply.rules_present(netns, config, backend=self._backend)
+        probe = self._probe(netns)
+        config = self._config(netns, pod, probe)
+        return rules_apply.rules_present(netns, config, backend=self._backend, probe=probe)
 
     @staticmethod
-    def _config(netns: str, pod: Mapping[str, Any]) -> CaptureConfig:
+    def _probe(netns: str) -> NetnsProbe:
+        """One look into the netns serves the host facts and the apply (each pod start waits)."""
         try:
-            ipv6, dns_servers = rules_apply.host_facts(netns)
+            return rules_apply.probe(netns)
+        except RedirectError:
+            raise
+        except Exception as e:
+            raise RedirectError(f"look into netns {netns}: {e}") from e
+
+    @staticmethod
+    def _config(netns: str, pod: Mapping[str, Any], probe: NetnsProbe) -> CaptureConfig:
+        try:
+            ipv6, dns_servers = rules_apply.host_facts(netns, probe=probe)
         except Exception as e:
             raise RedirectError(f"read host facts (ipv6, DNS) of netns {netns}: {e}") from e
         # InvalidAnnotationError names the annotation and its value: let it through as is.

@@ -61,6 +61,8 @@ class RepairService:
         self._read_addresses = read_addresses
         self._interval = interval
         self._handled: set[str] = set()
+        self._failed: set[str] = set()
+        """UIDs whose failure was reported: retried each round, reported (Event, metric) once."""
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -89,6 +91,7 @@ class RepairService:
         pods = self._pods.list_pods()
         live = {str(p["metadata"].get("uid")) for p in pods}
         self._handled &= live  # forget deleted pods so the set cannot grow without bound
+        self._failed &= live
         todo = [p for p in pods if self._is_candidate(p)]
         if not todo:
             return []
@@ -123,6 +126,10 @@ class RepairService:
         try:
             detail = self._act(mode, pod, netns)
         except Exception as e:
+            if uid in self._failed:  # retried every round: one Event per pod, not a flood
+                log.debug("repair of pod %s (%s) failed again: %s", key, mode, e)
+                return Outcome(key, kind, "fail", str(e))
+            self._failed.add(uid)
             log.error("repair of pod %s (%s) failed: %s", key, mode, e,
                       extra={"fields": {"pod": key, "mode": mode}})
             actions.PODS_REPAIRED.labels(type=kind, result="fail").inc()

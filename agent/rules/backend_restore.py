@@ -7,6 +7,8 @@ use are deleted, then COMMIT: each table changes in one step, rules of other sof
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from agent.errors import RedirectError
 from agent.netns import run_command
 from agent.rules.model import Family, RuleSet, TableRules, is_our_chain
@@ -46,15 +48,26 @@ def read_state(netns_path: str, variant: Variant, family: Family) -> State:
     return parse_save(run(netns_path, [binary(variant, family, "save")]))
 
 
-def apply(netns_path: str, ruleset: RuleSet | None, variant: Variant) -> None:
-    """Replace our rules (all families) with `ruleset`; None removes them."""
+def apply(
+    netns_path: str, ruleset: RuleSet | None, variant: Variant, *,
+    empty: Collection[Family] = (),
+) -> None:
+    """Replace our rules (all families) with `ruleset`; None removes them. `empty`: families
+    known to hold none of our tables (agent.rules.probe), whose state need not be read."""
     for family in (4, 6):
-        apply_family(netns_path, ruleset, variant, 4 if family == 4 else 6)
+        fam: Family = 4 if family == 4 else 6
+        apply_family(netns_path, ruleset, variant, fam, known_empty=fam in empty)
 
 
-def apply_family(netns_path: str, ruleset: RuleSet | None, variant: Variant, fam: Family) -> None:
+def apply_family(
+    netns_path: str, ruleset: RuleSet | None, variant: Variant, fam: Family, *,
+    known_empty: bool = False,
+) -> None:
     tables = ruleset.family(fam) if ruleset is not None else ()
-    state = _state_or_none(netns_path, variant, fam, needed=bool(tables))
+    if known_empty:
+        state: State | None = {}
+    else:
+        state = _state_or_none(netns_path, variant, fam, needed=bool(tables))
     if state is None:
         return
     script = restore_script(state, tables)
@@ -120,11 +133,16 @@ def expected(tables: tuple[TableRules, ...], family: Family) -> dict[str, dict[s
     return out
 
 
-def present(netns_path: str, ruleset: RuleSet, variant: Variant) -> bool:
+def present(
+    netns_path: str, ruleset: RuleSet, variant: Variant, *, empty: Collection[Family] = ()
+) -> bool:
     for family in (4, 6):
         fam: Family = 4 if family == 4 else 6
         want = expected(ruleset.family(fam), fam)
-        state = _state_or_none(netns_path, variant, fam, needed=bool(want))
+        if fam in empty:
+            state: State | None = {}
+        else:
+            state = _state_or_none(netns_path, variant, fam, needed=bool(want))
         if (ours(state) if state is not None else {}) != want:
             return False
     return True

@@ -1,4 +1,4 @@
-"""ci/demo (first version): renders, lints and validates the chart for a platform and prints it."""
+"""ci/demo --render: renders, lints and validates the chart for a platform and prints it."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def test_demo_renders_and_validates_a_platform() -> None:
 
 
 def test_demo_defaults_to_kind() -> None:
-    proc = demo()
+    proc = demo("--render")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "what was rendered for kind" in proc.stderr
 

@@ -13,6 +13,7 @@ downward API, and a kubeconfig holding a token of the chart's ServiceAccount.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shlex
 import signal
@@ -21,6 +22,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +49,8 @@ class DaemonAgent:
         self.proc = proc
         self.log_path = log_path
         self.metrics_port = metrics_port
+        self.token = ""
+        """The ServiceAccount token the agent holds (set by the harness)."""
 
     def logs(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -100,9 +104,7 @@ def start_daemon_agent(
     workdir.mkdir(parents=True, exist_ok=True)
     config_path = workdir / "config.yaml"
     config_path.write_text(config_yaml)
-    if not HOST_ROOT.exists():
-        HOST_ROOT.mkdir()  # a mount point only; cleanup_host_root() removes it again
-        _created_host_root.append(HOST_ROOT)
+    _claim_host_root()
     binds = [
         (node.cni_bin_dir, settings.get("mountedCniBinDir", "/host/opt/cni/bin")),
         (node.cni_conf_dir, settings.get("mountedCniConfDir", "/host/etc/cni/net.d")),
@@ -139,11 +141,72 @@ def start_daemon_agent(
     return DaemonAgent(proc, log_path, int(settings.get("metricsPort", 15014)))
 
 
-_created_host_root: list[Path] = []
+# /host is one directory of the machine that every test process running agents shares (the
+# mounts under it live in each agent's own mount namespace). Removing it detaches those mounts in
+# every namespace, so it is removed only by the last process using it: each user holds a file
+# here, changed under an flock.
+HOST_USERS = Path("/run/istio-cni-e2e-host")
+_claimed: list[Path] = []
+
+
+@contextlib.contextmanager
+def _host_lock() -> Iterator[None]:
+    while True:
+        HOST_USERS.mkdir(exist_ok=True)
+        fd = os.open(HOST_USERS / ".lock", os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                same = os.stat(HOST_USERS / ".lock").st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False  # the last user removed the dir meanwhile: take a fresh lock
+            if same:
+                yield
+                return
+        finally:
+            os.close(fd)
+
+
+def _claim_host_root() -> None:
+    if _claimed:
+        return
+    with _host_lock():
+        if not HOST_ROOT.exists():
+            HOST_ROOT.mkdir()  # a mount point only; the last user removes it again
+            (HOST_USERS / "created").touch()
+        user = HOST_USERS / f"user-{os.getpid()}"
+        user.touch()
+        _claimed.append(user)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def cleanup_host_root() -> None:
-    """Remove the /host mount point if we made it (it stays empty: mounts live inside)."""
-    while _created_host_root:
+    """Give up this process's use of /host; the last user removes it if a user made it."""
+    if not _claimed:
+        return
+    with _host_lock():
+        _claimed.pop().unlink(missing_ok=True)
+        others = False
+        for user in HOST_USERS.glob("user-*"):
+            if _alive(int(user.name.removeprefix("user-"))):
+                others = True
+            else:
+                user.unlink(missing_ok=True)  # a process that died without cleaning up
+        if others:
+            return
+        if (HOST_USERS / "created").exists():
+            with contextlib.suppress(OSError):
+                HOST_ROOT.rmdir()
+            (HOST_USERS / "created").unlink(missing_ok=True)
+        (HOST_USERS / ".lock").unlink(missing_ok=True)
         with contextlib.suppress(OSError):
-            _created_host_root.pop().rmdir()
+            HOST_USERS.rmdir()

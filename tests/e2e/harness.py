@@ -4,6 +4,7 @@ the simulated node (see daemon.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import subprocess
 import time
@@ -73,7 +74,8 @@ class ChartOnNode:
         helm.run("upgrade", "--install", RELEASE, str(CHART), "--namespace", namespace,
                  "--create-namespace", *(a for f in values_files for a in ("--values", str(f))),
                  *(a for k, v in _flatten(merged) for a in ("--set-json", f"{k}={v}")))
-        helm.releases.append((RELEASE, namespace))
+        if (RELEASE, namespace) not in helm.releases:  # an upgrade is the same release
+            helm.releases.append((RELEASE, namespace))
         ds = self.apps.read_namespaced_daemon_set(RELEASE, namespace)
         ds_dict = dict(self.core.api_client.sanitize_for_serialization(ds))
         pod = self._make_agent_pod(namespace, ds_dict)
@@ -108,6 +110,7 @@ class ChartOnNode:
             pod_namespace=installed.namespace,
             workdir=self.workdir / f"agent-{len(self.agents)}",
         )
+        agent.token = identity.token  # so tests can check it never reaches a log
         self.agents.append(agent)
         return agent
 
@@ -164,6 +167,10 @@ def chart_on_node(kube_core: Any, kube_config: str, sim_node: str, cni_node: Cni
     try:
         yield harness
     finally:
+        for agent in harness.agents:
+            # Captured by pytest and shown only when the test failed.
+            with contextlib.suppress(OSError):
+                print(f"--- agent log {agent.log_path} ---\n{agent.logs()[-30000:]}")
         harness.close()
         api.close()
 
@@ -175,3 +182,12 @@ def wait_for(condition: Callable[[], bool], what: str, timeout: float = 20.0) ->
             return
         time.sleep(0.1)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def helm_binary(binaries: dict[str, Path], major: str) -> Path:
+    """The installed Helm binary of a major version ("3", "4"); fails naming what is there."""
+    found = [v for v in binaries if v.split(".")[0] == major]
+    if not found:
+        pytest.fail(f"no Helm {major}.x among the test bed's Helm binaries {sorted(binaries)}; "
+                    "run ci/setup-helm", pytrace=False)
+    return binaries[max(found, key=lambda v: tuple(int(p) for p in v.split(".")))]

@@ -1,0 +1,84 @@
+"""The cheap look into a pod's netns (agent.rules.probe) against what the tools report, and the
+apply that trusts it: rules written after the probe equal rules written after reading state."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from agent.rules import apply, backend_restore
+from agent.rules.builder import build
+from agent.rules.model import Family
+from agent.rules.pod import capture_config_for_pod
+from agent.rules.probe import probe
+from tests.testbed import netns
+
+pytestmark = pytest.mark.netns
+
+POD = {"kind": "Pod", "metadata": {"name": "p", "namespace": "app",
+                                   "annotations": {"sidecar.istio.io/status": "{}"}},
+       "spec": {"containers": [{"name": "app"}, {"name": "istio-proxy"}]}}
+
+
+@pytest.fixture
+def fresh() -> Iterator[str]:
+    name = netns.unique_name("it-probe")
+    netns.add(name)
+    try:
+        yield name
+    finally:
+        netns.delete(name)
+
+
+def run_in(name: str, *argv: str) -> str:
+    return subprocess.run(["ip", "netns", "exec", name, *argv], check=True,
+                          capture_output=True, text=True).stdout
+
+
+def test_a_fresh_sandbox_holds_no_table(fresh: str) -> None:
+    seen = probe(f"/run/netns/{fresh}")
+    assert seen.legacy_tables == {4: frozenset(), 6: frozenset()}
+    assert seen.nft_tables == frozenset()
+    assert seen.legacy_loaded is False
+    assert seen.ipv6_addresses == ("::1",)
+
+
+def test_tables_and_addresses_as_the_tools_see_them(fresh: str) -> None:
+    run_in(fresh, "iptables-nft", "-t", "nat", "-N", "OTHER")
+    run_in(fresh, "ip6tables-legacy", "-t", "mangle", "-N", "OTHER")
+    run_in(fresh, "nft", "add", "table", "inet", "someone-else")
+    netns.ip("addr", "add", "2001:db8::7/64", "dev", "lo", netns=fresh)
+
+    seen = probe(f"/run/netns/{fresh}")
+
+    assert seen.nft_tables is not None and (4, "nat") in seen.nft_tables
+    assert (6, "mangle") not in seen.nft_tables  # legacy tables are not nf_tables ones
+    assert seen.legacy_tables == {4: frozenset(), 6: frozenset({"mangle"})}
+    assert seen.legacy_loaded is True
+    assert "2001:db8::7" in seen.ipv6_addresses
+    assert seen.tables_absent("nft", 6, ("nat", "mangle"))
+    assert not seen.tables_absent("nft", 4, ("nat",))
+    assert not seen.tables_absent("legacy", 6, ("mangle",))
+    assert apply.host_facts(f"/run/netns/{fresh}", probe=seen)[0] is True
+
+
+@pytest.mark.parametrize("variant", ["legacy", "nft"])
+def test_apply_after_probe_writes_what_the_full_read_writes(variant: str, fresh: str) -> None:
+    other = netns.unique_name("it-probe")
+    netns.add(other)
+    try:
+        ruleset = build(capture_config_for_pod(POD, ipv6=False, dns_servers=[]))
+        empty: frozenset[Family] = frozenset({4, 6})  # the probe's word on a fresh sandbox
+        backend_restore.apply(f"/run/netns/{fresh}", ruleset, variant, empty=empty)
+        backend_restore.apply(f"/run/netns/{other}", ruleset, variant)
+        save = f"iptables-{variant}-save"
+        assert strip_comments(run_in(fresh, save)) == strip_comments(run_in(other, save))
+        assert backend_restore.present(f"/run/netns/{fresh}", ruleset, variant)
+    finally:
+        netns.delete(other)
+
+
+def strip_comments(saved: str) -> list[str]:
+    return [line for line in saved.splitlines() if not line.startswith("#")]
