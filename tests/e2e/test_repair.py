@@ -45,8 +45,11 @@ REPAIR_TIMEOUT = 30.0
 def cni_node(tmp_path: Path) -> Iterator[CniNode]:
     """The test bed's CNI node, on a subnet of its own: repair finds pods by address among every
     network namespace of the machine, and other test runs there use the default subnet."""
-    cnitool = parts.cnitool().require()
-    node = CniNode(tmp_path / "cni-node", cnitool, parts.cni_plugins_dir(),
+    try:
+        cnitool, plugins = parts.cnitool().require(), parts.cni_plugins_dir()
+    except parts.MissingPartError as e:
+        pytest.fail(str(e), pytrace=False)
+    node = CniNode(tmp_path / "cni-node", cnitool, plugins,
                    subnet=f"10.{secrets.randbelow(50) + 200}.{secrets.randbelow(256)}.0/24")
     try:
         node.start()
