@@ -97,8 +97,13 @@ class InstallWatcher:
                 self._guarded(lambda: self.reconcile("recheck"))
                 continue
             try:
+                # Parents too: a watch follows its directory's inode, so only the parent sees
+                # the directory being replaced (a rename over it, a delete and re-create).
+                parents = [p for p in dict.fromkeys(os.path.dirname(d) for d in dirs)
+                           if p not in dirs]
                 for changes in watchfiles.watch(
-                    *dirs, watch_filter=self._wanted, recursive=False, step=self.timing.step_ms,
+                    *dirs, *parents, watch_filter=self._wanted, recursive=False,
+                    step=self.timing.step_ms,
                     debounce=self.timing.debounce_ms, stop_event=self._stop,
                     rust_timeout=int(self.timing.recheck_seconds * 1000),
                     yield_on_timeout=True, raise_interrupt=False,
@@ -109,6 +114,8 @@ class InstallWatcher:
                         return
                     if self._watched_dirs() != dirs or _identity(dirs) != identity:
                         log.info("a watched directory appeared or was replaced; re-arming")
+                        # Files may have landed in the new directory before its watch exists.
+                        self._guarded(lambda: self.reconcile("re-armed"))
                         break
             except (OSError, RuntimeError) as e:
                 log.warning("watch failed; re-arming", extra={"fields": {"error": str(e)}})
@@ -134,9 +141,18 @@ class InstallWatcher:
             dirs.append(os.path.dirname(os.path.abspath(self.config_path)))
         return [d for d in dict.fromkeys(dirs) if os.path.isdir(d)]
 
+    def _watched_dirs_abs(self) -> set[str]:
+        s = self.installer.settings
+        dirs = {os.path.abspath(s.mountedCniBinDir), os.path.abspath(s.mountedCniConfDir)}
+        if self.config_path:
+            dirs.add(os.path.dirname(os.path.abspath(self.config_path)))
+        return dirs
+
     def _wanted(self, change: watchfiles.Change, path: str) -> bool:
         """watchfiles filter: only names that can matter to us wake the loop."""
         s = self.installer.settings
+        if os.path.abspath(path) in self._watched_dirs_abs():
+            return True  # a watched directory itself changed: re-arm
         directory, name = os.path.split(os.path.abspath(path))
         if is_temp_name(name):
             return False

@@ -192,27 +192,28 @@ def test_config_file_change_rewrites_entry(node: Node, running: Callable[..., Ru
 
 def test_rearms_when_conf_dir_replaced(node: Node, running: Callable[..., Running]) -> None:
     (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
-    r = running(recheck=0.3)
+    # The periodic recheck is far away: only a re-armed watch can heal within the timeout.
+    r = running(recheck=30)
     assert wait_for(r.watcher.ready)
     os.rename(node.conf_dir, node.root / "conf-old")
     node.conf_dir.mkdir()
     (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
-    assert wait_for(lambda: r.has_entry("10-net.conflist"))
+    assert wait_for(lambda: r.has_entry("10-net.conflist"), timeout=10)
     _drop_entry(str(node.conf_dir / "10-net.conflist"))  # the new dir is watched
-    assert wait_for(lambda: r.has_entry("10-net.conflist"), timeout=0.25)
+    assert wait_for(lambda: r.has_entry("10-net.conflist"), timeout=5)
 
 
 def test_conf_dir_created_later_is_watched(node: Node, running: Callable[..., Running]) -> None:
     os.rmdir(node.conf_dir)
-    r = running(recheck=0.3)
+    # The periodic recheck is far away: the parent's watch must notice the new directory.
+    r = running(recheck=30)
     time.sleep(0.2)
     assert not r.watcher.ready()
     node.conf_dir.mkdir()
     (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
-    assert wait_for(lambda: r.has_entry("10-net.conflist"))
-    time.sleep(0.4)  # the recheck noticed the new dir and re-armed the watch on it
+    assert wait_for(lambda: r.has_entry("10-net.conflist"), timeout=10)
     _drop_entry(str(node.conf_dir / "10-net.conflist"))
-    assert wait_for(lambda: r.has_entry("10-net.conflist"), timeout=0.25)
+    assert wait_for(lambda: r.has_entry("10-net.conflist"), timeout=5)
 
 
 def test_waiting_is_logged_at_a_steady_interval(
