@@ -1,4 +1,4 @@
-"""The live demonstration behind `sudo ci/demo`: the chart installed into a real kube-apiserver,
+"""The live demonstration behind `ci/demo`: the chart installed into a real kube-apiserver,
 the agent run as its DaemonSet would for a simulated node, pods started through a real CNI chain,
 and a connection from a sidecar pod delivered to the proxy port by the rules the agent programmed.
 

@@ -1,4 +1,4 @@
-"""The README's demo (`sudo ci/demo` runs `python -m ci.demo` after its set-up scripts), run end
+"""The README's demo (`ci/demo` runs `python -m ci.demo` after its set-up scripts), run end
 to end as a user would see it: its own control plane, the chart, the agent, three pods and a
 redirected connection, then nothing left behind, also when it fails or is interrupted.
 
