@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import http.client
 import json
 import os
 import pathlib
@@ -83,6 +84,17 @@ def node(tmp_path: pathlib.Path) -> Iterator[Node]:
                         pluginSourceDir=str(src_dir), metricsAddress="127.0.0.1",
                         cniAgentRunDir=str(tmp_path / "run"))
     yield Node(tmp_path, bin_dir, conf_dir, src_dir, settings)
+
+
+def http_get(port: int, path: str) -> tuple[int, str]:
+    """GET on the agent's HTTP port over loopback: (status, body)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        conn.close()
 
 
 def free_port() -> int:

@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-import http.client
 from collections.abc import Iterator
 
 import pytest
 
 from agent import metrics
 from agent.http_server import HttpServer
-
-
-def _get(port: int, path: str) -> tuple[int, str]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-    try:
-        conn.request("GET", path)
-        response = conn.getresponse()
-        return response.status, response.read().decode()
-    finally:
-        conn.close()
+from tests.install.conftest import http_get
 
 
 class Flag:
@@ -47,19 +37,19 @@ def server() -> Iterator[tuple[HttpServer, Flag, Flag]]:
 
 def test_ready_only_when_every_check_is(server: tuple[HttpServer, Flag, Flag]) -> None:
     srv, a, b = server
-    assert _get(srv.bound_port, "/readyz") == (200, "ready\n")
+    assert http_get(srv.bound_port, "/readyz") == (200, "ready\n")
     b.value = False
-    assert _get(srv.bound_port, "/readyz") == (503, "not ready: pods\n")
+    assert http_get(srv.bound_port, "/readyz") == (503, "not ready: pods\n")
     a.value = False
-    assert _get(srv.bound_port, "/readyz") == (503, "not ready: install, pods\n")
-    assert _get(srv.bound_port, "/healthz") == (200, "ok\n")
-    assert _get(srv.bound_port, "/nope")[0] == 404
+    assert http_get(srv.bound_port, "/readyz") == (503, "not ready: install, pods\n")
+    assert http_get(srv.bound_port, "/healthz") == (200, "ok\n")
+    assert http_get(srv.bound_port, "/nope")[0] == 404
 
 
 def test_metrics_has_istio_names(server: tuple[HttpServer, Flag, Flag]) -> None:
     srv, _, _ = server
     metrics.INSTALLS.labels(result="success").inc()
-    code, body = _get(srv.bound_port, "/metrics")
+    code, body = http_get(srv.bound_port, "/metrics")
     assert code == 200
     for name in ("istio_cni_install_ready", 'istio_cni_installs_total{result="success"}',
                  "istio_cni_install_heals_total", "istio_cni_install_conflicts_total"):
@@ -70,7 +60,7 @@ def test_raising_check_is_not_ready() -> None:
     srv = HttpServer(port=0, host="127.0.0.1", checks=[("broken", _broken)])
     srv.start()
     try:
-        assert _get(srv.bound_port, "/readyz") == (503, "not ready: broken\n")
+        assert http_get(srv.bound_port, "/readyz") == (503, "not ready: broken\n")
     finally:
         srv.stop()
 
@@ -79,6 +69,6 @@ def test_default_listens_on_every_address() -> None:
     srv = HttpServer(port=0)
     srv.start()
     try:
-        assert _get(srv.bound_port, "/healthz")[0] == 200  # reached over IPv4 loopback
+        assert http_get(srv.bound_port, "/healthz")[0] == 200  # reached over IPv4 loopback
     finally:
         srv.stop()

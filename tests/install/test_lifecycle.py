@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import http.client
 import json
 import os
 import pathlib
@@ -18,20 +17,10 @@ from typing import Any
 import pytest
 
 from agent.install import conflist
-from tests.install.conftest import Node, agent_command, agent_env, free_port
+from tests.install.conftest import Node, agent_command, agent_env, free_port, http_get
 
 LIST = {"cniVersion": "0.4.0", "name": "net", "plugins": [{"type": "ptp"}, {"type": "portmap"}]}
 NODE = {"metadata": {"name": "node-1", "labels": {"pool": "a"}}}
-
-
-def _get(port: int, path: str) -> tuple[int, str]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-    try:
-        conn.request("GET", path)
-        response = conn.getresponse()
-        return response.status, response.read().decode()
-    finally:
-        conn.close()
 
 
 def _wait_status(port: int, path: str, status: int, timeout: float = 10.0) -> str:
@@ -39,7 +28,7 @@ def _wait_status(port: int, path: str, status: int, timeout: float = 10.0) -> st
     last: Any = None
     while time.monotonic() < deadline:
         try:
-            code, body = _get(port, path)
+            code, body = http_get(port, path)
             if code == status:
                 return body
             last = (code, body)
@@ -96,12 +85,12 @@ def test_run_ready_heals_and_stops(node: Node, mode: str, kept: bool) -> None:
     config = node.write_config_yaml(metricsPort=port, uninstallOnStop=mode)
     with _agent(agent_command("run", "--config", str(config))) as proc:
         _wait_status(port, "/readyz", 200)
-        assert _get(port, "/healthz")[0] == 200
-        assert "istio_cni_install_ready 1.0" in _get(port, "/metrics")[1]
+        assert http_get(port, "/healthz")[0] == 200
+        assert "istio_cni_install_ready 1.0" in http_get(port, "/metrics")[1]
         (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))  # entry dropped
         assert _wait(lambda: _has_entry(node))
         _wait_status(port, "/readyz", 200)
-        metrics = _get(port, "/metrics")[1]
+        metrics = http_get(port, "/metrics")[1]
         assert 'istio_cni_install_heals_total{kind="config"} 1.0' in metrics
         code, err = _stop(proc)
     assert code == 0, err
@@ -117,7 +106,7 @@ def test_not_ready_until_primary_appears(node: Node) -> None:
     with _agent(agent_command("run", "--config", str(config))) as proc:
         body = _wait_status(port, "/readyz", 503)
         assert "InstallWatcher" in body
-        assert _get(port, "/healthz")[0] == 200
+        assert http_get(port, "/healthz")[0] == 200
         (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
         _wait_status(port, "/readyz", 200)
         code, err = _stop(proc)

@@ -6,7 +6,6 @@ it (owner reference with controller: true, bound to the node); the garbage colle
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import signal
@@ -21,7 +20,7 @@ from kubernetes.client.rest import ApiException
 from agent.install import conflist
 from agent.install.stop_policy import decide, fetch_state
 from agent.kube import KubeClients, build_clients
-from tests.install.conftest import Node, agent_command, agent_env, free_port
+from tests.install.conftest import Node, agent_command, agent_env, free_port, http_get
 
 pytestmark = pytest.mark.cluster
 
@@ -173,11 +172,7 @@ def test_run_on_sigterm_asks_the_api_server(
 
 
 def _ready(port: int) -> bool:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
     try:
-        conn.request("GET", "/readyz")
-        return conn.getresponse().status == 200
+        return http_get(port, "/readyz")[0] == 200
     except OSError:
         return False
-    finally:
-        conn.close()
