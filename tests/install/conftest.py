@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from agent.config import Settings
+from tests.conformance_data import CONFORMANCE_DIR
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -26,12 +27,10 @@ PLUGIN_SCRIPT = "#!/bin/sh\n# test plugin {version}\necho '{{\"cniVersion\":\"1.
 
 
 def conformance_dir() -> pathlib.Path:
-    """../shared/conformance relative to the repo root, or $ISTIO_CNI_CONFORMANCE_DIR."""
-    path = pathlib.Path(os.environ.get("ISTIO_CNI_CONFORMANCE_DIR")
-                        or REPO_ROOT.parent / "shared" / "conformance")
-    if not (path / "install" / "cases.json").is_file():
-        pytest.fail(f"conformance data not found at {path} (set ISTIO_CNI_CONFORMANCE_DIR)")
-    return path
+    """The project's copy of Istio's conformance cases (tests/conformance_data.py)."""
+    if not (CONFORMANCE_DIR / "install" / "cases.json").is_file():
+        pytest.fail(f"conformance data not found at {CONFORMANCE_DIR}")
+    return CONFORMANCE_DIR
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Istio's installer test data (shared/conformance/install/cases.json), reproduced.
+"""Istio's installer test data (tests/testdata/istio-conformance/install/cases.json), reproduced.
 
 Istio's plugin entry carries Istio's fields and ours carries ours, so expected files are Istio's
 goldens with the istio-cni entry replaced by ours. One documented difference: a single-plugin .conf
@@ -179,6 +179,6 @@ def test_standalone_check_valid(node: Node) -> None:
     assert installer.problems() == []
 
 
-def test_conformance_dir_is_the_shared_one() -> None:
+def test_conformance_dir_is_the_projects_copy() -> None:
     assert (CASES_DIR / "CASES.md").is_file()
     assert pathlib.Path(CASES_DIR).name == "install"

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 
 import pytest
 
 from plugin import errors
 from plugin.errors import CniError
 from plugin.versions import SUPPORTED, convert_result
+from tests.conformance_data import CONFORMANCE_DIR
 from tests.plugin.helpers import VERSIONS, cni_env, net_conf, result_for, run_plugin
 
 PAIRS = [(src, dst) for src in VERSIONS for dst in VERSIONS]
-CONFORMANCE = Path(__file__).resolve().parents[3] / "shared" / "conformance" / "plugin"
+CONFORMANCE = CONFORMANCE_DIR / "plugin"
 
 
 def test_supported_versions() -> None:

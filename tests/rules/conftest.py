@@ -10,15 +10,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.rules.cli import main
+from tests.conformance_data import CONFORMANCE_DIR
 
 REPO = Path(__file__).resolve().parents[2]
 SAVE_LINES = {"iptables-save", "ip6tables-save"}
 
 
 def conformance_dir() -> Path:
-    """Istio's cases: ISTIO_CNI_CONFORMANCE_DIR, else ../shared/conformance beside the repo."""
-    override = os.environ.get("ISTIO_CNI_CONFORMANCE_DIR")
-    return Path(override) if override else REPO.parent / "shared" / "conformance"
+    """Istio's cases: the project's copy (tests/conformance_data.py)."""
+    return CONFORMANCE_DIR
 
 
 @dataclass

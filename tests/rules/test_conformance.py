@@ -1,4 +1,4 @@
-"""Istio's own cases (../shared/conformance): our `rules` output must equal Istio's goldens."""
+"""Istio's own cases (tests/testdata/istio-conformance): `rules` must equal the goldens."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def _cases(kind: str) -> list[Path]:
 def test_conformance_folder_is_present() -> None:
     root = conformance_dir()
     assert (root / "iptables").is_dir() and (root / "plugin").is_dir(), (
-        f"conformance cases not found at {root}: set ISTIO_CNI_CONFORMANCE_DIR"
+        f"conformance cases not found at {root}"
     )
 
 
