@@ -39,6 +39,8 @@ def test_cached_parts_are_reused_without_building(tmp_path: Path) -> None:
     for rel in (
         f"kube/{version}/kube-apiserver",
         f"kube/{version}/kube-controller-manager",
+        f"kube/{version}/kube-scheduler",
+        f"kube/{version}/kubelet",
         f"cnitool/{cni_version}/cnitool",
     ):
         path = tmp_path / rel
@@ -47,5 +49,5 @@ def test_cached_parts_are_reused_without_building(tmp_path: Path) -> None:
         path.chmod(0o755)
     result = _run(tmp_path)
     assert result.returncode == 0, result.stderr
-    assert result.stderr.count("cached at") == 3
+    assert result.stderr.count("cached at") == 5
     assert f"kube-apiserver {tmp_path}/kube/{version}/kube-apiserver" in result.stdout
