@@ -1,9 +1,15 @@
 """Copy the built plugin from pluginSourceDir into the node's CNI bin dir, and remove it.
 
-Top-level files are replaced atomically (a running plugin keeps its old inode, the runtime never
-sees a half-written one or gets ETXTBSY); top-level directories are support trees whose names carry
-a content hash ("istio-cni-<hash>.d"), so a new version lands beside the old one instead of over
-files an old plugin still has open. Old support dirs are pruned, keeping the previous one.
+The plugin is one static executable. Top-level files are replaced atomically (a running plugin
+keeps its old inode, the runtime never sees a half-written one or gets ETXTBSY). Top-level
+directories are support trees whose names carry a content hash ("istio-cni-<hash>.d"): former
+versions shipped the executable with one, and a source that still does gets it installed beside
+the old one, keeping the previous one for a plugin that may still run. Once the source ships no
+support dir (the single file), every support dir left in the bin dir is from a former version:
+they are removed once the new executable is in place, so a plugin exec'd from then on never needs
+them. A former plugin already running has its interpreter loaded; should it still import from its
+support dir after that, that one call fails and the runtime retries it with the new executable
+(a failed call, never an uncaptured pod). Uninstall removes every support dir.
 """
 
 from __future__ import annotations
@@ -157,15 +163,20 @@ def _install_tree(src: str, dst: str) -> bool:
 
 
 def _prune_support_dirs(bin_dir: str, current: set[str]) -> list[str]:
-    """Remove support dirs of older versions, keeping the newest one (an old plugin may run)."""
+    """Remove support dirs of former versions. While the source ships support dirs itself, the
+    newest former one is kept (a plugin of that version may still be running and importing from
+    it); a single-file source needs none, so all go. Called after the new files are in place."""
     old = [e for e in os.scandir(bin_dir)
            if is_support_dir(e.name) and e.name not in current
            and e.is_dir(follow_symlinks=False)]
     old.sort(key=lambda e: e.stat(follow_symlinks=False).st_mtime_ns, reverse=True)
     removed = []
-    for entry in old[1:]:
+    for entry in old[1:] if current else old:
         shutil.rmtree(entry.path, ignore_errors=True)
         removed.append(entry.name)
+    if removed:
+        log.info("removed support dirs of a former plugin version",
+                 extra={"fields": {"dir": bin_dir, "names": ",".join(removed)}})
     return removed
 
 
@@ -180,7 +191,8 @@ def install_binaries(source_dir: str, bin_dir: str, ledger: WriteLedger) -> Bina
             log.info("removed stale temp file", extra={"fields": {"dir": bin_dir, "name": name}})
     except OSError as e:
         raise _write_error("clean up", bin_dir, e) from e
-    for name, is_dir in entries.items():
+    # Support trees before executables: a new executable never runs without what it needs.
+    for name, is_dir in sorted(entries.items(), key=lambda item: not item[1]):
         src, dst = os.path.join(source_dir, name), os.path.join(bin_dir, name)
         changed = _install_tree(src, dst) if is_dir else _install_file(src, dst, ledger)
         (result.written if changed else result.unchanged).append(dst)

@@ -64,7 +64,9 @@ def test_installed_agent_serves_the_node(
         "exclude_namespaces": config["excludeNamespaces"],
         "pod_namespace": NAMESPACE, "pod_name": installed.agent_pod}
     assert (cni_node.bin_dir / "istio-cni").is_file()
-    assert [p.name for p in cni_node.bin_dir.glob("istio-cni*.d")], "plugin support dir missing"
+    assert sorted(p.name for p in cni_node.bin_dir.glob("istio-cni*")) == ["istio-cni"], (
+        "the plugin is one file"
+    )
 
     sidecar = node_pods.create("default", "meshed", **SIDECAR)
     plain = node_pods.create("default", "plain")

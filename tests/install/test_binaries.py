@@ -1,15 +1,18 @@
-"""Copying the built plugin into the bin dir: atomic, skip identical, support dirs, uninstall."""
+"""Copying the built plugin into the bin dir: atomic, skip identical, uninstall; the support dirs
+of the former two-part layout (executable + "istio-cni-<hash>.d"), still installable, pruned."""
 
 from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import subprocess
 import time
 
 import pytest
 
 from agent.errors import InstallError
+from agent.install.atomic import atomic_write
 from agent.install.binaries import binary_problems, install_binaries, uninstall_binaries
 from agent.install.ledger import WriteLedger
 from tests.install.conftest import Node, write_plugin
@@ -59,6 +62,54 @@ def test_support_dirs_versioned_and_pruned(node: Node) -> None:
         install_binaries(str(node.src_dir), str(node.bin_dir), ledger)
     names = sorted(os.listdir(node.bin_dir))
     assert names == ["istio-cni", "istio-cni-bbbb.d", "istio-cni-cccc.d"], "previous one kept"
+
+
+def test_upgrade_from_the_two_part_layout(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A single-file source replaces a former launcher + support dirs: the new executable is in
+    place before any support dir goes, and then every one goes."""
+    ledger = WriteLedger()
+    write_plugin(node.src_dir, version="old")
+    _support(node.src_dir, "istio-cni-aaaa.d", "v1")
+    install_binaries(str(node.src_dir), str(node.bin_dir), ledger)
+    os.rename(node.src_dir / "istio-cni-aaaa.d", node.src_dir / "istio-cni-bbbb.d")
+    install_binaries(str(node.src_dir), str(node.bin_dir), ledger)
+    assert sorted(os.listdir(node.bin_dir)) == ["istio-cni", "istio-cni-aaaa.d",
+                                                "istio-cni-bbbb.d"]
+
+    shutil.rmtree(node.src_dir / "istio-cni-bbbb.d")
+    write_plugin(node.src_dir, version="single")
+    plugin = node.bin_dir / "istio-cni"
+    seen_at_prune: list[bytes] = []
+    real_rmtree = shutil.rmtree
+
+    def spy(path: str, *args: object, **kwargs: object) -> None:
+        seen_at_prune.append(plugin.read_bytes())
+        real_rmtree(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(shutil, "rmtree", spy)
+    result = install_binaries(str(node.src_dir), str(node.bin_dir), ledger)
+    assert sorted(result.removed) == ["istio-cni-aaaa.d", "istio-cni-bbbb.d"]
+    assert os.listdir(node.bin_dir) == ["istio-cni"]
+    assert len(seen_at_prune) == 2 and all(b"test plugin single" in b for b in seen_at_prune)
+    assert binary_problems(str(node.src_dir), str(node.bin_dir), ledger) == []
+    again = install_binaries(str(node.src_dir), str(node.bin_dir), ledger)
+    assert again.written == again.removed == []
+
+
+def test_support_dir_lands_before_its_executable(node: Node,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A two-part source: the runtime never finds the new executable without its support dir."""
+    _support(node.src_dir, "istio-cni-aaaa.d", "v1")
+    plugin = node.bin_dir / "istio-cni"
+    dirs_at_write: list[list[str]] = []
+    def spy(path: str, *args: object, **kwargs: object) -> None:
+        if path == str(plugin):
+            dirs_at_write.append(sorted(os.listdir(node.bin_dir)))
+        atomic_write(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("agent.install.binaries.atomic_write", spy)
+    install_binaries(str(node.src_dir), str(node.bin_dir), WriteLedger())
+    assert dirs_at_write == [["istio-cni-aaaa.d"]]
 
 
 def test_damaged_support_dir_replaced(node: Node) -> None:
