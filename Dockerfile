@@ -1,42 +1,93 @@
-# The agent image: the node agent (Python), iptables (legacy and nft) and nftables, and the CNI
-# plugin as a standalone executable in /opt/istio-cni/bin (Settings.pluginSourceDir), built by
-# the same ci/build-plugin the tests build it with.
+# The agent image: the node agent (Debian's Python 3.11 and a venv with the project), iptables
+# (legacy and nft), nftables and iproute2, and the CNI plugin as ONE static executable in
+# /opt/istio-cni/bin (Settings.pluginSourceDir), built by the same ci/build-plugin the tests use.
 #   docker build -t <hub>/istio-cni:<tag> .
-ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+# BASE_IMAGE: any Debian bookworm image; ci/build-image passes a local one built with debootstrap.
+ARG BASE_IMAGE=debian:bookworm-slim
 
-# --- The plugin: ci/build-plugin embeds this image's CPython 3.11 (built with --enable-shared,
-# headers included) into an executable that needs no Python on the node. It needs a C compiler
-# and strip for that, which the runtime image does not carry.
-FROM ${PYTHON_IMAGE} AS plugin
-RUN apt-get update \
-    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-       gcc libc6-dev binutils \
-    && rm -rf /var/lib/apt/lists/*
+# --- The plugin: CPython 3.11 from Debian's source package built statically against musl, the
+# plugin frozen into it (ci/build-plugin). Needs the Debian packages in ci/plugin/build-deps and
+# deb-src entries; the compilers stay in this stage.
+FROM ${BASE_IMAGE} AS plugin
+COPY ci/plugin/build-deps /tmp/build-deps
+# deb-src entries (deb822 sources of bookworm images, or a classic sources.list), then the
+# packages. Not for the security archive: CPython's orig tarball is the same in every suite, and
+# not every mirror carries the security archive's sources.
+RUN set -eu; \
+    f=/etc/apt/sources.list.d/debian.sources; \
+    if [ -f $f ]; then \
+      awk 'BEGIN { RS = ""; ORS = "\n\n" } \
+           !/-security/ { sub(/Types: deb\n/, "Types: deb deb-src\n") } { print }' $f >$f.new; \
+      mv $f.new $f; \
+    fi; \
+    if [ -f /etc/apt/sources.list ]; then \
+      sed -n '/security/!s/^deb /deb-src /p' /etc/apt/sources.list \
+        >/etc/apt/sources.list.d/deb-src.list; \
+    fi; \
+    apt-get update; \
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      $(grep -v '^#' /tmp/build-deps); \
+    rm -f /tmp/build-deps
+# (the apt lists stay: ci/build-plugin fetches CPython's source with `apt-get source`)
 WORKDIR /src
 COPY ci/lib.sh ci/build-plugin ci/
 COPY ci/plugin/ ci/plugin/
 COPY plugin/ plugin/
-RUN ISTIO_CNI_BUILD_PYTHON=/usr/local/bin/python3.11 ISTIO_CNI_CACHE=/tmp/istio-cni-cache \
-    ci/build-plugin /opt/istio-cni/bin \
+# ci/build-plugin's cache (the built CPython): ci/build-image points it at a mounted cache.
+ARG ISTIO_CNI_CACHE=/var/cache/istio-cni
+RUN ci/build-plugin /opt/istio-cni/bin \
     && test -x /opt/istio-cni/bin/istio-cni
 
-# --- The agent.
-FROM ${PYTHON_IMAGE}
-# iptables brings iptables-legacy, iptables-nft and the libiptc/libxtables python-iptables loads;
-# nftables for the nft backend; iproute2 for `ip netns` when debugging a node.
+# --- The agent's venv, built with pip from PyPI; pip and the compiler stay in this stage
+# (python-iptables is a source distribution with a small C library, libxtwrapper).
+# A venv rather than `pip --break-system-packages`: the project's dependencies never mix with
+# Debian's python3-* packages, and the whole install is one directory to copy.
+FROM ${BASE_IMAGE} AS venv
+# For a PyPI mirror or a TLS-intercepting proxy: --build-arg PIP_INDEX_URL=... / PIP_CERT=FILE.
+ARG PIP_INDEX_URL
+ARG PIP_CERT
 RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-       iptables nftables iproute2 \
+       python3 python3-venv gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY agent/ agent/
 COPY plugin/ plugin/
-RUN pip install --no-cache-dir . \
+# The root file system is read-only at run time: bytecode is compiled here, with hashes rather
+# than timestamps so it stays valid whatever the copy does to mtimes; tests are not shipped.
+# The agent uses the synchronous Kubernetes client only: kubernetes.aio (68 MB with its bytecode)
+# and the packages only it imports (aiohttp & co., 12 MB) are removed.
+ARG ASYNC_ONLY="aiohttp aiohttp-retry yarl multidict frozenlist aiosignal propcache aiohappyeyeballs"
+RUN python3 -m venv /opt/istio-cni/venv \
+    && /opt/istio-cni/venv/bin/pip install --no-cache-dir --disable-pip-version-check \
+       --no-compile . \
+    && /opt/istio-cni/venv/bin/pip uninstall -y --disable-pip-version-check $ASYNC_ONLY \
+       pip setuptools \
+    && cd /opt/istio-cni/venv/lib/python3.11/site-packages \
+    && rm -rf kubernetes/aio */tests kubernetes/test kubernetes/e2e_test \
+    && find /opt/istio-cni/venv -depth -name __pycache__ -type d -exec rm -rf {} + \
+    && /opt/istio-cni/venv/bin/python -m compileall -q -j0 --invalidation-mode unchecked-hash \
+       /opt/istio-cni/venv/lib \
     && cd / && rm -rf /src \
-    && istio-cni-agent --help >/dev/null
+    && /opt/istio-cni/venv/bin/istio-cni-agent --help >/dev/null \
+    && /opt/istio-cni/venv/bin/python -c 'import kubernetes.client, kubernetes.watch'
 COPY --from=plugin /opt/istio-cni/bin/ /opt/istio-cni/bin/
-WORKDIR /
-# The chart runs the container with a read-only root file system.
-ENV PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+
+# --- The agent.
+FROM ${BASE_IMAGE}
+# python3: Debian's 3.11, which the venv links to (its postinst compiles the standard library);
+# iptables brings iptables-legacy, iptables-nft and the libiptc/libxtables python-iptables loads;
+# nftables for the nft backend; iproute2 for `ip netns` when debugging a node.
+RUN apt-get update \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+       python3 iptables nftables iproute2 \
+    && rm -rf /var/lib/apt/lists/* /var/log/apt /var/log/dpkg.log /var/cache/debconf/*-old
+COPY --from=venv /opt/istio-cni/ /opt/istio-cni/
+ENV PATH=/opt/istio-cni/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+LABEL org.opencontainers.image.title="istio-cni" \
+      org.opencontainers.image.description="Istio CNI node agent (istio-cni-agent) and the istio-cni CNI plugin" \
+      org.opencontainers.image.licenses="Apache-2.0"
+# The chart runs it as root with a read-only root file system and an emptyDir on /tmp.
 ENTRYPOINT ["istio-cni-agent", "run"]

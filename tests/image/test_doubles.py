@@ -1,0 +1,72 @@
+"""The workload image's proxy double reports the original destination of a redirected connection,
+IPv4 and IPv6, as Envoy would see it: run on this host in a network namespace of its own with an
+iptables REDIRECT in front (the scripts are the ones the image ships, ci/image/)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from tests.testbed.parts import REPO_ROOT
+
+pytestmark = pytest.mark.netns
+
+PROXY = str(REPO_ROOT / "ci/image/proxy-double.py")
+APP = str(REPO_ROOT / "ci/image/app.py")
+
+
+def sh(*argv: str) -> str:
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    assert r.returncode == 0, f"{' '.join(argv)}: exit {r.returncode}: {r.stderr}"
+    return r.stdout
+
+
+@pytest.fixture
+def netns() -> Iterator[str]:
+    if os.geteuid() != 0:
+        pytest.fail("needs root (network namespaces, iptables)")
+    ns = f"image-doubles-{os.getpid()}"
+    sh("ip", "netns", "add", ns)
+    try:
+        x = ("ip", "netns", "exec", ns)
+        sh(*x, "ip", "link", "set", "lo", "up")
+        # an interface with a default route through it: redirected traffic needs a route first
+        sh(*x, "ip", "link", "add", "d0", "type", "veth", "peer", "name", "d1")
+        sh(*x, "ip", "addr", "add", "192.0.2.1/24", "dev", "d0")
+        sh(*x, "ip", "addr", "add", "2001:db8::1/64", "dev", "d0", "nodad")
+        sh(*x, "ip", "link", "set", "d1", "up")
+        sh(*x, "ip", "link", "set", "d0", "up")
+        sh(*x, "ip", "route", "add", "default", "dev", "d0")
+        sh(*x, "ip", "-6", "route", "add", "default", "dev", "d0")
+        for tool, dst in (("iptables", "203.0.113.10"), ("ip6tables", "2001:db8:ffff::10")):
+            sh(*x, tool, "-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-d", dst, "--dport", "80",
+               "-j", "REDIRECT", "--to-ports", "15001")  # fmt: skip
+        yield ns
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
+
+
+def test_proxy_double_reports_original_destination(netns: str) -> None:
+    x = ["ip", "netns", "exec", netns]
+    proxy = subprocess.Popen(
+        [*x, sys.executable, PROXY, "15001", "15006"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proxy.stdout is not None
+        assert proxy.stdout.readline().startswith("proxy-double listening on 15001 15006")
+        v4 = sh(*x, sys.executable, APP, "connect", "203.0.113.10", "80")
+        v6 = sh(*x, sys.executable, APP, "connect", "2001:db8:ffff::10", "80")
+        direct = sh(*x, sys.executable, APP, "connect", "127.0.0.1", "15006")
+        assert "proxy-double port=15001 peer=" in v4 and "original_dst=203.0.113.10:80" in v4, v4
+        assert "original_dst=[2001:db8:ffff::10]:80" in v6, v6
+        # not redirected: the destination it was sent to (conntrack knows it, NAT being in use)
+        assert "port=15006" in direct and "original_dst=127.0.0.1:15006" in direct, direct
+        logged = [proxy.stdout.readline() for _ in range(3)]
+        assert all(line.startswith("proxy-double port=") for line in logged), logged
+    finally:
+        proxy.terminate()
+        proxy.communicate(timeout=10)
