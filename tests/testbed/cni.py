@@ -29,6 +29,37 @@ LIBCNI_CACHE = Path("/var/lib/cni/results")
 DEFAULT_SUBNET = "10.250.0.0/24"
 
 
+def reference_conflist(network: str, bridge: str, subnet: str, ipam_dir: Path) -> dict[str, Any]:
+    """bridge + host-local + portmap: the pod network of a test bed node."""
+    return {
+        "cniVersion": "1.0.0",
+        "name": network,
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": bridge,
+                "isGateway": True,
+                "ipMasq": False,
+                "hairpinMode": True,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": subnet}]],
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                    "dataDir": str(ipam_dir),
+                },
+            },
+            {"type": "portmap", "capabilities": {"portMappings": True}},
+        ],
+    }
+
+
+def link_plugins(plugins_dir: Path, bin_dir: Path) -> None:
+    """Symlinks: the plugins stay Debian's, and the bin dir stays writable for installers."""
+    for plugin in sorted(plugins_dir.iterdir()):
+        if plugin.is_file() and os.access(plugin, os.X_OK):
+            (bin_dir / plugin.name).symlink_to(plugin)
+
+
 @dataclass(frozen=True)
 class Sandbox:
     """A pod sandbox as the runtime sees it: its netns and the pod it belongs to."""
@@ -100,34 +131,12 @@ class CniNode:
         return self.conf_dir / f"10-{self.network}.conflist"
 
     def reference_conflist(self) -> dict[str, Any]:
-        return {
-            "cniVersion": "1.0.0",
-            "name": self.network,
-            "plugins": [
-                {
-                    "type": "bridge",
-                    "bridge": self.bridge,
-                    "isGateway": True,
-                    "ipMasq": False,
-                    "hairpinMode": True,
-                    "ipam": {
-                        "type": "host-local",
-                        "ranges": [[{"subnet": self.subnet}]],
-                        "routes": [{"dst": "0.0.0.0/0"}],
-                        "dataDir": str(self.workdir / "ipam"),
-                    },
-                },
-                {"type": "portmap", "capabilities": {"portMappings": True}},
-            ],
-        }
+        return reference_conflist(self.network, self.bridge, self.subnet, self.workdir / "ipam")
 
     def start(self) -> None:
         for d in (self.conf_dir, self.bin_dir):
             d.mkdir(parents=True, exist_ok=True)
-        # Symlinks: the plugins stay Debian's, and the bin dir stays writable for installers.
-        for plugin in sorted(self.plugins_dir.iterdir()):
-            if plugin.is_file() and os.access(plugin, os.X_OK):
-                (self.bin_dir / plugin.name).symlink_to(plugin)
+        link_plugins(self.plugins_dir, self.bin_dir)
         self.conflist_path.write_text(json.dumps(self.reference_conflist(), indent=2) + "\n")
         netns.add(self.netns_name)
 

@@ -4,6 +4,10 @@ The controller manager runs only the controllers an API server alone cannot do w
 `serviceaccount` (each namespace gets its `default` ServiceAccount, which pod admission needs),
 `namespace` (a deleted namespace is emptied and goes away) and `garbagecollector` (owner
 references). There is no scheduler and no kubelet: tests bind pods to the simulated node.
+
+For a real node (tests/testbed/realnode.py) the same control plane also listens on an address a
+node network namespace reaches (`address`), runs kube-scheduler and the controllers a kubelet's
+pods need (NODE_CONTROLLERS), and holds a client certificate to reach kubelets (pod logs).
 """
 
 from __future__ import annotations
@@ -26,6 +30,11 @@ SERVICE_CIDR = "10.96.0.0/16"
 SERVICE_IP = "10.96.0.1"  # the `kubernetes` Service: first address of SERVICE_CIDR
 ISSUER = "https://kubernetes.default.svc.cluster.local"
 CONTROLLERS = "serviceaccount,namespace,garbagecollector"
+# daemonset: the chart's DaemonSet gets its pod; nodelifecycle: lifts the not-ready taint the API
+# server puts on a new Node once its kubelet reports Ready (its NoExecute evictions are a separate
+# controller, left off so a restarting node keeps its pods); root-ca-cert-publisher: every
+# namespace's kube-root-ca.crt, which the kubelet projects into each pod with its token.
+NODE_CONTROLLERS = CONTROLLERS + ",daemonset,nodelifecycle,root-ca-cert-publisher"
 PORT_ATTEMPTS = 3
 T = TypeVar("T")
 
@@ -42,14 +51,17 @@ class Binaries:
     etcd: Path
     kube_apiserver: Path
     kube_controller_manager: Path
+    kube_scheduler: Path | None = None
+    """Started only when set (a real node's pods need scheduling)."""
 
     @classmethod
-    def from_cache(cls) -> Binaries:
+    def from_cache(cls, *, scheduler: bool = False) -> Binaries:
         """The built parts; raises MissingPartError naming the first one missing."""
         return cls(
             etcd=parts.etcd().require(),
             kube_apiserver=parts.kube_apiserver().require(),
             kube_controller_manager=parts.kube_controller_manager().require(),
+            kube_scheduler=parts.kube_scheduler().require() if scheduler else None,
         )
 
 
@@ -64,8 +76,16 @@ class ControlPlane:
         *,
         ready_timeout: float = 120.0,
         port_source: Callable[[], int] = free_port,
+        address: str = "127.0.0.1",
+        controllers: str = CONTROLLERS,
+        kubelet_client: bool = False,
     ) -> None:
         self.workdir = workdir
+        self.address = address
+        """Where kube-apiserver listens and every client reaches it."""
+        self.controllers = controllers
+        self.kubelet_client = kubelet_client
+        """Give kube-apiserver a client certificate for kubelets (logs, exec)."""
         self.port_source = port_source
         self.binaries = binaries
         self.ready_timeout = ready_timeout
@@ -78,6 +98,8 @@ class ControlPlane:
         self.kubeconfig = workdir / "admin.kubeconfig"
         self.daemons: list[Daemon] = []
         self._admin: pki.KeyPair | None = None
+        self.ca: pki.KeyPair | None = None
+        """The cluster CA (also signs kubelet certificates); set by start()."""
         self.timings: dict[str, float] = {}
         """Seconds from start() until each part was ready (for the benchmark)."""
 
@@ -96,6 +118,9 @@ class ControlPlane:
         self.timings["kube-apiserver /readyz"] = time.monotonic() - began
         self._start_controller_manager(certs)
         self.timings["kube-controller-manager"] = time.monotonic() - began
+        if self.binaries.kube_scheduler is not None:
+            self._start_scheduler(certs)
+            self.timings["kube-scheduler"] = time.monotonic() - began
 
     def stop(self) -> None:
         """Stop every process (reverse order) and delete the data and keys, keep the logs."""
@@ -142,7 +167,7 @@ class ControlPlane:
                     "kubernetes.default.svc",
                     "kubernetes.default.svc.cluster.local",
                 ],
-                server_ips=["127.0.0.1", SERVICE_IP],
+                server_ips=sorted({"127.0.0.1", self.address, SERVICE_IP}),
             ),
             "admin": pki.issue(
                 ca,
@@ -156,7 +181,21 @@ class ControlPlane:
             ),
             "sa": pki.make_signing_key(self.pki_dir),
         }
+        if self.binaries.kube_scheduler is not None:
+            certs["scheduler"] = pki.issue(
+                ca, self.pki_dir, "scheduler", common_name="system:kube-scheduler"
+            )
+        if self.kubelet_client:
+            # system:masters: kubelets here authorize every client their CA vouches for anyway.
+            certs["kubelet-client"] = pki.issue(
+                ca,
+                self.pki_dir,
+                "kubelet-client",
+                common_name="kube-apiserver-kubelet-client",
+                organizations=["system:masters"],
+            )
         self._admin = certs["admin"]
+        self.ca = ca
         return certs
 
     def _daemon(self, name: str, argv: list[str]) -> Daemon:
@@ -194,14 +233,22 @@ class ControlPlane:
 
     def _start_apiserver(self, etcd_url: str, certs: dict[str, pki.KeyPair]) -> None:
         self.port = self.port_source()
-        self.server = f"https://127.0.0.1:{self.port}"
+        self.server = f"https://{self.address}:{self.port}"
+        kubelet_flags = []
+        if "kubelet-client" in certs:
+            kubelet_flags = [
+                f"--kubelet-client-certificate={certs['kubelet-client'].cert}",
+                f"--kubelet-client-key={certs['kubelet-client'].key}",
+                f"--kubelet-certificate-authority={certs['ca'].cert}",
+                "--kubelet-preferred-address-types=InternalIP",
+            ]
         apiserver = self._daemon(
             "kube-apiserver",
             [
                 str(self.binaries.kube_apiserver),
                 f"--etcd-servers={etcd_url}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                f"--bind-address={self.address}",
+                f"--advertise-address={self.address}",
                 f"--secure-port={self.port}",
                 f"--cert-dir={self.pki_dir}",
                 f"--tls-cert-file={certs['serving'].cert}",
@@ -218,6 +265,7 @@ class ControlPlane:
                 # The `kubernetes` Service cannot point at a loopback address, and no pod here
                 # needs it: do not keep trying.
                 "--endpoint-reconciler-type=none",
+                *kubelet_flags,
             ],
         )
         self.kubeconfig = write_kubeconfig(
@@ -257,7 +305,7 @@ class ControlPlane:
             [
                 str(self.binaries.kube_controller_manager),
                 f"--kubeconfig={kubeconfig}",
-                f"--controllers={CONTROLLERS}",
+                f"--controllers={self.controllers}",
                 "--leader-elect=false",
                 # Each controller as its own ServiceAccount, with the bootstrap RBAC roles that
                 # grant it (e.g. the namespace controller's deletecollection everywhere).
@@ -279,6 +327,35 @@ class ControlPlane:
                 )
             time.sleep(0.3)
 
+    def _start_scheduler(self, certs: dict[str, pki.KeyPair]) -> None:
+        assert self.binaries.kube_scheduler is not None
+        kubeconfig = write_kubeconfig(
+            self.workdir / "scheduler.kubeconfig",
+            server=self.server,
+            ca_file=self.ca_file,
+            user="system:kube-scheduler",
+            client_cert=certs["scheduler"].cert,
+            client_key=certs["scheduler"].key,
+        )
+        scheduler = self._daemon(
+            "kube-scheduler",
+            [
+                str(self.binaries.kube_scheduler),
+                f"--kubeconfig={kubeconfig}",
+                # Its API access is checked by the API server's RBAC, not delegated: no lookups
+                # of the extension-apiserver-authentication ConfigMap needed.
+                f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                "--secure-port=0",  # nothing scrapes it; no port to race for
+            ],
+        )
+        # No health endpoint is served (secure-port 0): pods being bound is its proof of life,
+        # and whoever waits for that names this daemon's log when it exited.
+        if not scheduler.alive():
+            raise scheduler.failure("exited at start")
+
     # -- access ------------------------------------------------------------------------------
 
     def ssl_context(self) -> ssl.SSLContext:
@@ -291,7 +368,7 @@ class ControlPlane:
 
     def _get(self, path: str) -> tuple[int, str]:
         conn = http.client.HTTPSConnection(
-            "127.0.0.1", self.port, timeout=5, context=self.ssl_context()
+            self.address, self.port, timeout=5, context=self.ssl_context()
         )
         try:
             conn.request("GET", path)

@@ -72,6 +72,15 @@ class Helm:
         self.releases.append((release, namespace))
         return answer
 
+    def upgrade(self, release: str, chart: Path, *, namespace: str,
+                values: dict[str, Any]) -> dict[str, Any]:
+        """`helm upgrade` of an installed release with these values (not merged with the old)."""
+        values_path = self.home / f"{release}-upgrade-values.yaml"
+        values_path.parent.mkdir(parents=True, exist_ok=True)
+        values_path.write_text(yaml.safe_dump(values))
+        return dict(json.loads(self.run("upgrade", release, str(chart), "--namespace", namespace,
+                                        "--values", str(values_path), "--output", "json")))
+
     def uninstall(self, release: str, *, namespace: str) -> None:
         self.run("uninstall", release, "--namespace", namespace)
         if (release, namespace) in self.releases:

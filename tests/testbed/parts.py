@@ -68,6 +68,21 @@ def kube_controller_manager() -> Part:
     return Part("kube-controller-manager", path, SETUP_TESTBED)
 
 
+def kube_scheduler() -> Part:
+    path = cache_dir() / "kube" / kube_version() / "kube-scheduler"
+    return Part("kube-scheduler", path, SETUP_TESTBED)
+
+
+def kubelet() -> Part:
+    return Part("kubelet", cache_dir() / "kube" / kube_version() / "kubelet", SETUP_TESTBED)
+
+
+def debian_tool(name: str, package: str) -> Part:
+    """A program from a Debian package ci/setup-apt installs (containerd, runc, ...)."""
+    found = shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/bin:/sbin:/bin")
+    return Part(f"{name} (Debian package {package})", Path(found or f"/usr/bin/{name}"), SETUP_APT)
+
+
 def etcd() -> Part:
     """Debian's etcd-server: kube-apiserver of the pinned release runs on it (see bench/README.md,
     section testbed)."""

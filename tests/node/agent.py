@@ -1,0 +1,110 @@
+"""The chart on the real node: install it, wait for the DaemonSet's pod to be Ready (the kubelet's
+readiness probe passed), and look at what the agent did to the node's CNI dirs."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tests.testbed import kubepods
+from tests.testbed.helm import Helm
+from tests.testbed.images import Image
+from tests.testbed.parts import REPO_ROOT
+from tests.testbed.realnode import RealCluster
+
+CHART = REPO_ROOT / "charts" / "istio-cni"
+RELEASE = "istio-cni"
+AGENT_NAMESPACE = "kube-system"
+AGENT_SELECTOR = "app.kubernetes.io/name=istio-cni"
+AGENT_CONTAINER = "istio-cni-agent"
+READY_TIMEOUT = 120.0
+
+
+def node_values(cluster: RealCluster, image: Image, **extra: Any) -> dict[str, Any]:
+    """Chart values for the test bed's node: its image (never pulled) and the node's dirs."""
+    return {
+        "hub": image.hub,
+        "tag": image.tag,
+        "pullPolicy": "Never",
+        "cniBinDir": str(cluster.cni_bin_dir),
+        "cniConfDir": str(cluster.cni_conf_dir),
+        "cniNetnsDir": str(cluster.netns_dir),
+        "cniAgentRunDir": str(cluster.agent_run_dir),
+        "logLevel": "debug",
+        **extra,
+    }
+
+
+def agent_pods(core: Any) -> list[Any]:
+    return list(core.list_namespaced_pod(AGENT_NAMESPACE, label_selector=AGENT_SELECTOR).items)
+
+
+def wait_agent_gone(core: Any, timeout: float = 90.0) -> None:
+    kubepods.wait_for(lambda: not agent_pods(core), "the agent pods to be gone", timeout)
+
+
+@dataclass(frozen=True)
+class Agent:
+    pod: kubepods.PodView
+
+    def logs(self, core: Any) -> str:
+        return kubepods.logs(core, AGENT_NAMESPACE, self.pod.name, AGENT_CONTAINER)
+
+
+def ready_agent(core: Any, cluster: RealCluster, timeout: float = READY_TIMEOUT,
+                image: Image | None = None) -> Agent:
+    """The agent pod on the node, once Running and Ready (and of `image`, when given)."""
+
+    def check() -> kubepods.PodView | None:
+        for pod in agent_pods(core):
+            view = kubepods.PodView.of(pod)
+            if pod.metadata.deletion_timestamp or view.node != cluster.node_name:
+                continue
+            if image is not None and pod.spec.containers[0].image != image.ref:
+                continue
+            if view.phase == "Running" and view.ready:
+                return view
+        return None
+
+    def state() -> str:
+        cluster.check_alive()
+        lines = []
+        for pod in agent_pods(core):
+            view = kubepods.PodView.of(pod)
+            lines += [f"{view}", kubepods.pod_events(core, AGENT_NAMESPACE, view.name),
+                      kubepods.logs(core, AGENT_NAMESPACE, view.name, AGENT_CONTAINER)[-3000:]]
+        return "\n".join(lines) or "no agent pod"
+
+    view: kubepods.PodView = kubepods.wait_for(check, "the agent pod Running and Ready", timeout,
+                                               interval=0.5, on_timeout=state)
+    return Agent(view)
+
+
+def install(helm: Helm, cluster: RealCluster, core: Any, image: Image,
+            **values: Any) -> Agent:
+    """`helm install` with the node's values (+ `values`), then the agent Ready on the node."""
+    helm.install(RELEASE, CHART, namespace=AGENT_NAMESPACE,
+                 values=node_values(cluster, image, **values))
+    return ready_agent(core, cluster, image=image)
+
+
+def conflist(cluster: RealCluster) -> dict[str, Any]:
+    return dict(json.loads(cluster.conflist_path.read_text()))
+
+
+def plugin_types(cluster: RealCluster) -> list[str]:
+    return [p.get("type") for p in conflist(cluster)["plugins"]]
+
+
+def wait_conflist(cluster: RealCluster, condition: Callable[[dict[str, Any]], bool],
+                  what: str = "the conflist", timeout: float = 30.0) -> None:
+    def check() -> bool:
+        try:
+            return condition(conflist(cluster))
+        except (OSError, ValueError):  # between the agent's write and rename
+            return False
+
+    kubepods.wait_for(check, what, timeout,
+                      on_timeout=lambda: cluster.conflist_path.read_text(errors="replace"))

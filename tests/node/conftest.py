@@ -1,0 +1,126 @@
+"""Fixtures of the `node` tier: one real single-node cluster for the session (tests/testbed/
+realnode.py), Helm bound to it, the chart's values for its node, and per-test namespaces whose
+pods are gone when the test ends."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from tests.node.agent import wait_agent_gone
+from tests.testbed import images, kubepods
+from tests.testbed.helm import Helm
+from tests.testbed.parts import MissingPartError, helm_binaries
+from tests.testbed.process import PartFailedError
+from tests.testbed.realnode import RealCluster
+
+
+@pytest.fixture(scope="session")
+def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
+    """A control plane and one node run by kubelet and containerd, Ready; removed at the end
+    of the session. A missing part fails the tests needing it, naming it."""
+    try:
+        cluster = RealCluster(tmp_path_factory.mktemp("realnode"))
+    except MissingPartError as e:
+        pytest.fail(str(e), pytrace=False)
+    try:
+        cluster.start()
+        yield cluster
+    except (PartFailedError, MissingPartError) as e:
+        pytest.fail(str(e), pytrace=False)
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def node_core(real_cluster: RealCluster) -> Any:
+    return real_cluster.core()
+
+
+@pytest.fixture(scope="session")
+def agent_image(real_cluster: RealCluster) -> images.Image:
+    image = real_cluster.images["istio-cni"]
+    assert image.ref == f"{image.hub}/istio-cni:{image.tag}", (
+        f"{image.ref}: the chart names its image <hub>/istio-cni:<tag>")
+    return image
+
+
+def helm_by_major(major: str) -> Path:
+    found = {v: p for v, p in helm_binaries().items() if v.split(".")[0] == major}
+    if not found:
+        pytest.fail(f"no Helm {major}.x among {sorted(helm_binaries())}; run ci/setup-helm",
+                    pytrace=False)
+    return found[max(found, key=lambda v: tuple(int(x) for x in v.split(".")))]
+
+
+@pytest.fixture
+def node_helm(real_cluster: RealCluster, node_core: Any,
+              tmp_path: Path) -> Iterator[Callable[[str], Helm]]:
+    """helm_for("3" | "4") -> Helm bound to the cluster. Releases left installed are uninstalled
+    at the end and their agent pods waited away, so the next test starts from a clean node."""
+    made: list[Helm] = []
+    reference = json.dumps(real_cluster.reference_conflist(), indent=2) + "\n"
+
+    def helm_for(major: str) -> Helm:
+        home = tmp_path / f"helm-{len(made)}"
+        home.mkdir()
+        try:
+            binary = helm_by_major(major)
+        except MissingPartError as e:
+            pytest.fail(str(e), pytrace=False)
+        made.append(Helm(binary=binary, kubeconfig=real_cluster.kubeconfig, home=home))
+        return made[-1]
+
+    yield helm_for
+    errors = []
+    for helm in made:
+        for release, namespace in list(helm.releases):
+            try:
+                helm.uninstall(release, namespace=namespace)
+            except Exception as e:  # uninstall the rest anyway
+                errors.append(f"{release} in {namespace}: {e}")
+        shutil.rmtree(helm.home, ignore_errors=True)
+    with contextlib.suppress(AssertionError):
+        wait_agent_gone(node_core)
+    # The next test starts from the node's own CNI config even when this one left the agent no
+    # chance to remove itself (say, its image was off the node).
+    if made and real_cluster.conflist_path.read_text() != reference:
+        real_cluster.conflist_path.write_text(reference)
+        (real_cluster.cni_bin_dir / "istio-cni").unlink(missing_ok=True)
+        errors.append("the node's conflist kept the agent's entry after the uninstall: restored")
+    if errors:
+        raise RuntimeError("helm uninstall at teardown: " + "; ".join(errors))
+
+
+@pytest.fixture
+def workload_ns(node_core: Any) -> Iterator[str]:
+    """A fresh namespace for the test's pods; deleted (and its pods waited away) at the end."""
+    name = f"work-{secrets.token_hex(3)}"
+    node_core.create_namespace({"metadata": {"name": name}})
+    # Pods need the namespace's default ServiceAccount (the serviceaccount controller makes it).
+    kubepods.wait_for(lambda: _has_default_sa(node_core, name), f"{name}/default SA", 30)
+    try:
+        yield name
+    finally:
+        node_core.delete_collection_namespaced_pod(name, grace_period_seconds=1)
+        kubepods.wait_for(lambda: not node_core.list_namespaced_pod(name).items,
+                          f"the pods of {name} to be gone", 90)
+        node_core.delete_namespace(name)
+
+
+def _has_default_sa(core: Any, namespace: str) -> bool:
+    try:
+        core.read_namespaced_service_account("default", namespace)
+        return True
+    except ApiException as e:
+        if e.status == 404:
+            return False
+        raise

@@ -1,0 +1,111 @@
+"""A real node leaves nothing behind: after stop(), and after its test process was killed (the
+next session's start sweeps it). Each test runs a node of its own with one pod on it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.testbed import kubepods, netns, nodeclean
+from tests.testbed.parts import REPO_ROOT, MissingPartError
+from tests.testbed.realnode import RealCluster
+
+pytestmark = [pytest.mark.node]
+
+IMAGES = ("pause", "workload")
+
+
+def machine_state() -> dict[str, Any]:
+    """Machine-wide state a node changes (other work on the machine leaves these alone)."""
+    return {
+        "sysctls": nodeclean.snapshot_sysctls(),
+        "records": sorted(p.name for p in nodeclean.RECORDS.glob("*")),
+    }
+
+
+def leftovers(workdir: Path, record: dict[str, Any]) -> list[str]:
+    """Everything of the node (by its record) that is still on the machine."""
+    found = [f"mount {p}" for p in nodeclean.mounted_below(workdir)]
+    found += [f"process {pid}" for pid in nodeclean.pids_with_cmdline(record["runtime_socket"])]
+    if (workdir / "node").exists():
+        found.append(f"dir {workdir / 'node'}")
+    if netns.exists(record["netns_name"]):
+        found.append(f"netns {record['netns_name']}")
+    if any(link["ifname"] == record["host_ifname"] for link in netns.ip_json("link", "show")):
+        found.append(f"link {record['host_ifname']}")
+    found += [f"cni cache {p}" for p in
+              nodeclean.LIBCNI_CACHE.glob(f"{record['cni_network']}-*")]
+    found += [f"log link {p}" for p in nodeclean.CONTAINER_LOG_LINKS.glob("*")
+              if p.is_symlink() and str(p.readlink()).startswith(str(workdir))]
+    return found
+
+
+def test_stop_leaves_nothing_behind(tmp_path: Path) -> None:
+    before = machine_state()
+    try:
+        cluster = RealCluster(tmp_path, image_names=IMAGES)
+    except MissingPartError as e:
+        pytest.fail(str(e), pytrace=False)
+    try:
+        cluster.start()
+        assert cluster.record is not None
+        record = dataclasses.asdict(cluster.record)
+        core = cluster.core()
+        core.create_namespaced_pod("default", kubepods.pod_manifest(
+            "one", cluster.images["workload"].ref, app_command=["sleep"], sidecar=False))
+        kubepods.wait_running(core, "default", "one")
+        assert nodeclean.pids_with_cmdline(str(cluster.runtime_dirs.socket))  # shims run
+        assert nodeclean.mounted_below(tmp_path)
+    finally:
+        cluster.stop()
+    assert leftovers(tmp_path, record) == []
+    assert machine_state() == before
+    assert (tmp_path / "logs" / "kubelet.log").is_file()  # the logs stay for post-mortems
+
+
+NODE_SCRIPT = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from tests.testbed import kubepods
+    from tests.testbed.realnode import RealCluster
+    cluster = RealCluster(Path(sys.argv[1]), image_names=("pause", "workload"))
+    cluster.start()
+    core = cluster.core()
+    core.create_namespaced_pod("default", kubepods.pod_manifest(
+        "one", cluster.images["workload"].ref, app_command=["sleep"], sidecar=False))
+    kubepods.wait_running(core, "default", "one")
+    print(str(cluster.runtime_dirs.socket), flush=True)
+    time.sleep(3600)
+""")
+
+
+def test_a_killed_session_is_swept_by_the_next(tmp_path: Path) -> None:
+    before = machine_state()
+    proc = subprocess.Popen([sys.executable, "-c", NODE_SCRIPT, str(tmp_path)], cwd=REPO_ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        socket = proc.stdout.readline().strip()
+        assert socket, proc.communicate(timeout=60)[1][-3000:]
+        records = list(nodeclean.RECORDS.glob(f"{proc.pid}-*.json"))
+        assert len(records) == 1
+        record = json.loads(records[0].read_text())
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)  # no teardown, no exit handlers
+        proc.communicate()
+    # Its children die with it (kubelet, containerd, the control plane); shims, containers,
+    # mounts, the node netns and the files stay until the next node's start sweeps them.
+    assert nodeclean.pids_with_cmdline(socket), "the shims outlive the killed session"
+    assert netns.exists(record["netns_name"])
+    nodeclean.sweep_stale()
+    assert leftovers(tmp_path, record) == []
+    assert machine_state() == before

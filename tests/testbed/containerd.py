@@ -1,0 +1,207 @@
+"""containerd (Debian's 1.6) with its CRI plugin and runc, as a real node's container runtime.
+
+Everything it keeps is under one directory of the test bed: root, state, socket, runc's state,
+pod network namespaces (`netns_mounts_under_state_dir`). It runs in the node's network
+namespace, so the CNI plugins it execs (bridge, ours) act there. Its CNI dirs are the node's.
+Images come only from docker-archives imported with `ctr images import`: nothing is pulled (the
+node netns has no route out anyway).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.testbed import parts
+from tests.testbed.process import Daemon
+
+NAMESPACE = "k8s.io"  # the CRI plugin's containerd namespace
+SNAPSHOTTER = "overlayfs"  # the machine's / is ext4: overlay works (checked by the CRI at start)
+# Plugins that only log errors here (no btrfs/zfs/devmapper/aufs), and tracing nobody collects.
+DISABLED_PLUGINS = (
+    "io.containerd.snapshotter.v1.aufs",
+    "io.containerd.snapshotter.v1.btrfs",
+    "io.containerd.snapshotter.v1.devmapper",
+    "io.containerd.snapshotter.v1.zfs",
+    "io.containerd.tracing.processor.v1.otlp",
+    "io.containerd.internal.v1.tracing",
+)
+
+
+@dataclass(frozen=True)
+class ContainerdDirs:
+    base: Path
+
+    @property
+    def root(self) -> Path:
+        return self.base / "root"
+
+    @property
+    def state(self) -> Path:
+        return self.base / "state"
+
+    @property
+    def socket(self) -> Path:
+        return self.base / "containerd.sock"
+
+    @property
+    def runc_root(self) -> Path:
+        """runc's --root for the CRI's runtime; the shim adds the namespace below it."""
+        return self.base / "runc"
+
+    @property
+    def netns_dir(self) -> Path:
+        """Where the CRI bind-mounts pod network namespaces (netns_mounts_under_state_dir: the
+        CRI plugin's own state dir)."""
+        return self.state / "io.containerd.grpc.v1.cri" / "netns"
+
+    @property
+    def config(self) -> Path:
+        return self.base / "config.toml"
+
+
+def render_config(dirs: ContainerdDirs, *, sandbox_image: str, cni_bin_dir: Path,
+                  cni_conf_dir: Path) -> str:
+    """config.toml (version 2) for a node of the test bed."""
+    disabled = ", ".join(f'"{p}"' for p in DISABLED_PLUGINS)
+    cri = 'plugins."io.containerd.grpc.v1.cri"'
+    return f"""version = 2
+root = "{dirs.root}"
+state = "{dirs.state}"
+disabled_plugins = [{disabled}]
+
+[grpc]
+  address = "{dirs.socket}"
+
+[plugins."io.containerd.internal.v1.opt"]
+  # default /opt/containerd: keep it under the test bed's dir
+  path = "{dirs.base / "opt"}"
+
+[{cri}]
+  sandbox_image = "{sandbox_image}"
+  # This machine withholds CAP_SYS_RESOURCE: without this runc fails every sandbox with
+  # "can't get final child's PID from pipe: EOF" when it lowers oom_score_adj.
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  # The kernel here has no AppArmor.
+  disable_apparmor = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+
+[{cri}.cni]
+  bin_dir = "{cni_bin_dir}"
+  conf_dir = "{cni_conf_dir}"
+  max_conf_num = 1
+
+[{cri}.containerd]
+  snapshotter = "{SNAPSHOTTER}"
+  default_runtime_name = "runc"
+
+[{cri}.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+
+[{cri}.containerd.runtimes.runc.options]
+  Root = "{dirs.runc_root}"
+  SystemdCgroup = false
+"""
+
+
+class Containerd:
+    """start() / stop(); `ctr()` runs the ctr CLI against this instance."""
+
+    def __init__(self, dirs: ContainerdDirs, log_path: Path, *, prefix: list[str],
+                 sandbox_image: str, cni_bin_dir: Path, cni_conf_dir: Path) -> None:
+        self.dirs = dirs
+        self.binary = parts.debian_tool("containerd", "containerd").require()
+        self.ctr_binary = parts.debian_tool("ctr", "containerd").require()
+        parts.debian_tool("runc", "runc").require()
+        parts.debian_tool("containerd-shim-runc-v2", "containerd").require()
+        self.prefix = prefix
+        self.sandbox_image = sandbox_image
+        self.cni_bin_dir = cni_bin_dir
+        self.cni_conf_dir = cni_conf_dir
+        self.daemon = Daemon("containerd", [], log_path)
+
+    def start(self, timeout: float = 60.0) -> None:
+        for d in (self.dirs.root, self.dirs.state, self.dirs.runc_root):
+            d.mkdir(parents=True, exist_ok=True)
+        self.dirs.config.write_text(render_config(
+            self.dirs, sandbox_image=self.sandbox_image, cni_bin_dir=self.cni_bin_dir,
+            cni_conf_dir=self.cni_conf_dir))
+        self.daemon.argv = [*self.prefix, str(self.binary), "--config", str(self.dirs.config),
+                            "--log-level", "info"]
+        self.daemon.start()
+        deadline = time.monotonic() + timeout
+        while True:
+            if not self.daemon.alive():
+                raise self.daemon.failure("exited at start")
+            if self.dirs.socket.exists():
+                done = self.ctr("plugins", "ls", check=False)
+                if done.returncode == 0:
+                    cri = [line for line in done.stdout.splitlines() if " cri " in line]
+                    if cri and cri[0].split()[-1] == "ok":
+                        return
+                    if cri:
+                        raise self.daemon.failure(f"loaded its CRI plugin with an error: {cri[0]}")
+            if time.monotonic() > deadline:
+                raise self.daemon.failure(f"did not serve its CRI plugin within {timeout}s")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        self.daemon.stop()
+
+    def alive(self) -> bool:
+        return self.daemon.alive()
+
+    def ctr(self, *args: str, check: bool = True,
+            timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
+        # A stopped containerd fails at once instead of ctr waiting for it.
+        argv = [str(self.ctr_binary), "--address", str(self.dirs.socket), "--connect-timeout",
+                "5s", "-n", NAMESPACE, *args]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        if check and done.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv)} failed ({done.returncode}): "
+                               f"{done.stderr.strip()[-2000:]}")
+        return done
+
+    def import_image(self, archive: Path) -> None:
+        """Load a docker-archive into the CRI's namespace, unpacked for its snapshotter."""
+        self.ctr("images", "import", "--snapshotter", SNAPSHOTTER, str(archive))
+
+    def sandbox_pid(self, pod_uid: str) -> int | None:
+        """PID of the pause process of the pod's running sandbox (its netns is
+        /proc/PID/ns/net), or None."""
+        listed = self.ctr("containers", "ls", "-q",
+                          f'labels."io.kubernetes.pod.uid"=={pod_uid},'
+                          f'labels."io.cri-containerd.kind"==sandbox')
+        ids = set(listed.stdout.split())
+        for line in self.ctr("tasks", "ls").stdout.splitlines()[1:]:
+            task, pid, status = line.split()[:3]
+            if task in ids and status == "RUNNING":
+                return int(pid)
+        return None
+
+    def running_container(self, pod_uid: str, name: str) -> tuple[str, int]:
+        """(container id, pid) of the pod's running container `name`."""
+        listed = self.ctr("containers", "ls", "-q",
+                          f'labels."io.kubernetes.pod.uid"=={pod_uid},'
+                          f'labels."io.kubernetes.container.name"=={name}')
+        ids = set(listed.stdout.split())
+        for line in self.ctr("tasks", "ls").stdout.splitlines()[1:]:
+            task, pid, status = line.split()[:3]
+            if task in ids and status == "RUNNING":
+                return task, int(pid)
+        raise AssertionError(f"no running container {name} of pod {pod_uid} in containerd")
+
+    def container_spec(self, container_id: str) -> dict[str, Any]:
+        """The OCI runtime spec of a container, as kubelet had the CRI make it (security
+        context, mounts, environment)."""
+        info = json.loads(self.ctr("containers", "info", container_id).stdout)
+        return dict(info["Spec"])
+
+    def images(self) -> set[str]:
+        return set(self.ctr("images", "ls", "-q").stdout.split())

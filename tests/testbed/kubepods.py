@@ -1,0 +1,166 @@
+"""Pods on a real node, through the API only: manifests for the workload image, waits on their
+state, their logs (the API's pod log endpoint, as `kubectl logs`), and where a running pod's
+network namespace is (for looking at its rules from the test).
+
+Sidecar pods look as Istio's injector leaves them: annotation `sidecar.istio.io/status` and an
+`istio-proxy` container, here the Envoy test double (`/testbed/proxy-double.py`, as UID 1337 like
+Envoy, so its own connections are not captured).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+PROXY_UID = 1337
+APP = ["/usr/bin/python3", "/testbed/app.py"]
+PROXY = ["/usr/bin/python3", "/testbed/proxy-double.py"]
+SIDECAR_STATUS = '{"containers":["istio-proxy"],"initContainers":null}'
+
+
+def container(name: str, image: str, command: list[str], *,
+              uid: int | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"name": name, "image": image, "imagePullPolicy": "Never",
+                            "command": command}
+    if uid is not None:
+        spec["securityContext"] = {"runAsUser": uid, "runAsGroup": uid}
+    return spec
+
+
+def pod_manifest(name: str, image: str, *, app_command: list[str], sidecar: bool,
+                 annotations: Mapping[str, str] | None = None,
+                 labels: Mapping[str, str] | None = None,
+                 init_containers: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A pod for the scheduler to place (no nodeName): an `app` container running app.py, and
+    with `sidecar` the injector's marks and an `istio-proxy` container."""
+    containers = [container("app", image, [*APP, *app_command])]
+    notes = dict(annotations or {})
+    if sidecar:
+        containers.append(container("istio-proxy", image, PROXY, uid=PROXY_UID))
+        notes.setdefault("sidecar.istio.io/status", SIDECAR_STATUS)
+    spec: dict[str, Any] = {"containers": containers, "terminationGracePeriodSeconds": 1,
+                            "automountServiceAccountToken": False}
+    if init_containers:
+        spec["initContainers"] = init_containers
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "annotations": notes, "labels": dict(labels or {})},
+            "spec": spec}
+
+
+def escaped(line: str) -> bool:
+    """An app.py `connect` line of a connection that left the pod: refused at once means it
+    was redirected to the (not yet listening) proxy port inside the pod; unreachable or timed
+    out means it went out of the pod, toward the node netns that has no route."""
+    return "connect " in line and " error: " in line and "Connection refused" not in line
+
+
+def wait_for(condition: Callable[[], Any], what: str, timeout: float = 60.0,
+             interval: float = 0.2, on_timeout: Callable[[], str] | None = None) -> Any:
+    """Poll `condition` until it returns something truthy (which is returned)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            extra = f"\n{on_timeout()}" if on_timeout else ""
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}{extra}")
+        time.sleep(interval)
+
+
+@dataclass(frozen=True)
+class PodView:
+    """The parts of a pod's state the tests look at."""
+
+    name: str
+    namespace: str
+    uid: str
+    phase: str
+    node: str | None
+    ip: str | None
+    ready: bool
+    containers: dict[str, dict[str, Any]]
+    """name -> state ({"running": ...}, {"waiting": {"reason": ...}}, ...) and restartCount."""
+    events_hint: str = ""
+
+    @classmethod
+    def of(cls, pod: Any) -> PodView:
+        status = pod.status
+        conds = {c.type: c.status for c in status.conditions or []}
+        containers = {}
+        for c in status.container_statuses or []:
+            state = c.state.to_dict() if c.state else {}
+            containers[c.name] = {
+                "state": {k: v for k, v in state.items() if v},
+                "restarts": c.restart_count,
+                "ready": c.ready,
+            }
+        return cls(pod.metadata.name, pod.metadata.namespace, pod.metadata.uid, status.phase,
+                   pod.spec.node_name, status.pod_ip, conds.get("Ready") == "True", containers)
+
+
+def pod_view(core: Any, namespace: str, name: str) -> PodView | None:
+    try:
+        return PodView.of(core.read_namespaced_pod(name, namespace))
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+def pod_events(core: Any, namespace: str, name: str) -> str:
+    events = core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}")
+    return "\n".join(f"  {e.type} {e.reason}: {e.message}" for e in events.items[-15:])
+
+
+def wait_running(core: Any, namespace: str, name: str, timeout: float = 120.0,
+                 ready: bool = True) -> PodView:
+    """Until the pod is Running (and Ready with `ready`); fails with its state and events."""
+
+    def check() -> PodView | None:
+        view = pod_view(core, namespace, name)
+        if view and view.phase == "Running" and (view.ready or not ready):
+            return view
+        return None
+
+    result: PodView = wait_for(
+        check, f"pod {namespace}/{name} Running{' and Ready' if ready else ''}", timeout,
+        on_timeout=lambda: f"state: {pod_view(core, namespace, name)}\nevents:\n"
+                           f"{pod_events(core, namespace, name)}")
+    return result
+
+
+def logs(core: Any, namespace: str, name: str, container: str) -> str:
+    """The container's log through the API server (which asks the kubelet)."""
+    try:
+        return str(core.read_namespaced_pod_log(name, namespace, container=container))
+    except ApiException as e:
+        if e.status in (400, 404):  # not started yet / gone
+            return ""
+        raise
+
+
+def wait_log_line(core: Any, namespace: str, name: str, container: str,
+                  match: Callable[[str], bool], what: str, timeout: float = 60.0) -> str:
+    def check() -> str | None:
+        return next((line for line in logs(core, namespace, name, container).splitlines()
+                     if match(line)), None)
+
+    line: str = wait_for(check, f"{what} in the log of {namespace}/{name}/{container}", timeout,
+                         interval=0.5,
+                         on_timeout=lambda: logs(core, namespace, name, container)[-2000:])
+    return line
+
+
+def delete_and_wait(core: Any, namespace: str, name: str, timeout: float = 60.0) -> None:
+    try:
+        core.delete_namespaced_pod(name, namespace, grace_period_seconds=1)
+    except ApiException as e:
+        if e.status != 404:
+            raise
+    wait_for(lambda: pod_view(core, namespace, name) is None,
+             f"pod {namespace}/{name} deleted", timeout)

@@ -1,0 +1,301 @@
+"""Leaving nothing of a real node behind, also after a failed or killed test run.
+
+A container runtime leaves more than its own process: containerd-shim processes (their own
+sessions, so they outlive containerd), the containers runc started, mounts (container root
+file systems, /dev/shm of sandboxes, pod network namespaces, kubelet's volume tmpfs), shim
+sockets under /run/containerd/s, libcni's result cache under /var/lib/cni, kubelet's symlinks in
+/var/log/containers, and the kernel settings kubelet changes at start. Each node writes a record
+of what it is made of before it starts anything; `clean(record)` removes all of it and is
+idempotent, and `sweep_stale()` cleans the records of test processes that died without doing so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tests.testbed import netns
+
+log = logging.getLogger(__name__)
+
+RECORDS = Path("/run/istio-cni-testbed/nodes")
+LIBCNI_CACHE = Path("/var/lib/cni/results")
+SHARED_RUN_DIR = Path("/run/containerd")
+CONTAINER_LOG_LINKS = Path("/var/log/containers")  # kubelet's fixed dir of log symlinks
+XTABLES_LOCK = Path("/run/xtables.lock")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+RUNTIME_CGROUP = "k8s.io"  # containerd puts a namespace's containers under /<namespace>/<id>
+# What kubelet sets at start (setupKernelTunables); restored afterwards.
+KUBELET_SYSCTLS = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic",
+                   "kernel/panic_on_oops", "kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes")
+
+
+@dataclass
+class NodeRecord:
+    owner_pid: int
+    base: str
+    """Everything on disk lives below: runtime and kubelet dirs, CNI dirs, logs."""
+    netns_name: str
+    host_ifname: str
+    runtime_socket: str
+    runc_root: str
+    cni_network: str
+    sysctls: dict[str, str] = field(default_factory=dict)
+    made_log_links_dir: bool = False
+    made_xtables_lock: bool = False
+    made_cgroups: list[str] = field(default_factory=list)
+    """The runtime's per-namespace cgroup (k8s.io) of each controller, where this node made it."""
+    """The chart mounts /run/xtables.lock (FileOrCreate): kubelet creates it when missing."""
+
+    @property
+    def path(self) -> Path:
+        return RECORDS / f"{self.owner_pid}-{self.netns_name}.json"
+
+    def save(self) -> None:
+        RECORDS.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self)))
+        os.replace(tmp, self.path)
+
+
+def snapshot_sysctls() -> dict[str, str]:
+    values = {}
+    for key in KUBELET_SYSCTLS:
+        with contextlib.suppress(OSError):
+            values[key] = (Path("/proc/sys") / key).read_text().strip()
+    return values
+
+
+def clean(record: NodeRecord) -> list[str]:
+    """Remove everything of the node; returns what could not be removed (empty when clean)."""
+    errors: list[str] = []
+
+    def attempt(what: str, step: Callable[[], object]) -> None:
+        try:
+            step()
+        except Exception as e:  # keep going: the rest must still be removed
+            errors.append(f"{what}: {e}")
+
+    shim_sockets = _shim_sockets(Path(record.base))
+    attempt("runc containers", lambda: _delete_runc_containers(Path(record.runc_root)))
+    attempt("containerd shims", lambda: _kill_shims(record.runtime_socket))
+    attempt("processes in the node netns", lambda: _kill_netns_processes(record.netns_name))
+    attempt("mounts", lambda: unmount_below(Path(record.base)))
+    attempt("node netns", lambda: netns.delete(record.netns_name))
+    attempt("veth", lambda: _delete_link(record.host_ifname))
+    for sock in shim_sockets:
+        with contextlib.suppress(OSError):
+            sock.unlink()
+    # Made by containerd's shims and ctr whatever the configured dirs; removed once empty (so
+    # another containerd's files are left alone).
+    for d in (*SHARED_RUN_DIR.glob("runc/*"), *(SHARED_RUN_DIR / n for n in ("s", "fifo", "runc")),
+              SHARED_RUN_DIR):
+        with contextlib.suppress(OSError):
+            d.rmdir()
+    for cached in LIBCNI_CACHE.glob(f"{record.cni_network}-*"):
+        cached.unlink(missing_ok=True)
+    attempt("container log links", lambda: _remove_log_links(Path(record.base),
+                                                               record.made_log_links_dir))
+    attempt("kernel settings", lambda: _restore_sysctls(record.sysctls))
+    if record.made_xtables_lock:
+        XTABLES_LOCK.unlink(missing_ok=True)
+    for cgroup in record.made_cgroups:  # rmdir fails while another runtime uses it: fine
+        with contextlib.suppress(OSError):
+            Path(cgroup).rmdir()
+    attempt("files", lambda: _remove_tree(Path(record.base)))
+    if not errors:
+        record.path.unlink(missing_ok=True)
+        for d in (RECORDS, RECORDS.parent):
+            with contextlib.suppress(OSError):
+                d.rmdir()
+    return errors
+
+
+def missing_runtime_cgroups() -> list[str]:
+    """The runtime cgroup dirs that do not exist yet (this node's runtime will make them)."""
+    return [str(c / RUNTIME_CGROUP) for c in sorted(CGROUP_ROOT.iterdir())
+            if (c / "cgroup.procs").exists() and not (c / RUNTIME_CGROUP).exists()]
+
+
+def kill_containers(record: NodeRecord) -> None:
+    """Every container of the node dies (its runtime is down), as in a reboot: runc's
+    containers and the shims; mounts and the node netns stay for the runtime to clean up."""
+    # A killed shim leaves its socket, and the restarted containerd removes the bundle that
+    # names it: collect them first.
+    sockets = _shim_sockets(Path(record.base))
+    _delete_runc_containers(Path(record.runc_root))
+    _kill_shims(record.runtime_socket)
+    for sock in sockets:
+        with contextlib.suppress(OSError):
+            sock.unlink()
+
+
+def sweep_stale() -> None:
+    """Clean the nodes of test processes that are gone (killed before their teardown)."""
+    for path in sorted(RECORDS.glob("*.json")):
+        try:
+            record = NodeRecord(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            continue
+        if _alive(record.owner_pid):
+            continue
+        # Only the base dir: its logs are not worth keeping once the owner is gone.
+        errors = clean(record)
+        if errors:
+            log.warning("stale node %s: %s", path, "; ".join(errors))
+
+
+# -- parts --------------------------------------------------------------------------------------
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _shim_sockets(base: Path) -> list[Path]:
+    """The shims' ttrpc sockets, from the `address` file in each task bundle (they live in
+    /run/containerd/s whatever containerd's state dir is)."""
+    found = []
+    for address in base.glob("**/io.containerd.runtime.v2.task/*/*/address"):
+        with contextlib.suppress(OSError):
+            text = address.read_text().strip()
+            if text.startswith("unix://"):
+                found.append(Path(text.removeprefix("unix://")))
+    return found
+
+
+def _delete_runc_containers(runc_root: Path) -> None:
+    if not runc_root.is_dir():
+        return
+    for ns_root in runc_root.iterdir():
+        if not ns_root.is_dir():
+            continue
+        listed = subprocess.run(["runc", "--root", str(ns_root), "list", "-q"],
+                                capture_output=True, text=True, check=False)
+        for cid in listed.stdout.split():
+            subprocess.run(["runc", "--root", str(ns_root), "delete", "--force", cid],
+                           capture_output=True, text=True, check=False, timeout=60)
+
+
+def pids_with_cmdline(match: str) -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if match.encode() in args:
+            pids.append(int(proc.name))
+    return pids
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(p) and not _zombie(p) for p in pids):
+        time.sleep(0.05)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _kill_shims(runtime_socket: str) -> None:
+    """containerd-shim-runc-v2 processes of this containerd (`-address <socket>`)."""
+    _kill(pids_with_cmdline(runtime_socket))
+
+
+def _kill_netns_processes(name: str) -> None:
+    """Whatever still runs in the node netns (containers of hostNetwork pods that runc no longer
+    knows, after a crash)."""
+    path = netns.NETNS_DIR / name
+    if not path.exists():
+        return
+    target = os.stat(path).st_ino
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():
+            with contextlib.suppress(OSError):
+                if os.stat(proc / "ns" / "net").st_ino == target:
+                    pids.append(int(proc.name))
+    _kill(pids)
+
+
+def _mountpoints() -> list[str]:
+    points = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4].replace("\\040", " ")
+        points.append(point)
+    return points
+
+
+def mounted_below(base: Path) -> list[str]:
+    prefix = str(base).rstrip("/") + "/"
+    return [p for p in _mountpoints() if p == str(base) or p.startswith(prefix)]
+
+
+def unmount_below(base: Path) -> None:
+    """Unmount everything at or below `base`, deepest first (lazily: a busy one goes once its
+    last user is gone, and the name is free at once)."""
+    for _ in range(3):
+        points = mounted_below(base)
+        if not points:
+            return
+        for point in sorted(set(points), key=lambda p: p.count("/"), reverse=True):
+            subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+    left = mounted_below(base)
+    if left:
+        raise RuntimeError(f"still mounted: {left[:5]}")
+
+
+def _remove_tree(base: Path) -> None:
+    if mounted_below(base):  # reported above; never delete through a mount
+        return
+    if base.exists():
+        shutil.rmtree(base)
+
+
+def _delete_link(ifname: str) -> None:
+    if any(link.get("ifname") == ifname for link in netns.ip_json("link", "show")):
+        netns.ip("link", "delete", ifname)
+
+
+def _remove_log_links(base: Path, made_dir: bool) -> None:
+    if not CONTAINER_LOG_LINKS.is_dir():
+        return
+    prefix = str(base).rstrip("/") + "/"
+    for link in CONTAINER_LOG_LINKS.iterdir():
+        if link.is_symlink() and os.readlink(link).startswith(prefix):
+            link.unlink()
+    if made_dir:
+        with contextlib.suppress(OSError):
+            CONTAINER_LOG_LINKS.rmdir()
+
+
+def _restore_sysctls(values: dict[str, str]) -> None:
+    for key, value in values.items():
+        path = Path("/proc/sys") / key
+        if path.read_text().strip() != value:
+            path.write_text(value + "\n")

@@ -1,0 +1,290 @@
+"""A real single-node cluster: the test bed's control plane (with kube-scheduler and the
+controllers pods need), and a node run by kubelet and containerd in its own network namespace.
+
+    RealCluster.start():
+      node netns + veth            (nodenet.py: no route out; kube-proxy's DNAT for `kubernetes`)
+      control plane                (controlplane.py, listening on the veth's root end)
+      node dir, made a shared mount (the DaemonSet's HostToContainer mounts need one)
+      CNI dirs                     (Debian's reference plugins, bridge + host-local + portmap)
+      containerd + images          (containerd.py, images.py)
+      kubelet                      (kubelet.py), then waits for the Node to be Ready
+    RealCluster.stop(): the reverse, then nodeclean.clean(): nothing stays behind.
+
+The node's dirs (what chart values name): `cni_bin_dir`, `cni_conf_dir`, `netns_dir`,
+`agent_run_dir`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import secrets
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+
+from tests.testbed import images, nodeclean, parts
+from tests.testbed.cni import link_plugins, reference_conflist
+from tests.testbed.containerd import Containerd, ContainerdDirs
+from tests.testbed.controlplane import (
+    NODE_CONTROLLERS,
+    SERVICE_CIDR,
+    SERVICE_IP,
+    Binaries,
+    ControlPlane,
+)
+from tests.testbed.kubelet import Kubelet, KubeletDirs
+from tests.testbed.nodenet import NodeNetwork
+from tests.testbed.process import PartFailedError
+
+NODE_NAME = "tb-node"
+READY_TIMEOUT = 180.0
+
+
+class RealCluster:
+    """start() then stop() (always; idempotent). `workdir/logs` keeps every component's log."""
+
+    def __init__(self, workdir: Path, *, node_name: str = NODE_NAME,
+                 image_names: tuple[str, ...] = ("pause", "workload", "istio-cni")) -> None:
+        self.workdir = workdir
+        self.node_name = node_name
+        self.log_dir = workdir / "logs"
+        self.base = workdir / "node"
+        self.network = NodeNetwork()
+        self.cni_network = f"tbnet-{secrets.token_hex(3)}"
+        self.bridge = f"tbbr{secrets.token_hex(4)}"
+        # A subnet of its own: the agent's repair finds pods by address among every netns of the
+        # machine, where other test runs' pods may use the test bed's default subnet.
+        self.pod_subnet = f"10.{secrets.randbelow(40) + 200}.{secrets.randbelow(256)}.0/24"
+        self.cni_bin_dir = self.base / "cni" / "bin"
+        self.cni_conf_dir = self.base / "cni" / "net.d"
+        self.agent_run_dir = self.base / "run" / "istio-cni"
+        self.runtime_dirs = ContainerdDirs(self.base / "containerd")
+        self.kubelet_dirs = KubeletDirs(self.base / "kubelet")
+        # Parts are looked up first: a missing one fails before anything is started.
+        self.binaries = Binaries.from_cache(scheduler=True)
+        parts.kubelet().require()
+        for tool, package in (("containerd", "containerd"), ("ctr", "containerd"),
+                              ("containerd-shim-runc-v2", "containerd"), ("runc", "runc"),
+                              ("nsenter", "util-linux"), ("iptables", "iptables")):
+            parts.debian_tool(tool, package).require()
+        self.plugins_dir = parts.cni_plugins_dir()
+        self.images = {name: images.image(name) for name in image_names}
+        self.plane: ControlPlane | None = None
+        self.runtime: Containerd | None = None
+        self.kubelet: Kubelet | None = None
+        self.record: nodeclean.NodeRecord | None = None
+        self.timings: dict[str, float] = {}
+        self._api: Any = None
+
+    # -- the node's paths -------------------------------------------------------------------
+
+    @property
+    def netns_dir(self) -> Path:
+        return self.runtime_dirs.netns_dir
+
+    @property
+    def conflist_path(self) -> Path:
+        return self.cni_conf_dir / f"10-{self.cni_network}.conflist"
+
+    @property
+    def kubeconfig(self) -> Path:
+        assert self.plane is not None
+        return self.plane.kubeconfig
+
+    def reference_conflist(self) -> dict[str, Any]:
+        return reference_conflist(self.cni_network, self.bridge, self.pod_subnet,
+                                  self.base / "ipam")
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        began = time.monotonic()
+        nodeclean.sweep_stale()
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.base.mkdir(parents=True, exist_ok=True)
+        self.record = nodeclean.NodeRecord(
+            owner_pid=os.getpid(), base=str(self.base), netns_name=self.network.netns_name,
+            host_ifname=self.network.host_ifname, runtime_socket=str(self.runtime_dirs.socket),
+            runc_root=str(self.runtime_dirs.runc_root), cni_network=self.cni_network,
+            sysctls=nodeclean.snapshot_sysctls(),
+            made_log_links_dir=not nodeclean.CONTAINER_LOG_LINKS.exists(),
+            made_xtables_lock=not nodeclean.XTABLES_LOCK.exists(),
+            made_cgroups=nodeclean.missing_runtime_cgroups())
+        self.record.save()  # before anything exists that a crash could leave behind
+        # An interrupted session may skip fixture teardown; exit handlers still run.
+        atexit.register(self._stop_at_exit)
+
+        self.network.create()
+        self.plane = ControlPlane(self.workdir / "controlplane", self.binaries,
+                                  address=self.network.gateway, controllers=NODE_CONTROLLERS,
+                                  kubelet_client=True)
+        self.plane.start()
+        self.timings["control plane"] = time.monotonic() - began
+        self.network.route_service(SERVICE_CIDR, SERVICE_IP, 443, self.network.gateway,
+                                   self.plane.port)
+        self._make_node_dirs()
+        self.runtime = Containerd(
+            self.runtime_dirs, self.log_dir / "containerd.log", prefix=self.network.nsenter(),
+            sandbox_image=self.images["pause"].ref, cni_bin_dir=self.cni_bin_dir,
+            cni_conf_dir=self.cni_conf_dir)
+        self.runtime.start()
+        self.timings["containerd"] = time.monotonic() - began
+        for image in self.images.values():
+            self.runtime.import_image(image.archive)
+        self.timings["images imported"] = time.monotonic() - began
+        assert self.plane.ca is not None
+        self.kubelet = Kubelet(
+            self.kubelet_dirs, node_name=self.node_name, node_ip=self.network.node_ip,
+            server=self.plane.server, ca=self.plane.ca, runtime_socket=self.runtime_dirs.socket,
+            prefix=self.network.nsenter(), log_path=self.log_dir / "kubelet.log")
+        self.kubelet.prepare()
+        self.kubelet.start()
+        self.wait_node_ready()
+        self.timings["node Ready"] = time.monotonic() - began
+
+    def _make_node_dirs(self) -> None:
+        # A shared mount, as / is on a systemd host: containerd's and kubelet's mounts below it
+        # propagate into containers with HostToContainer (the agent's netns mount), and unmount
+        # from one place.
+        _run(["mount", "--bind", str(self.base), str(self.base)])
+        _run(["mount", "--make-rshared", str(self.base)])
+        for d in (self.cni_bin_dir, self.cni_conf_dir, self.agent_run_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        link_plugins(self.plugins_dir, self.cni_bin_dir)
+        self.conflist_path.write_text(json.dumps(self.reference_conflist(), indent=2) + "\n")
+
+    def _stop_at_exit(self) -> None:
+        if self.record is not None:
+            self.stop()
+
+    def stop(self) -> None:
+        """Stop kubelet, the runtime (and every container), the control plane; remove it all."""
+        atexit.unregister(self._stop_at_exit)
+        errors: list[str] = []
+        for name, stop in (("kubelet", self.kubelet.stop if self.kubelet else None),
+                           ("containerd", self.runtime.stop if self.runtime else None)):
+            if stop is not None:
+                try:
+                    stop()
+                except Exception as e:
+                    errors.append(f"{name}: {e}")
+        if self._api is not None:
+            self._api.close()
+            self._api = None
+        if self.record is not None:
+            errors += nodeclean.clean(self.record)
+            self.record = None
+        if self.plane is not None:
+            self.plane.stop()
+        try:
+            self.network.delete()
+        except Exception as e:
+            errors.append(f"network: {e}")
+        if errors:
+            raise RuntimeError("real node cleanup: " + "; ".join(errors))
+
+    def restart_node(self, *, reboot: bool = False,
+                     while_booting: Callable[[], None] | None = None) -> None:
+        """Stop kubelet and containerd with pods on the node, start both again, wait for Ready.
+        Without `reboot` the containers keep running (the services restart); with it every
+        container dies too, as in a reboot, and kubelet starts every pod again.
+        `while_booting` runs once containerd is back and before kubelet starts (the moment
+        a booting node's other services set up their files)."""
+        assert self.kubelet is not None and self.runtime is not None and self.record is not None
+        self.kubelet.stop()
+        self.runtime.stop()
+        if reboot:
+            nodeclean.kill_containers(self.record)
+        self.runtime.start()
+        if while_booting is not None:
+            while_booting()
+        self.kubelet.start()
+        self.wait_node_ready()
+
+    def import_image(self, image: images.Image) -> None:
+        assert self.runtime is not None
+        self.runtime.import_image(image.archive)
+        self.images[image.name] = image
+
+    def runtime_images(self) -> set[str]:
+        assert self.runtime is not None
+        return self.runtime.images()
+
+    def remove_image(self, ref: str) -> None:
+        """Take an image off the node (containers of it that exist keep their snapshots)."""
+        assert self.runtime is not None
+        self.runtime.ctr("images", "rm", ref)
+
+    def container(self, pod_uid: str, name: str) -> tuple[dict[str, Any], int]:
+        """(OCI spec, pid) of the pod's running container `name`."""
+        assert self.runtime is not None
+        container_id, pid = self.runtime.running_container(pod_uid, name)
+        return self.runtime.container_spec(container_id), pid
+
+    def pod_netns(self, pod_uid: str) -> str:
+        """/proc/<pause pid>/ns/net of the pod's running sandbox."""
+        assert self.runtime is not None
+        pid = self.runtime.sandbox_pid(pod_uid)
+        if pid is None:
+            raise AssertionError(f"no running sandbox of pod {pod_uid} in containerd")
+        return f"/proc/{pid}/ns/net"
+
+    # -- API ---------------------------------------------------------------------------------
+
+    def core(self) -> Any:
+        """CoreV1Api as cluster admin (one client for the cluster's lifetime)."""
+        if self._api is None:
+            self._api = k8s_config.new_client_from_config(  # type: ignore[no-untyped-call]
+                config_file=str(self.kubeconfig))
+        return k8s.CoreV1Api(self._api)
+
+    def apps(self) -> Any:
+        self.core()
+        return k8s.AppsV1Api(self._api)
+
+    def node_ready(self) -> bool:
+        try:
+            node = self.core().read_node(self.node_name)
+        except k8s.ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+        conditions = {c.type: c.status for c in node.status.conditions or []}
+        taints = [t.key for t in node.spec.taints or []]
+        return conditions.get("Ready") == "True" and not any(
+            t.startswith("node.kubernetes.io/not-ready") for t in taints)
+
+    def wait_node_ready(self, timeout: float = READY_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.node_ready():
+            self.check_alive()
+            if time.monotonic() > deadline:
+                assert self.kubelet is not None and self.kubelet.daemon is not None
+                raise self.kubelet.daemon.failure(
+                    f"did not make node {self.node_name} Ready (and untainted) within {timeout}s")
+            time.sleep(0.5)
+
+    def check_alive(self) -> None:
+        """Raise naming the first part of the node that exited."""
+        for daemon in [*(self.plane.daemons if self.plane else []),
+                       *([self.runtime.daemon] if self.runtime else []),
+                       *([self.kubelet.daemon] if self.kubelet and self.kubelet.daemon else [])]:
+            if not daemon.alive():
+                raise daemon.failure("is not running")
+
+    def log_paths(self) -> list[Path]:
+        return sorted(self.log_dir.glob("*.log")) + sorted(
+            (self.workdir / "controlplane" / "logs").glob("*.log"))
+
+
+def _run(argv: list[str]) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise PartFailedError(f"{' '.join(argv)} failed: {done.stderr.strip()}")
