@@ -46,10 +46,9 @@ from typing import Any
 
 from agent.rules.apply import host_facts, rules_present
 from agent.rules.pod import capture_config_for_pod
-from tests.e2e.daemon import DaemonAgent, NodeDirs, cleanup_host_root, start_daemon_agent
-from tests.e2e.harness import free_port
-from tests.testbed.controlplane import Binaries, ControlPlane
-from tests.testbed.node import new_core, pod_manifest, register_node
+from testbed.controlplane import Binaries, ControlPlane, free_port
+from testbed.daemon import DaemonAgent, NodeDirs, cleanup_host_root, start_daemon_agent
+from testbed.node import new_core, pod_manifest, register_node
 
 REPO = Path(__file__).resolve().parents[1]
 NODE = "bench-node"

@@ -1,4 +1,4 @@
-"""On the test bed's real node (kubelet + containerd, tests/testbed/realnode.py):
+"""On the test bed's real node (kubelet + containerd, testbed/realnode.py):
 
 1. `helm install` of the chart until the agent's pod is Ready (DaemonSet controller, scheduler,
    kubelet, containerd, the agent's start and readiness probe), per round;
@@ -25,7 +25,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from tests.node.agent import (
+from testbed import kubepods
+from testbed.chart import (
     AGENT_NAMESPACE,
     CHART,
     RELEASE,
@@ -33,10 +34,9 @@ from tests.node.agent import (
     ready_agent,
     wait_agent_gone,
 )
-from tests.testbed import kubepods
-from tests.testbed.helm import Helm
-from tests.testbed.parts import helm_binaries
-from tests.testbed.realnode import RealCluster
+from testbed.helm import Helm
+from testbed.parts import helm_binaries
+from testbed.realnode import RealCluster
 
 # containerd's CRI logs each RunPodSandbox call when it starts and when it returns.
 SANDBOX_RE = re.compile(r'time="([^"]+)" level=\w+ msg="RunPodSandbox for &PodSandboxMetadata'

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.plugin import elf
+from testbed import elf
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {"CNI_COMMAND": "VERSION"}

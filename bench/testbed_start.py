@@ -12,7 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.testbed.controlplane import Binaries, ControlPlane
+from testbed.controlplane import Binaries, ControlPlane
 
 
 def one_start() -> dict[str, float]:

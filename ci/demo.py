@@ -1,12 +1,13 @@
-"""The live demonstration behind `ci/demo`: the chart installed into a real kube-apiserver,
-the agent run as its DaemonSet would for a simulated node, pods started through a real CNI chain,
-and a connection from a sidecar pod delivered to the proxy port by the rules the agent programmed.
+"""The live demonstration behind `ci/demo`, on a real node: a control plane and kube-scheduler,
+kubelet and containerd in a network namespace of their own, the chart installed with the agent
+image built here, two pods started by kubelet through the runtime's CNI chain, the rules the agent
+programmed in the sidecar pod and its redirected connections, then `helm uninstall`.
 
 Everything runs on this machine, on loopback and in network namespaces made here; nothing is
 left behind, also on failure, Ctrl-C or SIGTERM. Run from the repository root as root:
-`python -m ci.demo` (ci/demo first installs or reuses the prerequisites, then runs this with the
-project's virtualenv). Exit code 0 when every step passed, 1 naming the step that failed, 130
-when interrupted.
+`python -m ci.demo` (ci/demo first installs or reuses the prerequisites and builds the images,
+then runs this with the project's virtualenv). Exit code 0 when every step passed, 1 naming the
+step that failed, 130 when interrupted.
 """
 
 from __future__ import annotations
@@ -24,20 +25,17 @@ from types import FrameType
 from typing import TextIO
 
 from ci.demo_steps import Console, Demo
-from tests.testbed import netns
+from testbed import netns
 
 STEPS: list[tuple[str, Callable[[Demo], None]]] = [
-    ("Start the control plane", Demo.start_control_plane),
-    ("Register a simulated node", Demo.register_node),
-    ("Give the node a CNI network: bridge + host-local + portmap", Demo.prepare_node),
-    ("Build the plugin the image ships", Demo.build_plugin),
+    ("Start a control plane and a node run by kubelet and containerd", Demo.start_node),
     ("helm install the chart", Demo.helm_install),
-    ("Run the agent as the DaemonSet would", Demo.start_agent),
     ("Show the node's CNI config", Demo.show_conflist),
-    ("Start a sidecar pod through the CNI chain", Demo.start_sidecar_pod),
-    ("Start two pods that must not be captured", Demo.start_plain_pods),
-    ("Open a connection from a pod to an outside address", Demo.show_redirect),
-    ("helm uninstall, then stop the agent", Demo.uninstall),
+    ("Create a sidecar pod and a plain pod", Demo.start_pods),
+    ("Show the rules in the pods' network namespaces", Demo.show_rules),
+    ("Connections from and to the pods", Demo.show_traffic),
+    ("The agent's log", Demo.show_agent_log),
+    ("helm uninstall", Demo.uninstall),
 ]
 
 
@@ -68,7 +66,7 @@ def run(out: TextIO) -> int:
     console = Console(out, workdir / "demo.log")
     demo = Demo(workdir, console)
     began = time.monotonic()
-    console.line("istio-cni demo: the chart, the agent and three pods on a simulated node")
+    console.line("istio-cni demo: the chart, its agent and two pods on a real node")
     console.line(f"(work dir and logs: {workdir})")
     failed, step = "", 0
     try:
@@ -103,17 +101,25 @@ def finish(demo: Demo, *, failed: str, began: float) -> int:
         console.close()
         _remove_all_but_logs(demo.workdir)
         return 130 if failed.startswith("interrupted") else 1
-    console.say("stopped etcd, kube-apiserver and kube-controller-manager; deleted network "
-                f"namespaces {', '.join(demo.made_netns)}; removed {demo.workdir}")
+    console.say("stopped kubelet, containerd and every container, kube-scheduler, "
+                "kube-controller-manager, kube-apiserver and etcd; unmounted and deleted the "
+                f"node's network namespace {', '.join(made_netns(demo))} and {demo.workdir}")
     console.line(f"\ndone in {time.monotonic() - began:.0f} s; nothing left behind.")
     console.close()
     shutil.rmtree(demo.workdir, ignore_errors=True)
     return 0
 
 
+def made_netns(demo: Demo) -> list[str]:
+    return [demo.cluster.network.netns_name] if demo.cluster is not None else []
+
+
 def leftovers(demo: Demo) -> list[str]:
-    """What the demo made that is still there: network namespaces, processes."""
-    found = [f"network namespace {name}" for name in demo.made_netns if netns.exists(name)]
+    """What the demo made that is still there: network namespaces, mounts, processes."""
+    found = [f"network namespace {name}" for name in made_netns(demo) if netns.exists(name)]
+    with open("/proc/self/mountinfo") as mounts:
+        found += [f"mount {line.split()[4]}" for line in mounts
+                  if str(demo.workdir) in line.split()[4]]
     marker = str(demo.workdir).encode()
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:

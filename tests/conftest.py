@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-pytest_plugins = ["tests.testbed.fixtures", "tests.e2e.harness"]
+pytest_plugins = ["tests.fixtures", "tests.e2e.harness"]
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.testbed import netns, parts
-from tests.testbed.cni import CniNode
+from testbed import netns, parts
+from testbed.cni import CniNode
 
 pytestmark = pytest.mark.netns
 

@@ -14,10 +14,10 @@ from kubernetes import config as k8s_config
 from kubernetes import watch
 from kubernetes.client.rest import ApiException
 
-from tests.testbed import parts
-from tests.testbed.controlplane import ControlPlane
-from tests.testbed.identity import Identity
-from tests.testbed.node import NodePods
+from testbed import parts
+from testbed.controlplane import ControlPlane
+from testbed.identity import Identity
+from testbed.node import NodePods
 
 pytestmark = pytest.mark.cluster
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.testbed import parts
-from tests.testbed.controlplane import Binaries, ControlPlane, free_port
-from tests.testbed.process import PartFailedError
+from testbed import parts
+from testbed.controlplane import Binaries, ControlPlane, free_port
+from testbed.process import PartFailedError
 
 
 def test_missing_binary_names_the_part_and_its_build_script(tmp_path: Path) -> None:

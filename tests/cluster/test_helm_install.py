@@ -14,9 +14,9 @@ from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
 from kubernetes.dynamic import DynamicClient
 
-from tests.testbed import parts
-from tests.testbed.helm import Helm
-from tests.testbed.identity import Identity
+from testbed import parts
+from testbed.helm import Helm
+from testbed.identity import Identity
 
 pytestmark = [pytest.mark.chart, pytest.mark.cluster]
 

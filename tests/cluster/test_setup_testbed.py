@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.testbed import parts
+from testbed import parts
 
 # The script checks Debian's etcd, a part of the cluster tier.
 pytestmark = pytest.mark.cluster

@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 from kubernetes.client.rest import ApiException
 
-from tests.e2e.daemon import REPO_ROOT, DaemonAgent, NodeDirs, cleanup_host_root, start_daemon_agent
-from tests.testbed.cni import CniNode
-from tests.testbed.helm import Helm
+from testbed.cni import CniNode
+from testbed.controlplane import free_port
+from testbed.daemon import REPO_ROOT, DaemonAgent, NodeDirs, cleanup_host_root, start_daemon_agent
+from testbed.helm import Helm
 
 CHART = REPO_ROOT / "charts" / "istio-cni"
 RELEASE = "istio-cni"
@@ -143,14 +144,6 @@ def _flatten(values: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, st
             yield from _flatten(value, f"{prefix}{key}.")
         else:
             yield f"{prefix}{key}", json.dumps(value)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

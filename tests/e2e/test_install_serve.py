@@ -11,9 +11,11 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.daemon import REPO_ROOT
-from tests.e2e.harness import ChartOnNode
-from tests.e2e.podnet import (
+from testbed.cni import CniNode
+from testbed.daemon import REPO_ROOT
+from testbed.helm import Helm
+from testbed.node import NodePods
+from testbed.podnet import (
     INBOUND_PORT,
     OUTBOUND_PORT,
     connect,
@@ -22,10 +24,8 @@ from tests.e2e.podnet import (
     proxy_in,
     saved_rules,
 )
+from tests.e2e.harness import ChartOnNode
 from tests.e2e.scrape import metric_value
-from tests.testbed.cni import CniNode
-from tests.testbed.helm import Helm
-from tests.testbed.node import NodePods
 
 pytestmark = [pytest.mark.e2e, pytest.mark.chart, pytest.mark.cluster, pytest.mark.netns]
 

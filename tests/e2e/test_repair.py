@@ -23,14 +23,14 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from agent.repair import actions
-from tests.e2e.daemon import DaemonAgent
+from testbed import parts
+from testbed.cni import CniNode, Sandbox
+from testbed.daemon import DaemonAgent
+from testbed.helm import Helm
+from testbed.node import NodePods, new_core
+from testbed.podnet import connect, has_istio_rules, pod_ip, proxy_in
 from tests.e2e.harness import RELEASE, ChartOnNode, wait_for
-from tests.e2e.podnet import connect, has_istio_rules, pod_ip, proxy_in
 from tests.e2e.scrape import metric_value
-from tests.testbed import parts
-from tests.testbed.cni import CniNode, Sandbox
-from tests.testbed.helm import Helm
-from tests.testbed.node import NodePods, new_core
 
 pytestmark = [pytest.mark.e2e, pytest.mark.chart, pytest.mark.cluster, pytest.mark.netns]
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from testbed.cni import CniNode
+from testbed.helm import Helm
+from testbed.node import NodePods
 from tests.e2e.harness import ChartOnNode
-from tests.testbed.cni import CniNode
-from tests.testbed.helm import Helm
-from tests.testbed.node import NodePods
 
 pytestmark = [pytest.mark.e2e, pytest.mark.chart, pytest.mark.cluster, pytest.mark.netns]
 

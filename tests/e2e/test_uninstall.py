@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
+from testbed.cni import CniNode
+from testbed.helm import Helm
+from testbed.node import NodePods
+from testbed.podnet import has_istio_rules
 from tests.e2e.harness import RELEASE, ChartOnNode, helm_binary, wait_for
-from tests.e2e.podnet import has_istio_rules
-from tests.testbed.cni import CniNode
-from tests.testbed.helm import Helm
-from tests.testbed.node import NodePods
 
 pytestmark = [pytest.mark.e2e, pytest.mark.chart, pytest.mark.cluster, pytest.mark.netns]
 

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from testbed.cni import CniNode
+from testbed.helm import Helm
+from testbed.node import NodePods
+from testbed.podnet import call_plugin, connect, has_istio_rules, proxy_in
 from tests.e2e.harness import ChartOnNode, helm_binary, wait_for
-from tests.e2e.podnet import call_plugin, connect, has_istio_rules, proxy_in
-from tests.testbed.cni import CniNode
-from tests.testbed.helm import Helm
-from tests.testbed.node import NodePods
 
 pytestmark = [pytest.mark.e2e, pytest.mark.chart, pytest.mark.cluster, pytest.mark.netns]
 

@@ -16,9 +16,9 @@ from agent.config import Settings
 from agent.podserver.redirect import RulesRedirector
 from agent.podserver.server import PodServer
 from plugin import wire
+from testbed import netns
 from tests.foreign.roots import REPO, ForeignRoot, setup_roots
 from tests.podserver.helpers import HandlerRig, InMemoryPods, build_rig, make_pod
-from tests.testbed import netns
 
 
 @pytest.fixture(scope="session")

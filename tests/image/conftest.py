@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from testbed.parts import REPO_ROOT, cache_dir
 from tests.image.archive import Archive
 from tests.image.containerd import Containerd, throwaway_containerd
-from tests.testbed.parts import REPO_ROOT, cache_dir
 
 BUILD_TIMEOUT = 3600  # a cold agent image compiles CPython for the plugin on 2 shared cores
 

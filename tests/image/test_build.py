@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from testbed.parts import REPO_ROOT
 from tests.image.archive import Archive
 from tests.image.conftest import BuildRun, Built, manifest, run_build
-from tests.testbed.parts import REPO_ROOT
 
 pytestmark = pytest.mark.node
 

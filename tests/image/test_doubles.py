@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.testbed.parts import REPO_ROOT
+from testbed.parts import REPO_ROOT
 
 pytestmark = pytest.mark.netns
 

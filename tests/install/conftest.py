@@ -7,7 +7,6 @@ import http.client
 import json
 import os
 import pathlib
-import socket
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ import pytest
 import yaml
 
 from agent.config import Settings
+from testbed.controlplane import free_port
 from tests.conformance_data import CONFORMANCE_DIR
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -94,13 +94,6 @@ def http_get(port: int, path: str) -> tuple[int, str]:
         return response.status, response.read().decode()
     finally:
         conn.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def agent_command(*args: str) -> list[str]:

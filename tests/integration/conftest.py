@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.daemon import DaemonAgent
+from testbed.cni import CniNode, CniResult, Sandbox
+from testbed.daemon import DaemonAgent
+from testbed.helm import Helm
+from testbed.node import NodePods
 from tests.e2e.harness import ChartOnNode, Installed
-from tests.testbed.cni import CniNode, CniResult, Sandbox
-from tests.testbed.helm import Helm
-from tests.testbed.node import NodePods
 
 AGENT_NAMESPACE = "istio-cni-it"
 # The chart's defaults plus one namespace of our own, to see the configured list reach the plugin.

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from testbed.cni import Sandbox
 from tests.integration.conftest import MeshNode, has_istio_rules
-from tests.testbed.cni import Sandbox
 
 pytestmark = [pytest.mark.cluster, pytest.mark.netns, pytest.mark.chart]
 

@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
+from testbed.cni import Sandbox
 from tests.integration.conftest import MeshNode, rules_in
-from tests.testbed.cni import Sandbox
 
 pytestmark = [pytest.mark.cluster, pytest.mark.netns, pytest.mark.chart]
 

@@ -13,7 +13,7 @@ from agent.rules.builder import build
 from agent.rules.model import Family
 from agent.rules.pod import capture_config_for_pod
 from agent.rules.probe import probe
-from tests.testbed import netns
+from testbed import netns
 
 pytestmark = pytest.mark.netns
 

@@ -1,4 +1,4 @@
-"""Fixtures of the `node` tier: one real single-node cluster for the session (tests/testbed/
+"""Fixtures of the `node` tier: one real single-node cluster for the session (testbed/
 realnode.py), Helm bound to it, the chart's values for its node, and per-test namespaces whose
 pods are gone when the test ends."""
 
@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from tests.node.agent import wait_agent_gone
-from tests.testbed import images, kubepods
-from tests.testbed.helm import Helm
-from tests.testbed.parts import MissingPartError, helm_binaries
-from tests.testbed.process import PartFailedError
-from tests.testbed.realnode import RealCluster
+from testbed import images, kubepods
+from testbed.chart import wait_agent_gone
+from testbed.helm import Helm
+from testbed.parts import MissingPartError, helm_binaries
+from testbed.process import PartFailedError
+from testbed.realnode import RealCluster
 
 
 @pytest.fixture(scope="session")

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
+from testbed import chart as agent_mod
+from testbed.helm import HelmError
+from testbed.images import Image
+from testbed.realnode import RealCluster
 from tests.chart.test_bad_values import names_value
-from tests.node import agent as agent_mod
-from tests.testbed.helm import HelmError
-from tests.testbed.images import Image
-from tests.testbed.realnode import RealCluster
 
 pytestmark = [pytest.mark.node]
 

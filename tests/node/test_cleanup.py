@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from tests.testbed import kubepods, netns, nodeclean
-from tests.testbed.parts import REPO_ROOT, MissingPartError
-from tests.testbed.realnode import RealCluster
+from testbed import kubepods, netns, nodeclean
+from testbed.parts import REPO_ROOT, MissingPartError
+from testbed.realnode import RealCluster
 
 pytestmark = [pytest.mark.node]
 
@@ -75,8 +75,8 @@ def test_stop_leaves_nothing_behind(tmp_path: Path) -> None:
 NODE_SCRIPT = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from tests.testbed import kubepods
-    from tests.testbed.realnode import RealCluster
+    from testbed import kubepods
+    from testbed.realnode import RealCluster
     cluster = RealCluster(Path(sys.argv[1]), image_names=("pause", "workload"))
     cluster.start()
     core = cluster.core()

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from tests.node import agent as agent_mod
-from tests.testbed.images import Image
-from tests.testbed.realnode import RealCluster
+from testbed import chart as agent_mod
+from testbed.images import Image
+from testbed.realnode import RealCluster
 
 pytestmark = [pytest.mark.node]
 

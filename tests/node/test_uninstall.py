@@ -10,11 +10,10 @@ from typing import Any
 
 import pytest
 
-from tests.e2e import podnet
-from tests.node import agent as agent_mod
-from tests.testbed import kubepods
-from tests.testbed.images import Image
-from tests.testbed.realnode import RealCluster
+from testbed import chart as agent_mod
+from testbed import kubepods, podnet
+from testbed.images import Image
+from testbed.realnode import RealCluster
 
 pytestmark = [pytest.mark.node]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.plugin import elf
+from testbed import elf
 from tests.plugin.helpers import VERSIONS, AgentTestDouble, cni_env, net_conf, result_for
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from agent.pods.cache import PodCache
-from tests.testbed.node import NodePods
+from testbed.node import NodePods
 
 pytestmark = pytest.mark.cluster
 

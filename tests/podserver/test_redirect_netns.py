@@ -12,8 +12,8 @@ import pytest
 
 from agent.config import Settings
 from agent.podserver.redirect import RulesRedirector
+from testbed import netns
 from tests.podserver.helpers import InMemoryPods, build_rig, cni_body, make_pod
-from tests.testbed import netns
 
 pytestmark = pytest.mark.netns
 

@@ -19,8 +19,8 @@ from agent.kube import build_clients
 from agent.podserver.metrics import PluginMetrics
 from agent.podserver.service import PodService
 from plugin import wire
+from testbed.node import NodePods
 from tests.podserver.helpers import RealDecisions, call
-from tests.testbed.node import NodePods
 
 pytestmark = pytest.mark.cluster
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from kubernetes import client as k8s
 from kubernetes import watch
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ def new_core(kubeconfig: str) -> Any:
     """A CoreV1Api for `kubeconfig` (its own ApiClient: close with .api_client.close())."""
     from kubernetes import config as k8s_config
 
-    return k8s.CoreV1Api(k8s_config.new_client_from_config(config_file=kubeconfig))
+    return k8s.CoreV1Api(k8s_config.new_client_from_config(config_file=kubeconfig))  # type: ignore[no-untyped-call]
 
 
 class TerminationFinisher:
@@ -193,7 +193,7 @@ class TerminationFinisher:
                 listed = self.core.list_pod_for_all_namespaces(field_selector=selector)
                 for pod in listed.items:
                     self._finish(pod)
-                stream = watch.Watch().stream(
+                stream = watch.Watch().stream(  # type: ignore[no-untyped-call]
                     self.core.list_pod_for_all_namespaces,
                     field_selector=selector,
                     resource_version=listed.metadata.resource_version,

@@ -1,9 +1,9 @@
-"""The README's demo (`ci/demo` runs `python -m ci.demo` after its set-up scripts), run end
-to end as a user would see it: its own control plane, the chart, the agent, three pods and a
-redirected connection, then nothing left behind, also when it fails or is interrupted.
+"""The README's demo (`ci/demo` runs `python -m ci.demo` after its set-up scripts), end to end as a
+user sees it: a real node, the chart, two pods, the rules and the redirected connections, then
+nothing left behind, also when it fails or is interrupted.
 
 The demo runs as a child process on purpose: that its own processes (etcd, kube-apiserver,
-kube-controller-manager, the agent) are gone afterwards is part of what is checked.
+kubelet, containerd and its shims, the pods) are gone afterwards is part of what is checked.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from ci.demo import STEPS
-from tests.e2e.daemon import REPO_ROOT
-from tests.testbed import netns
+from testbed import netns
+from testbed.parts import REPO_ROOT
 
-pytestmark = [pytest.mark.e2e, pytest.mark.chart, pytest.mark.cluster, pytest.mark.netns]
+pytestmark = [pytest.mark.node]
 
 DEMO = [sys.executable, "-m", "ci.demo"]
 
@@ -34,8 +34,10 @@ def workdir_of(output: str) -> Path:
     return Path(found.group(1))
 
 
-def netns_named(output: str) -> set[str]:
-    return set(re.findall(r"\b((?:demo-node|tb-pod)-[0-9a-f]{8})\b", output))
+def node_netns_of(output: str) -> str:
+    found = re.search(r"in network namespace (tb-rnode-[0-9a-f]+)", " ".join(output.split()))
+    assert found, output
+    return found.group(1)
 
 
 def processes_naming(path: Path) -> list[str]:
@@ -49,12 +51,16 @@ def processes_naming(path: Path) -> list[str]:
     return found
 
 
+def mounts_under(path: Path) -> list[str]:
+    with open("/proc/self/mountinfo") as mounts:
+        return [line.split()[4] for line in mounts if str(path) in line.split()[4]]
+
+
 def assert_nothing_left(output: str) -> None:
     workdir = workdir_of(output)
-    names = netns_named(output)
-    assert names, output
-    assert [n for n in names if netns.exists(n)] == []
+    assert not netns.exists(node_netns_of(output))
     assert processes_naming(workdir) == []
+    assert mounts_under(workdir) == []
 
 
 @pytest.fixture
@@ -67,37 +73,35 @@ def demo_workdirs() -> Iterator[list[Path]]:
 
 
 def test_demo_shows_every_step_and_leaves_nothing() -> None:
-    done = subprocess.run(DEMO, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+    done = subprocess.run(DEMO, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
                           check=False)
     out = done.stdout
     assert done.returncode == 0, out + done.stderr
-    flat = " ".join(out.split())  # sentences are wrapped; rules and JSON are printed verbatim
-    # Every step, in order.
+    flat = " ".join(out.split())  # sentences are wrapped; tables and rules are verbatim
     positions = [out.index(f"[{n}/{len(STEPS)}] {title}") for n, (title, _) in
                  enumerate(STEPS, start=1)]
     assert positions == sorted(positions)
-    # The chart's agent chained itself last into the node's conflist and became ready.
+    # The agent's pod, Running and Ready on the node, as `kubectl get pods -o wide` shows it.
+    install = out[out.index("[2/"):out.index("[3/")]
+    assert re.search(r"istio-cni-\S+\s+1/1\s+Running\s+0\s+\S+\s+tb-node", install), install
     assert "bridge (+ host-local) -> portmap -> istio-cni (our entry, chained last)" in flat
-    assert "GET /readyz on 127.0.0.1:" in flat
-    # The sidecar pod's rules, as the save command of the agent's backend prints them.
-    rules = out[out.index("[8/"):out.index("[9/")]
-    assert "-A OUTPUT -j ISTIO_OUTPUT" in rules
+    assert "one static executable" in flat
+    pods = out[out.index("[4/"):out.index("[5/")]
+    assert re.search(r"app-with-sidecar\s+2/2\s+Running", pods), pods
+    assert re.search(r"app-without-sidecar\s+1/1\s+Running", pods), pods
+    rules = out[out.index("[5/"):out.index("[6/")]
     assert "-A ISTIO_REDIRECT -p tcp -j REDIRECT --to-ports 15001" in rules
     assert "-A ISTIO_IN_REDIRECT -p tcp -j REDIRECT --to-ports 15006" in rules
-    # Neither pod that must not be captured has rules.
-    plain = flat[flat.index("[9/"):flat.index("[10/")]
-    assert plain.count("in its netns prints nothing") == 2, plain
-    assert "ISTIO" not in plain
-    # The connection: delivered to 15001 with its original destination; not for the plain pod.
-    assert ("app-with-sidecar (10.250.0.2) -> 203.0.113.10:80: delivered to port 15001 in the "
-            "pod; SO_ORIGINAL_DST = 203.0.113.10:80") in flat
-    assert re.search(r"app-without-sidecar \(10\.250\.0\.\d+\) -> 203\.0\.113\.10:80: not "
-                     r"redirected;", flat), flat
-    # helm uninstall, then SIGTERM: the agent removed its entry and binaries.
-    uninstall = flat[flat.index("[11/"):flat.index("[cleanup]")]
-    assert "msg=uninstalled" in uninstall
-    assert "bridge (+ host-local) -> portmap; bin dir: no istio-cni files" in uninstall
-    # Cleanup.
+    traffic = " ".join(out[out.index("[6/"):out.index("[7/")].split())
+    assert "proxy-double port=15001" in traffic and "original_dst=203.0.113.10:80" in traffic
+    assert "inbound: the node ->" in traffic and "proxy-double port=15006" in traffic
+    assert "unreachable" in traffic
+    log = out[out.index("[7/"):out.index("[8/")]
+    assert re.search(r'msg="pod redirected" command=ADD pod=demo/app-with-sidecar', log), log
+    assert re.search(r'msg="pod skipped" command=ADD pod=demo/app-without-sidecar', log), log
+    uninstall = " ".join(out[out.index("[8/"):out.index("[cleanup]")].split())
+    assert ("byte-identical to the one before the install; bin dir: no istio-cni files"
+            in uninstall), uninstall
     assert "nothing left behind" in flat
     assert not workdir_of(out).exists()
     assert_nothing_left(out)
@@ -112,10 +116,10 @@ def test_demo_interrupted_cleans_up(demo_workdirs: list[Path]) -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
             lines.append(line)
-            if line.startswith("[8/"):  # control plane, chart and agent are up
+            if line.startswith("[4/"):  # node, chart and agent are up
                 os.killpg(proc.pid, signal.SIGINT)
                 break
-        rest, err = proc.communicate(timeout=120)
+        rest, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -123,7 +127,7 @@ def test_demo_interrupted_cleans_up(demo_workdirs: list[Path]) -> None:
     out = "".join(lines) + rest
     demo_workdirs.append(workdir_of(out))
     assert proc.returncode == 130, out + err
-    assert "FAILED: interrupted by SIGINT during step 8 (Start a sidecar pod" in out
+    assert "FAILED: interrupted by SIGINT during step 4 (Create a sidecar pod" in out
     assert_nothing_left(out)
     kept = [p for p in workdir_of(out).rglob("*") if p.is_file()]
     assert kept and all(p.suffix == ".log" for p in kept), kept
@@ -135,7 +139,7 @@ def test_demo_failure_names_the_step(tmp_path: Path, demo_workdirs: list[Path]) 
                           timeout=120, check=False)
     demo_workdirs.append(workdir_of(done.stdout))
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "FAILED: step 1 (Start the control plane): test bed part 'kube-apiserver' is " \
-           "missing" in done.stdout
+    assert "FAILED: step 1 (Start a control plane and a node" in done.stdout
+    assert "test bed part 'kube-apiserver' is missing" in done.stdout
     assert "ci/setup-testbed" in done.stdout
     assert f"  {workdir_of(done.stdout)}/demo.log" in done.stdout  # where the logs are

@@ -20,13 +20,13 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
 
-from tests.testbed import parts
-from tests.testbed.cni import CniNode
-from tests.testbed.controlplane import Binaries, ControlPlane
-from tests.testbed.helm import Helm
-from tests.testbed.identity import Identity, service_account_identity
-from tests.testbed.node import NodePods, TerminationFinisher, register_node
-from tests.testbed.process import PartFailedError
+from testbed import parts
+from testbed.cni import CniNode
+from testbed.controlplane import Binaries, ControlPlane
+from testbed.helm import Helm
+from testbed.identity import Identity, service_account_identity
+from testbed.node import NodePods, TerminationFinisher, register_node
+from testbed.process import PartFailedError
 
 NODE_NAME = "node-1"
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tests.testbed import netns
+from testbed import netns
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.testbed.parts import REPO_ROOT, MissingPartError, cache_dir
+from testbed.parts import REPO_ROOT, MissingPartError, cache_dir
 
 BUILD_TESTBED_IMAGES = "ci/build-testbed-images"
 BUILD_IMAGE = "ci/build-image"

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 HOST_ROOT = Path("/host")
 IMAGE_PLUGIN_DIR = "/opt/istio-cni/bin"
 

@@ -19,8 +19,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
-from tests.testbed import netns
-from tests.testbed.parts import SETUP_APT, MissingPartError
+from testbed import netns
+from testbed.parts import SETUP_APT, MissingPartError
 
 # Each node takes a random /30 of this range for its veth, so parallel sessions rarely clash;
 # a clash is seen (the address is in use) and another /30 is taken.

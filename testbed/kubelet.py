@@ -15,9 +15,9 @@ from typing import Any
 
 import yaml
 
-from tests.testbed import parts, pki
-from tests.testbed.kubeconfig import write_kubeconfig
-from tests.testbed.process import Daemon
+from testbed import parts, pki
+from testbed.kubeconfig import write_kubeconfig
+from testbed.process import Daemon
 
 PORT = 10250
 # Evaluating no eviction signal: "0%" is how a threshold is switched off.

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.testbed import parts
-from tests.testbed.process import Daemon
+from testbed import parts
+from testbed.process import Daemon
 
 NAMESPACE = "k8s.io"  # the CRI plugin's containerd namespace
 SNAPSHOTTER = "overlayfs"  # the machine's / is ext4: overlay works (checked by the CRI at start)

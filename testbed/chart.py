@@ -8,11 +8,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tests.testbed import kubepods
-from tests.testbed.helm import Helm
-from tests.testbed.images import Image
-from tests.testbed.parts import REPO_ROOT
-from tests.testbed.realnode import RealCluster
+from testbed import kubepods
+from testbed.helm import Helm
+from testbed.images import Image
+from testbed.parts import REPO_ROOT
+from testbed.realnode import RealCluster
 
 CHART = REPO_ROOT / "charts" / "istio-cni"
 RELEASE = "istio-cni"

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.testbed.kubeconfig import write_kubeconfig
+from testbed.kubeconfig import write_kubeconfig
 
 
 @dataclass(frozen=True)

@@ -29,19 +29,19 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from tests.testbed import images, nodeclean, parts
-from tests.testbed.cni import link_plugins, reference_conflist
-from tests.testbed.containerd import Containerd, ContainerdDirs
-from tests.testbed.controlplane import (
+from testbed import images, nodeclean, parts
+from testbed.cni import link_plugins, reference_conflist
+from testbed.containerd import Containerd, ContainerdDirs
+from testbed.controlplane import (
     NODE_CONTROLLERS,
     SERVICE_CIDR,
     SERVICE_IP,
     Binaries,
     ControlPlane,
 )
-from tests.testbed.kubelet import Kubelet, KubeletDirs
-from tests.testbed.nodenet import NodeNetwork
-from tests.testbed.process import PartFailedError
+from testbed.kubelet import Kubelet, KubeletDirs
+from testbed.nodenet import NodeNetwork
+from testbed.process import PartFailedError
 
 NODE_NAME = "tb-node"
 READY_TIMEOUT = 180.0

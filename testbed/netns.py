@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from tests.testbed.parts import SETUP_APT, MissingPartError
+from testbed.parts import SETUP_APT, MissingPartError
 
 NETNS_DIR = Path("/run/netns")
 

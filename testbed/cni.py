@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.testbed import netns
+from testbed import netns
 
 log = logging.getLogger(__name__)
 

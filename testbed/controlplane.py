@@ -5,7 +5,7 @@ The controller manager runs only the controllers an API server alone cannot do w
 `namespace` (a deleted namespace is emptied and goes away) and `garbagecollector` (owner
 references). There is no scheduler and no kubelet: tests bind pods to the simulated node.
 
-For a real node (tests/testbed/realnode.py) the same control plane also listens on an address a
+For a real node (testbed/realnode.py) the same control plane also listens on an address a
 node network namespace reaches (`address`), runs kube-scheduler and the controllers a kubelet's
 pods need (NODE_CONTROLLERS), and holds a client certificate to reach kubelets (pod logs).
 """
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from tests.testbed import parts, pki
-from tests.testbed.kubeconfig import write_kubeconfig
-from tests.testbed.process import Daemon, PartFailedError
+from testbed import parts, pki
+from testbed.kubeconfig import write_kubeconfig
+from testbed.process import Daemon, PartFailedError
 
 SERVICE_CIDR = "10.96.0.0/16"
 SERVICE_IP = "10.96.0.1"  # the `kubernetes` Service: first address of SERVICE_CIDR

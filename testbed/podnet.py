@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from tests.testbed.cni import CniNode, Sandbox
+from testbed.cni import CniNode, Sandbox
 
 OUTBOUND_PORT = 15001
 INBOUND_PORT = 15006

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.testbed.parts import SETUP_APT, MissingPartError
+from testbed.parts import SETUP_APT, MissingPartError
 
 DAYS = "2"
 

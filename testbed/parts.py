@@ -9,7 +9,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 SETUP_TESTBED = "ci/setup-testbed"
 SETUP_HELM = "ci/setup-helm"
 SETUP_APT = "ci/setup-apt"
