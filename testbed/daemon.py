@@ -28,6 +28,8 @@ from pathlib import Path
 
 import yaml
 
+from testbed.process import pid_alive
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 HOST_ROOT = Path("/host")
 IMAGE_PLUGIN_DIR = "/opt/istio-cni/bin"
@@ -179,16 +181,6 @@ def _claim_host_root() -> None:
         _claimed.append(user)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def cleanup_host_root() -> None:
     """Give up this process's use of /host; the last user removes it if a user made it."""
     if not _claimed:
@@ -197,7 +189,7 @@ def cleanup_host_root() -> None:
         _claimed.pop().unlink(missing_ok=True)
         others = False
         for user in HOST_USERS.glob("user-*"):
-            if _alive(int(user.name.removeprefix("user-"))):
+            if pid_alive(int(user.name.removeprefix("user-"))):
                 others = True
             else:
                 user.unlink(missing_ok=True)  # a process that died without cleaning up

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,3 +86,17 @@ class Helm:
         self.run("uninstall", release, "--namespace", namespace)
         if (release, namespace) in self.releases:
             self.releases.remove((release, namespace))
+
+
+def uninstall_all(helms: list[Helm]) -> list[str]:
+    """Teardown: uninstall every release these Helms installed and remove their homes; the
+    failures, each naming its release (the rest are still uninstalled)."""
+    errors = []
+    for helm in helms:
+        for release, namespace in list(helm.releases):
+            try:
+                helm.uninstall(release, namespace=namespace)
+            except Exception as e:  # uninstall the rest anyway
+                errors.append(f"{release} in {namespace}: {e}")
+        shutil.rmtree(helm.home, ignore_errors=True)
+    return errors

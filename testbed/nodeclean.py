@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from testbed import netns
+from testbed.process import pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +147,7 @@ def sweep_stale() -> None:
             record = NodeRecord(**json.loads(path.read_text()))
         except (OSError, ValueError, TypeError):
             continue
-        if _alive(record.owner_pid):
+        if pid_alive(record.owner_pid):
             continue
         # Only the base dir: its logs are not worth keeping once the owner is gone.
         errors = clean(record)
@@ -155,16 +156,6 @@ def sweep_stale() -> None:
 
 
 # -- parts --------------------------------------------------------------------------------------
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _shim_sockets(base: Path) -> list[Path]:
@@ -211,7 +202,7 @@ def _kill(pids: list[int]) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(_alive(p) and not _zombie(p) for p in pids):
+    while time.monotonic() < deadline and any(pid_alive(p) and not _zombie(p) for p in pids):
         time.sleep(0.05)
 
 

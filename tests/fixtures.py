@@ -10,7 +10,6 @@ A part that is missing or does not start fails the test with a message naming th
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from kubernetes.client.rest import ApiException
 from testbed import parts
 from testbed.cni import CniNode
 from testbed.controlplane import Binaries, ControlPlane
-from testbed.helm import Helm
+from testbed.helm import Helm, uninstall_all
 from testbed.identity import Identity, service_account_identity
 from testbed.node import NodePods, TerminationFinisher, register_node
 from testbed.process import PartFailedError
@@ -158,13 +157,6 @@ def helm_releases(kube_config: str, tmp_path: Path) -> Iterator[Callable[[Path],
         return made[-1]
 
     yield helm_for
-    errors = []
-    for helm in made:
-        for release, namespace in list(helm.releases):
-            try:
-                helm.uninstall(release, namespace=namespace)
-            except Exception as e:  # uninstall the rest anyway
-                errors.append(f"{release} in {namespace}: {e}")
-        shutil.rmtree(helm.home, ignore_errors=True)
+    errors = uninstall_all(made)
     if errors:
         raise RuntimeError("helm uninstall at teardown: " + "; ".join(errors))

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import json
 import secrets
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from kubernetes.client.exceptions import ApiException
 
 from testbed import images, kubepods
 from testbed.chart import wait_agent_gone
-from testbed.helm import Helm
+from testbed.helm import Helm, uninstall_all
 from testbed.parts import MissingPartError, helm_binaries
 from testbed.process import PartFailedError
 from testbed.realnode import RealCluster
@@ -80,14 +79,7 @@ def node_helm(real_cluster: RealCluster, node_core: Any,
         return made[-1]
 
     yield helm_for
-    errors = []
-    for helm in made:
-        for release, namespace in list(helm.releases):
-            try:
-                helm.uninstall(release, namespace=namespace)
-            except Exception as e:  # uninstall the rest anyway
-                errors.append(f"{release} in {namespace}: {e}")
-        shutil.rmtree(helm.home, ignore_errors=True)
+    errors = uninstall_all(made)
     with contextlib.suppress(AssertionError):
         wait_agent_gone(node_core)
     # The next test starts from the node's own CNI config even when this one left the agent no
