@@ -16,11 +16,11 @@ from typing import Any, Literal, get_args
 import yaml
 
 from agent.errors import ConfigError
+from agent.log_levels import LogLevels, parse_log_levels
 
 DEFAULT_CONFIG_PATH = "/etc/istio-cni/config.yaml"
 MAX_CONFIG_BYTES = 1 << 20
 
-LogLevel = Literal["panic", "fatal", "error", "warn", "info", "debug"]
 RepairMode = Literal["repair-in-place", "delete", "label"]
 RuleBackend = Literal["auto", "python-iptables", "iptables-legacy", "iptables-nft", "nftables"]
 UninstallOnStop = Literal["auto", "always", "never"]
@@ -58,8 +58,10 @@ class Settings:
     """Write a file that sorts first, holding the primary's plugins plus ours."""
     istioOwnedCNIConfigFileName: str = "02-istio-cni.conflist"
     """Name of that file; it must sort before the primary's."""
-    logLevel: LogLevel = "info"
-    """Agent and plugin log level."""
+    logLevel: str = "info"
+    """A level (none, panic, fatal, error, warn, info, debug) or Istio's `scope:level,...` list."""
+    logAsJson: bool = False
+    """Agent and plugin log lines as JSON objects instead of key=value."""
     excludeNamespaces: tuple[str, ...] = ("istio-system", "kube-system")
     """Pods in these namespaces are never redirected."""
     mountedCniBinDir: str = "/host/opt/cni/bin"
@@ -84,8 +86,19 @@ class Settings:
     """On SIGTERM: auto uninstalls only when the DaemonSet is going away."""
     conflictsPerMinuteWarning: int = 5
     """Heals a minute of one file past which another writer is reported as fighting us."""
+    cniConfGroupRead: bool = False
+    """Config files we create are 0640 instead of 0600 (Istio's CNI_CONF_GROUP_READ)."""
+    removeNotReadyTaint: bool = False
+    """Once ready, remove the taint `cni.istio.io/not-ready` from this node."""
+    daemonSetName: str = ""
+    """Name of the agent DaemonSet: its pods (`<name>-xxxxx`) in the agent's namespace pass the
+    plugin without the agent, which is not there yet when one of them starts."""
     repair: RepairSettings = field(default_factory=RepairSettings)
     """Handling of pods that started before the plugin was in place."""
+
+    @property
+    def log_levels(self) -> LogLevels:
+        return parse_log_levels(self.logLevel)
 
     @property
     def socket_path(self) -> str:
@@ -189,12 +202,16 @@ def _convert_value(type_name: object, value: object, *, source: str, name: str) 
             raise wrong("an absolute path")
         if leaf in _FILE_NAME_KEYS and ("/" in value or value in (".", "..")):
             raise wrong("a file name without '/'")
+        if leaf == "logLevel":
+            try:
+                parse_log_levels(value)
+            except ValueError as e:
+                raise ConfigError(f"{source}: key {name}: {e}") from None
         return value
     raise AssertionError(f"config field {name} has unsupported type {type_name}")
 
 
 _LITERALS: dict[str, tuple[str, ...]] = {
-    "LogLevel": get_args(LogLevel),
     "RepairMode": get_args(RepairMode),
     "RuleBackend": get_args(RuleBackend),
     "UninstallOnStop": get_args(UninstallOnStop),
