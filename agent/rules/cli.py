@@ -5,14 +5,29 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
+from typing import Any
 
 from agent.config import DEFAULT_CONFIG_PATH, load_settings
 from agent.errors import ConfigError, InvalidAnnotationError
 from agent.rules import hostfacts
 from agent.rules.builder import build
 from agent.rules.config import CaptureConfig
-from agent.rules.flags import FLAGS, HOST_FLAGS, Flag, parse_bool, parse_flags, request_from_flags
-from agent.rules.pod import capture_config_for_pod, decide, load_pod_manifest
+from agent.rules.flags import (
+    FLAGS,
+    HOST_FLAGS,
+    Flag,
+    ParsedFlags,
+    parse_bool,
+    parse_flags,
+    request_from_flags,
+)
+from agent.rules.pod import (
+    capture_config_for_pod,
+    decide,
+    ipv6_for_pod,
+    load_pod_manifest,
+    pod_ips,
+)
 from agent.rules.render_restore import render
 
 CLI_FLAGS: tuple[Flag, ...] = (
@@ -24,13 +39,16 @@ CLI_FLAGS: tuple[Flag, ...] = (
 USAGE = """\
 usage: istio-cni-agent rules [istio-iptables FLAGS] [--ipv6=true|false] [--dns-servers=A,B]
                              [--format restore|nft] [--config FILE]
-       istio-cni-agent rules --pod FILE [--ipv6=..] [--dns-servers=..] [--format ..]
-                             [--config FILE]
+       istio-cni-agent rules --pod FILE [--ipv6=true|false] [--format ..] [--config FILE]
 
 Prints the iptables-restore input (IPv4 tables, then IPv6) or, with --format nft, the
 `nft -f` input. FLAGS are those of Istio's istio-iptables (long and short names, same
 environment variables). Without --ipv6 / --dns-servers they are detected here as Istio does.
-A pod that would not be redirected prints nothing and its reason on stderr.
+With --pod the settings are the pod's, decided as Istio's CNI plugin decides them: IPv6
+rules from the proxy's ISTIO_DUAL_STACK and the pod's status.podIPs (this host's addresses when
+the manifest has none) unless --ipv6 says; DNS capture takes all port-53 traffic, so
+--dns-servers is ignored. A pod that would not be redirected prints nothing and its reason on
+stderr.
 """
 
 
@@ -56,24 +74,20 @@ def _run(argv: list[str], environ: Mapping[str, str]) -> int:
     if fmt not in ("", "restore", "nft"):
         raise ConfigError(f"flag --format: invalid value {fmt!r}: want restore or nft")
     settings = load_settings(values["config"])
-    dual_stack = parse_bool(values["dual-stack"])
-    ipv6 = _ipv6(values["ipv6"], dual_stack=dual_stack)
-    servers = _dns_servers(values["dns-servers"], given="dns-servers" in parsed.given)
     native = False
     config: CaptureConfig | None
     if values["pod"]:
-        istio_flags = parsed.given & {f.name for f in FLAGS}
-        if istio_flags:
-            raise ConfigError(
-                "--pod takes its settings from the pod; drop --" + ", --".join(sorted(istio_flags))
-            )
+        _refuse_istio_flags(parsed)
         pod = load_pod_manifest(values["pod"])
         decision = decide(pod, exclude_namespaces=settings.excludeNamespaces)
         if not decision.redirect:
             sys.stderr.write(f"not redirected: {decision.reason}\n")
             return 0
-        config = capture_config_for_pod(pod, ipv6=ipv6, dns_servers=servers)
+        config = _pod_config(pod, parsed)
     else:
+        dual_stack = parse_bool(values["dual-stack"])
+        ipv6 = _ipv6(values["ipv6"], dual_stack=dual_stack)
+        servers = _dns_servers(values["dns-servers"], given="dns-servers" in parsed.given)
         request = request_from_flags(parsed, environ, ipv6=ipv6, dns_servers=servers)
         config, native = request.config, request.native_nftables
     if config is None:
@@ -87,6 +101,29 @@ def _run(argv: list[str], environ: Mapping[str, str]) -> int:
     else:
         sys.stdout.write(render(ruleset))
     return 0
+
+
+def _pod_config(pod: Mapping[str, Any], parsed: ParsedFlags) -> CaptureConfig:
+    """The pod's capture settings, decided as Istio's plugin decides them.
+
+    IPv6: `--ipv6` when given; else Istio's rule (ISTIO_DUAL_STACK on the pod's proxy, the
+    pod's addresses) on the manifest's status.podIPs, or on this host's addresses when the
+    manifest has none. DNS resolvers are never read: the plugin captures all port-53 traffic.
+    """
+    if "ipv6" in parsed.given:
+        ipv6 = _ipv6(parsed.values["ipv6"], dual_stack=False)
+    else:
+        addresses = pod_ips(pod) or hostfacts.local_addresses()
+        ipv6 = ipv6_for_pod(pod, addresses)
+    return capture_config_for_pod(pod, ipv6=ipv6)
+
+
+def _refuse_istio_flags(parsed: ParsedFlags) -> None:
+    istio_flags = parsed.given & {f.name for f in FLAGS}
+    if istio_flags:
+        raise ConfigError(
+            "--pod takes its settings from the pod; drop --" + ", --".join(sorted(istio_flags))
+        )
 
 
 def _ipv6(value: str, *, dual_stack: bool) -> bool:

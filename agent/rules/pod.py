@@ -2,16 +2,20 @@
 
 `decide` answers "would Istio's plugin program this pod at all?" from the pod manifest;
 `capture_config_for_pod` turns the pod's `sidecar.istio.io/*` and `traffic.sidecar.istio.io/*`
-annotations and its istio-proxy container into a CaptureConfig. Bad annotation values raise
+annotations and its istio-proxy container into a CaptureConfig; `ipv6_for_pod` says whether the
+pod gets IPv6 rules. Each follows Istio's plugin (cni/pkg/plugin: plugin.go, kubernetes.go,
+sidecar_redirect.go) input by input, including what it ignores. Bad annotation values raise
 InvalidAnnotationError naming the annotation and the value: the pod fails to start rather than
 run without the capture its owner asked for.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
-from collections.abc import Callable, Collection, Mapping, Sequence
+import re
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -19,6 +23,7 @@ import yaml
 
 from agent.errors import InvalidAnnotationError
 from agent.rules import config as cfg
+from agent.rules import hostfacts
 from agent.rules.config import WILDCARD, CaptureConfig
 
 log = logging.getLogger(__name__)
@@ -31,7 +36,6 @@ DEFAULT_PROXY_ID = "1337"
 INJECT = "sidecar.istio.io/inject"
 STATUS = "sidecar.istio.io/status"
 INTERCEPTION_MODE = "sidecar.istio.io/interceptionMode"
-PROXY_CONFIG = "proxy.istio.io/config"
 INCLUDE_OUTBOUND_IP_RANGES = "traffic.sidecar.istio.io/includeOutboundIPRanges"
 EXCLUDE_OUTBOUND_IP_RANGES = "traffic.sidecar.istio.io/excludeOutboundIPRanges"
 INCLUDE_INBOUND_PORTS = "traffic.sidecar.istio.io/includeInboundPorts"
@@ -42,9 +46,17 @@ EXCLUDE_INTERFACES = "traffic.sidecar.istio.io/excludeInterfaces"
 KUBEVIRT_INTERFACES = "traffic.sidecar.istio.io/kubevirtInterfaces"
 REROUTE_VIRTUAL_INTERFACES = "istio.io/reroute-virtual-interfaces"
 
+DNS_CAPTURE_ENV = "ISTIO_META_DNS_CAPTURE"
+DUAL_STACK_ENV = "ISTIO_DUAL_STACK"
+INVALID_DROP_ENV = "INVALID_DROP"
+DISABLE_ENVOY_ENV = "DISABLE_ENVOY"
+
 PROXY_STATUS_PORT = "15020"
 ALWAYS_EXCLUDED_INBOUND = ("15020", "15021", "15090")
 """Status, health and Prometheus ports of the proxy: Istio always exempts them inbound."""
+
+INTERFACE_NAME = re.compile(r"[a-zA-Z][a-zA-Z0-9_.\-]*")
+"""Istio's interface-name check (pkg/util/net ValidateInterfaceNames), at most 15 characters."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +72,8 @@ def decide(pod: Mapping[str, Any], *, exclude_namespaces: Collection[str]) -> De
     namespace = str(meta.get("namespace") or "default")
     if namespace in exclude_namespaces:
         return Decision(False, f"namespace {namespace} is excluded")
+    # Not an input of Istio's plugin: the runtime never calls CNI for a host-network pod. Said
+    # here so that `rules --pod` explains such a pod instead of printing rules nobody applies.
     if spec.get("hostNetwork") is True:
         return Decision(False, "pod uses the host network")
     names = [str(c.get("name")) for c in _containers(spec, "containers")]
@@ -69,60 +83,117 @@ def decide(pod: Mapping[str, Any], *, exclude_namespaces: Collection[str]) -> De
     proxy = proxy_container(pod)
     if proxy is None:
         return Decision(False, f"pod has no {PROXY_CONTAINER} container")
-    env = proxy_env(proxy)
-    if _bool_or_none(env.get("DISABLE_ENVOY")) is True:
-        return Decision(False, f"DISABLE_ENVOY is set on {PROXY_CONTAINER}")
-    args = proxy.get("args") or []
-    if isinstance(args, list) and len(args) >= 2 and args[0] == "proxy" and args[1] != "sidecar":
-        return Decision(False, f"proxy type is {args[1]}, not sidecar")
-    labels = _str_map(meta.get("labels"))
-    annotations = _str_map(meta.get("annotations"))
-    inject = labels.get(INJECT, annotations.get(INJECT, ""))
-    if inject and _bool_or_none(inject) is False:
+    if parse_bool(proxy_env(proxy).get(DISABLE_ENVOY_ENV)) is True:
+        return Decision(False, f"{DISABLE_ENVOY_ENV} is set on {PROXY_CONTAINER}")
+    kind = proxy_type(proxy)
+    if kind not in ("", "sidecar"):
+        return Decision(False, f"proxy type is {kind}, not sidecar")
+    inject = inject_value(meta)
+    if parse_bool(inject) is False:
         return Decision(False, f"injection disabled ({INJECT}={inject})")
-    if STATUS not in annotations:
+    if STATUS not in _str_map(meta.get("annotations")):
         return Decision(False, f"no {STATUS} annotation: the sidecar was not injected")
     return Decision(True, "pod has an injected sidecar")
 
 
+def proxy_type(proxy: Mapping[str, Any]) -> str:
+    """The `<type>` of the proxy's `proxy <type>` args; "" when the args are not of that form."""
+    args = proxy.get("args")
+    if isinstance(args, list) and len(args) >= 2 and args[0] == "proxy":
+        return str(args[1])
+    return ""
+
+
+def inject_value(meta: Mapping[str, Any]) -> str:
+    """sidecar.istio.io/inject: the label when present (even empty), else the annotation."""
+    labels = _str_map(meta.get("labels"))
+    if INJECT in labels:
+        return labels[INJECT]
+    return _str_map(meta.get("annotations")).get(INJECT, "")
+
+
 def capture_config_for_pod(
-    pod: Mapping[str, Any], *, ipv6: bool, dns_servers: Sequence[str]
+    pod: Mapping[str, Any], *, ipv6: bool, dns_servers: Sequence[str] = ()
 ) -> CaptureConfig:
-    """The capture settings Istio's plugin derives for this pod."""
+    """The capture settings Istio's plugin derives for this pod.
+
+    `ipv6`: the answer of `ipv6_for_pod`. `dns_servers` is accepted and unused: with DNS capture
+    Istio's plugin captures all port-53 traffic and never reads the resolvers.
+    """
+    del dns_servers
     meta = _mapping(pod.get("metadata"))
     a = _str_map(meta.get("annotations"))
     proxy = proxy_container(pod) or {}
     env = proxy_env(proxy)
     security = _mapping(proxy.get("securityContext"))
-    exclude_in = _annotation(a, EXCLUDE_INBOUND_PORTS, PROXY_STATUS_PORT, _ports)
+    exclude_in = _annotation(a, EXCLUDE_INBOUND_PORTS, PROXY_STATUS_PORT, _trimmed_port_list)
     exclude_in += tuple(p for p in ALWAYS_EXCLUDED_INBOUND if p not in exclude_in)
     reroute_key = (
         REROUTE_VIRTUAL_INTERFACES if REROUTE_VIRTUAL_INTERFACES in a else KUBEVIRT_INTERFACES
     )
-    dns = _dns_capture(env, a)
-    servers_v4, servers_v6 = cfg.split_dns_servers(dns_servers) if dns else ((), ())
+    dns = _env_bool(env, DNS_CAPTURE_ENV)
     return CaptureConfig(
         proxy_uids=(_proxy_id(security.get("runAsUser")),),
         proxy_gids=(_proxy_id(security.get("runAsGroup")),),
         interception_mode=_annotation(a, INTERCEPTION_MODE, "REDIRECT", _mode),
         outbound_ip_ranges_include=_annotation(
-            a, INCLUDE_OUTBOUND_IP_RANGES, WILDCARD, _cidrs_or_wildcard
+            a, INCLUDE_OUTBOUND_IP_RANGES, WILDCARD, _cidr_list_or_wildcard
         ),
-        outbound_ip_ranges_exclude=_annotation(a, EXCLUDE_OUTBOUND_IP_RANGES, "", _cidrs),
+        outbound_ip_ranges_exclude=_annotation(a, EXCLUDE_OUTBOUND_IP_RANGES, "", _cidr_list),
         inbound_ports_exclude=exclude_in,
-        inbound_ports_include=_annotation(a, INCLUDE_INBOUND_PORTS, WILDCARD, _ports_or_wildcard),
-        outbound_ports_exclude=_annotation(a, EXCLUDE_OUTBOUND_PORTS, PROXY_STATUS_PORT, _ports),
-        outbound_ports_include=_annotation(a, INCLUDE_OUTBOUND_PORTS, "", _ports),
-        exclude_interfaces=_annotation(a, EXCLUDE_INTERFACES, "", cfg.parse_interfaces),
-        reroute_virtual_interfaces=_annotation(a, reroute_key, "", cfg.parse_interfaces),
+        inbound_ports_include=_annotation(
+            a, INCLUDE_INBOUND_PORTS, WILDCARD, _port_list_or_wildcard
+        ),
+        outbound_ports_exclude=_annotation(
+            a, EXCLUDE_OUTBOUND_PORTS, PROXY_STATUS_PORT, _port_list
+        ),
+        outbound_ports_include=_annotation(a, INCLUDE_OUTBOUND_PORTS, "", _port_list),
+        exclude_interfaces=_annotation(a, EXCLUDE_INTERFACES, "", _interfaces),
+        reroute_virtual_interfaces=_annotation(a, reroute_key, "", _interfaces),
         redirect_dns=dns,
-        # The plugin cannot know the pod's resolvers, so it captures all port-53 traffic.
         capture_all_dns=dns,
-        dns_servers_v4=servers_v4,
-        dns_servers_v6=servers_v6,
-        drop_invalid=_bool_or_none(env.get("INVALID_DROP")) is True,
+        drop_invalid=_env_bool(env, INVALID_DROP_ENV),
         enable_ipv6=ipv6,
     )
+
+
+# --- IPv6 -------------------------------------------------------------------------------------
+
+
+def dual_stack(pod: Mapping[str, Any]) -> bool:
+    """ISTIO_DUAL_STACK on the istio-proxy container (unparsable: off, with a warning)."""
+    proxy = proxy_container(pod)
+    return _env_bool(proxy_env(proxy) if proxy is not None else {}, DUAL_STACK_ENV)
+
+
+def ipv6_for_pod(pod: Mapping[str, Any], addresses: Iterable[str]) -> bool:
+    """Does Istio's plugin write IPv6 rules for this pod, whose netns holds `addresses`?
+
+    Istio looks at the netns's addresses as Go lists them, every IPv4 address before any IPv6
+    one, skipping loopback and link-local ones. With ISTIO_DUAL_STACK any IPv6 address turns
+    IPv6 on; without it the first address decides, so a pod with an IPv4 address gets no IPv6
+    rules even when it also has IPv6 addresses. The order `addresses` come in does not matter.
+    (A netns without a usable address is an error in Istio; here it means IPv6 off.)
+    """
+    ordered = sorted(addresses, key=_is_ipv6)  # stable: IPv4 first, as Go's listing
+    return hostfacts.ipv6_enabled(ordered, dual_stack=dual_stack(pod))
+
+
+def pod_ips(pod: Mapping[str, Any]) -> list[str]:
+    """status.podIPs (else status.podIP) of a pod manifest: the pod's addresses when it runs."""
+    status = _mapping(pod.get("status"))
+    entries = status.get("podIPs")
+    ips = [str(e.get("ip")) for e in entries or [] if isinstance(e, Mapping) and e.get("ip")]
+    if not ips and status.get("podIP"):
+        ips = [str(status["podIP"])]
+    return ips
+
+
+def _is_ipv6(address: str) -> bool:
+    return ":" in address
+
+
+# --- the proxy container ----------------------------------------------------------------------
 
 
 def proxy_container(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -136,6 +207,7 @@ def proxy_container(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 
 def proxy_env(container: Mapping[str, Any]) -> dict[str, str]:
+    """The container's literal env values; `valueFrom` entries read as "" (as Istio reads them)."""
     env: dict[str, str] = {}
     for item in container.get("env") or []:
         if isinstance(item, Mapping) and isinstance(item.get("name"), str):
@@ -157,7 +229,16 @@ def load_pod_manifest(path: str) -> dict[str, Any]:
     return data
 
 
-# --- helpers ----------------------------------------------------------------------------------
+def parse_bool(text: str | None) -> bool | None:
+    """Go's strconv.ParseBool; None where it fails."""
+    if text in ("1", "t", "T", "TRUE", "true", "True"):
+        return True
+    if text in ("0", "f", "F", "FALSE", "false", "False"):
+        return False
+    return None
+
+
+# --- annotation values, checked as Istio's plugin checks them ---------------------------------
 
 
 def _annotation(
@@ -171,67 +252,108 @@ def _annotation(
 
 
 def _mode(value: str) -> cfg.InterceptionMode:
-    if value not in ("REDIRECT", "TPROXY"):
+    if value == "TPROXY":
+        return "TPROXY"
+    if value != "REDIRECT":
         raise ValueError("interception mode must be REDIRECT or TPROXY")
-    return "TPROXY" if value == "TPROXY" else "REDIRECT"
+    return "REDIRECT"
 
 
-def _ports(value: str) -> tuple[str, ...]:
-    ports = cfg.parse_ports(value, allow_wildcard=False)
-    assert ports != WILDCARD
-    return ports
+def _trimmed_port_list(value: str) -> tuple[str, ...]:
+    """excludeInboundPorts: Istio trims the whole value before it adds its own ports."""
+    return _port_list(value.strip())
 
 
-def _ports_or_wildcard(value: str) -> tuple[str, ...] | cfg.Wildcard:
-    return cfg.parse_ports(value, allow_wildcard=True)
+def _port_list(value: str) -> tuple[str, ...]:
+    """Istio's port list: each item trimmed, 0-65535, none empty. Two values pass Istio's
+    check and then fail its iptables run: `*` (`--dport *`) and blanks only (`--dport` with no
+    port). Both are refused here, so the pod fails as it does with Istio."""
+    if value == WILDCARD:
+        raise ValueError("'*' is not allowed here (iptables rejects '--dport *')")
+    if not value:
+        return ()
+    text = value.strip()
+    if not text:
+        raise ValueError("no port in a value of blanks (iptables rejects '--dport' without one)")
+    ports: list[str] = []
+    for item in text.split(","):
+        port = item.strip()
+        if not (port.isascii() and port.isdigit()) or int(port) > 65535:
+            raise ValueError(f"port {item!r} is not a number 0-65535")
+        if port not in ports:
+            ports.append(port)
+    return tuple(ports)
 
 
-def _cidrs(value: str) -> tuple[str, ...]:
-    cidrs = cfg.parse_cidrs(value.replace(" ", ""), allow_wildcard=False)
-    assert cidrs != WILDCARD
-    return cidrs
+def _port_list_or_wildcard(value: str) -> tuple[str, ...] | cfg.Wildcard:
+    return WILDCARD if value == WILDCARD else _port_list(value)
 
 
-def _cidrs_or_wildcard(value: str) -> tuple[str, ...] | cfg.Wildcard:
-    return cfg.parse_cidrs(value.replace(" ", ""), allow_wildcard=True)
+def _cidr_list(value: str) -> tuple[str, ...]:
+    """Istio's CIDR list: comma separated, nothing trimmed, each a Go netip prefix."""
+    if not value:
+        return ()
+    return tuple(_prefix(item) for item in value.split(","))
+
+
+def _cidr_list_or_wildcard(value: str) -> tuple[str, ...] | cfg.Wildcard:
+    return WILDCARD if value == WILDCARD else _cidr_list(value)
+
+
+def _prefix(item: str) -> str:
+    """Go's netip.ParsePrefix: address/bits, no zone, bits decimal without a leading zero."""
+    address, slash, bits = item.rpartition("/")
+    if not slash:
+        raise ValueError(f"{item!r} is not a CIDR (no '/')")
+    if "%" in address:
+        raise ValueError(f"{item!r}: zones are not allowed in a CIDR")
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        raise ValueError(f"{item!r}: {address!r} is not an IP address") from None
+    if not (bits.isascii() and bits.isdigit()) or (len(bits) > 1 and bits[0] == "0"):
+        raise ValueError(f"{item!r}: bad prefix length {bits!r}")
+    if int(bits) > ip.max_prefixlen:
+        raise ValueError(f"{item!r}: prefix length out of range")
+    return cfg.canonical_cidr(item)
+
+
+def _interfaces(value: str) -> tuple[str, ...]:
+    """Istio's interface list: items trimmed, none empty, letter first, at most 15 chars."""
+    if not value:
+        return ()
+    names: list[str] = []
+    for item in value.split(","):
+        name = item.strip()
+        if not name:
+            raise ValueError("empty interface name")
+        if len(name) > 15:
+            raise ValueError(f"interface name {name!r} too long (max 15 chars)")
+        if not (name.isascii() and INTERFACE_NAME.fullmatch(name)):
+            raise ValueError(f"interface name {name!r} contains invalid characters")
+        names.append(name)
+    return tuple(names)
+
+
+# --- helpers ----------------------------------------------------------------------------------
 
 
 def _proxy_id(value: object) -> str:
-    # Istio uses the container's runAsUser/runAsGroup unless unset or 0 (root never bypasses).
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+    # The container's runAsUser/runAsGroup unless unset or 0; the pod's securityContext is not
+    # read (Istio reads only the istio-proxy container's).
+    if isinstance(value, int) and not isinstance(value, bool) and value != 0:
         return str(value)
     return DEFAULT_PROXY_ID
 
 
-def _dns_capture(env: Mapping[str, str], annotations: Mapping[str, str]) -> bool:
-    """ISTIO_META_DNS_CAPTURE on the proxy; else the same key in proxy.istio.io/config."""
-    if "ISTIO_META_DNS_CAPTURE" in env:
-        value = _bool_or_none(env["ISTIO_META_DNS_CAPTURE"])
-        if value is None:
-            log.warning(
-                "cannot parse ISTIO_META_DNS_CAPTURE=%r; DNS capture off",
-                env["ISTIO_META_DNS_CAPTURE"],
-            )
-        return value is True
-    raw = annotations.get(PROXY_CONFIG)
-    if not raw:
+def _env_bool(env: Mapping[str, str], name: str) -> bool:
+    """A boolean env var of the proxy, as Istio reads it: unset or unparsable is false."""
+    if name not in env:
         return False
-    try:
-        proxy_config = yaml.safe_load(raw)
-    except yaml.YAMLError as e:
-        raise InvalidAnnotationError(
-            f"annotation {PROXY_CONFIG}: invalid value {raw!r}: not YAML: {e}"
-        ) from None
-    metadata = _mapping(_mapping(proxy_config).get("proxyMetadata"))
-    return _bool_or_none(str(metadata.get("ISTIO_META_DNS_CAPTURE", ""))) is True
-
-
-def _bool_or_none(text: str | None) -> bool | None:
-    if text in ("1", "t", "T", "TRUE", "true", "True"):
-        return True
-    if text in ("0", "f", "F", "FALSE", "false", "False"):
-        return False
-    return None
+    value = parse_bool(env[name])
+    if value is None:
+        log.warning("cannot parse %s=%r on %s; taken as false", name, env[name], PROXY_CONTAINER)
+    return value is True
 
 
 def _mapping(value: object) -> Mapping[str, Any]:

@@ -152,7 +152,9 @@ def test_uid_zero_means_default_and_group_is_independent() -> None:
     assert got.proxy_uids == ("1337",) and got.proxy_gids == ("2000",)
 
 
-def test_dns_capture_from_env_wins_over_proxy_config() -> None:
+def test_dns_capture_from_proxy_env_only_not_proxy_config() -> None:
+    """Istio's plugin reads ISTIO_META_DNS_CAPTURE from the proxy's env; proxy.istio.io/config
+    is the injector's input, never the plugin's."""
     manifest = pod(
         metadata__annotations={
             "sidecar.istio.io/status": "{}",
@@ -164,8 +166,11 @@ def test_dns_capture_from_env_wins_over_proxy_config() -> None:
     )
     assert capture_config_for_pod(manifest, ipv6=False, dns_servers=[]).redirect_dns is False
     manifest["spec"]["containers"][0]["env"] = []
-    got = capture_config_for_pod(manifest, ipv6=False, dns_servers=[])
+    assert capture_config_for_pod(manifest, ipv6=False, dns_servers=[]).redirect_dns is False
+    manifest["spec"]["containers"][0]["env"] = [{"name": "ISTIO_META_DNS_CAPTURE", "value": "T"}]
+    got = capture_config_for_pod(manifest, ipv6=False, dns_servers=["10.96.0.10"])
     assert got.redirect_dns is True and got.capture_all_dns is True
+    assert got.dns_servers_v4 == () and got.dns_servers_v6 == ()
 
 
 @pytest.mark.parametrize(
@@ -182,7 +187,6 @@ def test_dns_capture_from_env_wins_over_proxy_config() -> None:
         ("traffic.sidecar.istio.io/includeOutboundPorts", "-1"),
         ("traffic.sidecar.istio.io/excludeInterfaces", "eth0/1"),
         ("traffic.sidecar.istio.io/kubevirtInterfaces", "a-very-long-interface-name"),
-        ("proxy.istio.io/config", "proxyMetadata: [unclosed"),
     ],
 )
 def test_invalid_annotation_names_annotation_and_value(key: str, value: str) -> None:
