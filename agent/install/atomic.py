@@ -1,10 +1,11 @@
 """Writing files on the node so that a reader sees the old content or the new one, never a mix.
 
 Every write goes to a temp file in the target's directory (same filesystem, so the rename is
-atomic), is fsynced, gets the mode of the file it replaces, and is renamed over the target; the
-directory is fsynced so the rename survives a power cut. Temp names start with "." and end in
-".istio-tmp" so no CNI runtime takes them for a config (it only reads .conf/.conflist/.json) and a
-crashed writer's leftovers can be found and removed.
+atomic), created 0600, gets its final mode (the caller's, or the mode of the file it replaces)
+and is fsynced before it is renamed over the target: no reader ever sees the file with another
+mode or partly written. The directory is fsynced so the rename survives a power cut. Temp names
+start with "." and end in ".istio-tmp" so no CNI runtime takes them for a config (it only reads
+.conf/.conflist/.json) and a crashed writer's leftovers can be found and removed.
 """
 
 from __future__ import annotations
@@ -62,10 +63,11 @@ def current_id(path: str) -> FileId | None:
 
 
 def atomic_write(
-    path: str, data: bytes, *, mode: int = 0o644, keep_mode: bool = True,
+    path: str, data: bytes, *, mode: int = 0o600, keep_mode: bool = True,
     expect: FileId | None = None,
 ) -> None:
-    """Replace `path` with `data` atomically; with keep_mode an existing file's mode wins.
+    """Replace `path` with `data` atomically; with keep_mode an existing file's mode wins, else
+    (and for a new file) the result has exactly `mode` (the umask plays no part).
 
     With `expect`, the target must still be the file we read (same inode, size, mtime) right
     before the rename, else ChangedUnderUs: a read-modify-write must not undo another writer.

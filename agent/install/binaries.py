@@ -10,6 +10,11 @@ they are removed once the new executable is in place, so a plugin exec'd from th
 them. A former plugin already running has its interpreter loaded; should it still import from its
 support dir after that, that one call fails and the runtime retries it with the new executable
 (a failed call, never an uncaptured pod). Uninstall removes every support dir.
+
+Modes: an executable of the source (the plugin) is installed 0755, whatever its mode in the
+image, because the runtime (root) execs it and a node's CNI bin dir is conventionally readable by
+all; a non-executable top-level file gets the agent's file mode (0600, or 0640 with
+cniConfGroupRead). Support dirs keep the modes of the image's tree (they hold executables).
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ from agent.install.ledger import ABSENT, WriteLedger
 
 log = logging.getLogger(__name__)
 
+PLUGIN_MODE = 0o755
+"""Mode of an installed executable: the runtime execs it."""
 SUPPORT_PREFIX = "istio-cni"
 SUPPORT_SUFFIX = ".d"
 READ_ONLY_HINT = (
@@ -97,32 +104,38 @@ def _write_error(action: str, path: str, e: OSError) -> InstallError:
     return InstallError(f"{action} {path}: {e.strerror}{hint}")
 
 
-def _same_file(src: str, dst: str, ledger: WriteLedger) -> bool:
+def installed_mode(src: str, file_mode: int) -> int:
+    """The mode `src` gets in the bin dir: PLUGIN_MODE for an executable, else `file_mode`."""
+    return PLUGIN_MODE if os.stat(src).st_mode & 0o111 else file_mode
+
+
+def _same_file(src: str, dst: str, ledger: WriteLedger, file_mode: int) -> bool:
     try:
-        s, d = os.stat(src), os.lstat(dst)
+        want = installed_mode(src, file_mode)
+        d = os.lstat(dst)
     except FileNotFoundError:
         return False
-    if not stat.S_ISREG(d.st_mode) or stat.S_IMODE(s.st_mode) != stat.S_IMODE(d.st_mode):
+    if not stat.S_ISREG(d.st_mode) or stat.S_IMODE(d.st_mode) != want:
         return False
     return ledger.hashes.digest(src) == ledger.hashes.digest(dst)
 
 
-def _install_file(src: str, dst: str, ledger: WriteLedger) -> bool:
+def _install_file(src: str, dst: str, ledger: WriteLedger, file_mode: int) -> bool:
     if os.path.islink(dst) or os.path.isdir(dst):
         raise InstallError(f"install plugin {dst}: expected a regular file, found "
                            f"{'a symlink' if os.path.islink(dst) else 'a directory'}; "
                            "remove it by hand (it is not ours to delete)")
-    if _same_file(src, dst, ledger):
-        ledger.record(dst, ledger.hashes.digest(dst))
+    mode = installed_mode(src, file_mode)
+    if _same_file(src, dst, ledger, file_mode):
+        ledger.record(dst, ledger.hashes.digest(dst), mode=mode)
         return False
     with open(src, "rb") as f:
         data = f.read()
-    mode = stat.S_IMODE(os.stat(src).st_mode)
     try:
         atomic_write(dst, data, mode=mode, keep_mode=False)
     except OSError as e:
         raise _write_error("write plugin", dst, e) from e
-    ledger.record_written(dst, data)
+    ledger.record_written(dst, data, mode=mode)
     return True
 
 
@@ -180,8 +193,11 @@ def _prune_support_dirs(bin_dir: str, current: set[str]) -> list[str]:
     return removed
 
 
-def install_binaries(source_dir: str, bin_dir: str, ledger: WriteLedger) -> BinaryResult:
-    """Make bin_dir hold every top-level name of source_dir with the same content."""
+def install_binaries(
+    source_dir: str, bin_dir: str, ledger: WriteLedger, *, file_mode: int = 0o600
+) -> BinaryResult:
+    """Make bin_dir hold every top-level name of source_dir with the same content; `file_mode`
+    is the mode of a non-executable top-level file (executables get PLUGIN_MODE)."""
     if not os.path.isdir(bin_dir):
         raise InstallError(f"CNI bin dir {bin_dir} does not exist (is the host path mounted?)")
     entries = source_entries(source_dir)
@@ -194,22 +210,26 @@ def install_binaries(source_dir: str, bin_dir: str, ledger: WriteLedger) -> Bina
     # Support trees before executables: a new executable never runs without what it needs.
     for name, is_dir in sorted(entries.items(), key=lambda item: not item[1]):
         src, dst = os.path.join(source_dir, name), os.path.join(bin_dir, name)
-        changed = _install_tree(src, dst) if is_dir else _install_file(src, dst, ledger)
+        changed = (_install_tree(src, dst) if is_dir
+                   else _install_file(src, dst, ledger, file_mode))
         (result.written if changed else result.unchanged).append(dst)
     result.removed = _prune_support_dirs(bin_dir, {n for n, d in entries.items() if d})
     return result
 
 
-def binary_problems(source_dir: str, bin_dir: str, ledger: WriteLedger) -> list[str]:
-    """What is missing or different in bin_dir (empty: the plugin is in place)."""
+def binary_problems(
+    source_dir: str, bin_dir: str, ledger: WriteLedger, *, file_mode: int = 0o600
+) -> list[str]:
+    """What is missing or different in bin_dir, its mode included (empty: all in place)."""
     problems = []
     for name, is_dir in source_entries(source_dir).items():
         src, dst = os.path.join(source_dir, name), os.path.join(bin_dir, name)
         if is_dir:
             if not os.path.isdir(dst) or os.path.islink(dst):
                 problems.append(f"{dst}: support dir missing")
-        elif not _same_file(src, dst, ledger):
-            problems.append(f"{dst}: plugin missing or different from {src}")
+        elif not _same_file(src, dst, ledger, file_mode):
+            problems.append(f"{dst}: plugin missing, different from {src} or not mode "
+                            f"{installed_mode(src, file_mode):04o}")
     return problems
 
 

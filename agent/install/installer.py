@@ -4,6 +4,11 @@ Install writes the binaries before the config (an entry must never name a missin
 records each change in an undo log; uninstall removes the config entry before the binaries, from
 that log plus whatever of ours it finds on disk (a fresh `uninstall` process has no log), runs
 every step even when one fails, and reports all failures together.
+
+File modes, as Istio's install does: a config file of ours (the standalone config, the
+Istio-owned conflist) is 0600, or 0640 with cniConfGroupRead (Istio's CNI_CONF_GROUP_READ), and
+a changed mode is put back like changed content; the node's primary config we chain into keeps
+the mode it has when we write it (also a .conf we turn into a .conflist, and on uninstall).
 """
 
 from __future__ import annotations
@@ -40,6 +45,16 @@ from agent.install.plan import (
 )
 
 log = logging.getLogger(__name__)
+
+CONF_MODE = 0o600
+"""Mode of a config file of ours (Istio's CNIConfModeDefault)."""
+CONF_MODE_GROUP_READ = 0o640
+"""Its mode with cniConfGroupRead (Istio's CNIConfModeGroupRead)."""
+
+
+def own_file_mode(settings: Settings) -> int:
+    """The mode of every file we create on the node that is not an executable."""
+    return CONF_MODE_GROUP_READ if settings.cniConfGroupRead else CONF_MODE
 
 
 @dataclass
@@ -81,6 +96,9 @@ class Installer:
         self.bin_dir = settings.mountedCniBinDir
         make = plugin_entry if settings.chained else standalone_entry
         self.entry = make(settings, pod_name=self.pod_name, pod_namespace=self.pod_namespace)
+        self.file_mode = own_file_mode(settings)
+        self.owns_file = not settings.chained or settings.istioOwnedCNIConfig
+        """The file holding our entry is ours (mode file_mode), not the node's primary."""
 
     # -- reading the conf dir -------------------------------------------------------------
 
@@ -123,15 +141,15 @@ class Installer:
 
     def install(self) -> InstallReport:
         """Make binaries and config right; TransientInstallError while the primary is missing."""
-        binaries = install_binaries(self.settings.pluginSourceDir, self.bin_dir, self.ledger)
+        binaries = install_binaries(self.settings.pluginSourceDir, self.bin_dir, self.ledger,
+                                    file_mode=self.file_mode)
         self.undo[UndoStep("binaries", self.bin_dir)] = None
         self._clean_conf_dir()
         plan = self.plan()
         for warning in plan.warnings:
             log.warning(warning, extra={"fields": {"dir": self.conf_dir}})
         changed = binaries.written + self._apply(plan)
-        owns_file = not self.settings.chained or self.settings.istioOwnedCNIConfig
-        kind = "file" if owns_file else "entry"
+        kind = "file" if self.owns_file else "entry"
         self.undo[UndoStep(kind, self._path(plan.target))] = None
         return InstallReport(self._path(plan.target), changed, plan.warnings)
 
@@ -178,22 +196,40 @@ class Installer:
             return [src, target]
         expect = self._seen.get(plan.target) if plan.target == plan.primary else None
         current = self.read(plan.target)
+        own = self.owns_file
         if current is not None and self._equal(current, plan.config):
-            self.ledger.record_written(target, current)
-            return []
-        self._write(target, data, expect=expect)
+            if not own or self._mode_of(target) == self.file_mode:
+                self.ledger.record_written(target, current,
+                                           mode=self.file_mode if own else None)
+                return []
+            log.info("CNI config of ours has another mode; putting ours back", extra={
+                "fields": {"path": target, "mode": f"{self._mode_of(target):04o}",
+                           "want": f"{self.file_mode:04o}"}})
+            data = current  # same content: only the mode changes
+        self._write(target, data, expect=expect, own=own)
         log.info("wrote CNI config", extra={"fields": {"path": target, "primary": plan.primary}})
         return [target]
 
-    def _write(self, path: str, data: bytes, *, expect: FileId | None) -> None:
+    def _write(
+        self, path: str, data: bytes, *, expect: FileId | None, own: bool = False
+    ) -> None:
+        """Our own file gets exactly file_mode; another file (the node's primary config) keeps
+        the mode it has at the rename (file_mode only should it have vanished)."""
         try:
-            atomic_write(path, data, expect=expect)
+            atomic_write(path, data, mode=self.file_mode, keep_mode=not own, expect=expect)
         except ChangedUnderUs:
             raise TransientInstallError(
                 f"{path} changed while we merged our entry into it; merging again") from None
         except OSError as e:
             raise InstallError(f"write CNI config {path}: {e.strerror}") from e
-        self.ledger.record_written(path, data)
+        self.ledger.record_written(path, data, mode=self.file_mode if own else None)
+
+    @staticmethod
+    def _mode_of(path: str) -> int:
+        try:
+            return stat.S_IMODE(os.lstat(path).st_mode)
+        except FileNotFoundError:
+            return -1
 
     @staticmethod
     def _equal(data: bytes, config: dict[str, Any]) -> bool:
@@ -207,7 +243,8 @@ class Installer:
     def problems(self) -> list[str]:
         """What is not in place (empty: binary and entry are there and valid). Changes nothing."""
         try:
-            out = binary_problems(self.settings.pluginSourceDir, self.bin_dir, self.ledger)
+            out = binary_problems(self.settings.pluginSourceDir, self.bin_dir, self.ledger,
+                                  file_mode=self.file_mode)
         except InstallError as e:
             out = [str(e)]
         try:
@@ -219,6 +256,8 @@ class Installer:
         current = self.read(plan.target)
         if current is None or not self._equal(current, plan.config):
             out.append(f"{self._path(plan.target)}: our entry is missing or not as written")
+        elif self.owns_file and (mode := self._mode_of(self._path(plan.target))) != self.file_mode:
+            out.append(f"{self._path(plan.target)}: mode {mode:04o}, want {self.file_mode:04o}")
         return out
 
     # -- uninstall --------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""What we wrote, by content hash, so our own writes never wake the watcher."""
+"""What we wrote, by content hash (and mode where we set it), so our own writes never wake the
+watcher while another writer's change, a chmod included, does."""
 
 from __future__ import annotations
 
@@ -46,19 +47,21 @@ class HashCache:
 
 
 class WriteLedger:
-    """Last state we left each path in: a content hash, or ABSENT for a path we removed."""
+    """Last state we left each path in: a content hash, or ABSENT for a path we removed, plus
+    the permission bits for a file whose mode is ours to set (None: any mode is as we left it,
+    e.g. the node's primary config, which keeps the mode its owner gave it)."""
 
     def __init__(self, hashes: HashCache | None = None) -> None:
         self.hashes = hashes or HashCache()
         self._lock = threading.Lock()
-        self._states: dict[str, str] = {}
+        self._states: dict[str, tuple[str, int | None]] = {}
 
-    def record(self, path: str, digest: str) -> None:
+    def record(self, path: str, digest: str, *, mode: int | None = None) -> None:
         with self._lock:
-            self._states[os.path.abspath(path)] = digest
+            self._states[os.path.abspath(path)] = (digest, mode)
 
-    def record_written(self, path: str, data: bytes) -> None:
-        self.record(path, hashlib.sha256(data).hexdigest())
+    def record_written(self, path: str, data: bytes, *, mode: int | None = None) -> None:
+        self.record(path, hashlib.sha256(data).hexdigest(), mode=mode)
 
     def record_removed(self, path: str) -> None:
         self.record(path, ABSENT)
@@ -67,4 +70,12 @@ class WriteLedger:
         """True when `path` is exactly as we last left it (so an event on it is our own)."""
         with self._lock:
             recorded = self._states.get(os.path.abspath(path))
-        return recorded is not None and recorded == self.hashes.digest(path)
+        if recorded is None or recorded[0] != self.hashes.digest(path):
+            return False
+        digest, mode = recorded
+        if mode is None or digest == ABSENT:
+            return True
+        try:
+            return stat.S_IMODE(os.lstat(path).st_mode) == mode
+        except FileNotFoundError:
+            return False

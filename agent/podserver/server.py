@@ -1,8 +1,16 @@
 """The HTTP/1.1 server on the agent's Unix socket: a thin shell that routes to PodHandlers.
 
-The socket is created under a temporary name, set to mode 0600, then renamed over the final
-path: a stale socket from a previous agent is replaced atomically and the socket is never
-reachable with a looser mode. Only root (the runtime running the plugin) can connect.
+The socket is created under a temporary name, set to mode 0600, renamed over the final path and
+only then put in the listening state: a stale socket from a previous agent is replaced
+atomically, and while the socket still has the umask's mode (between bind and chmod) nothing can
+connect to it (a bound socket that does not listen refuses every connection).
+
+Mode 0600, owner root: only root can connect. Istio's listener chmods its socket 0666; ours is
+stricter on purpose. The one client is the plugin, which the container runtime runs as root, and
+root needs no permission bit; anyone else able to connect could send ADD requests that make the
+agent program redirect rules in a network namespace of its choice, so no one else may. The run
+dir is created 0700 when the agent creates it (Istio: 0750); an existing one (the DaemonSet's
+hostPath) keeps its mode, the socket's own mode guards it.
 """
 
 from __future__ import annotations
@@ -210,14 +218,15 @@ class PodServer:
 
 
 def _bind(sock: socket.socket, path: str) -> int:
-    """Bind `sock` at `path` with mode 0600, replacing a stale socket; returns the inode."""
-    if len(os.fsencode(path)) + 8 > MAX_SOCKET_PATH:
+    """Bind `sock` at `path` with mode 0600, replacing a stale socket; returns the inode.
+    The caller listens only after this returns (see the module docstring)."""
+    temp = f"{path}.{os.getpid()}.tmp"
+    if len(os.fsencode(temp)) > MAX_SOCKET_PATH:
         raise ServerError(f"pod server socket path {path} is too long for a Unix socket")
     parent = os.path.dirname(path) or "."
     try:
         os.makedirs(parent, mode=RUN_DIR_MODE, exist_ok=True)
         _refuse_non_socket(path)
-        temp = f"{path}.{os.getpid()}.tmp"
         if os.path.lexists(temp):
             os.unlink(temp)
         sock.bind(temp)

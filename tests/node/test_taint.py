@@ -1,0 +1,97 @@
+"""`removeNotReadyTaint` on a real node: the node carries `cni.istio.io/not-ready=true:NoSchedule`
+(as a node pool registers it so no pod lands before the CNI plugin is in place) and another
+taint; the chart's agent (it tolerates every taint) installs itself, turns Ready, and takes only
+its taint off, through the RBAC the chart grants for it."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from agent.node_taint import TAINT_KEY
+from testbed import chart as agent_mod
+from testbed import kubepods
+from testbed.images import Image
+from testbed.realnode import RealCluster
+
+pytestmark = [pytest.mark.node]
+
+OURS = {"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"}
+OTHER = {"key": "example.com/keep-me", "value": "yes", "effect": "NoSchedule"}
+TEST_KEYS = {OURS["key"], OTHER["key"]}
+CHART_READY_FLAG = Path("/tmp/chart-taint-ready")
+"""Written by whoever adds the chart value and its RBAC (a parallel change); absent: not yet."""
+
+
+def taints(core: Any, node: str) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = json.loads(
+        core.read_node(node, _preload_content=False).data)["spec"].get("taints") or []
+    return found
+
+
+def set_taints(core: Any, node: str, change: Any) -> None:
+    """Set the node's taints to change(current), only if the node did not change meanwhile."""
+    for _ in range(10):
+        node_obj = json.loads(core.read_node(node, _preload_content=False).data)
+        current = node_obj["spec"].get("taints") or []
+        try:
+            core.patch_node(node, [
+                {"op": "test", "path": "/metadata/resourceVersion",
+                 "value": node_obj["metadata"]["resourceVersion"]},
+                {"op": "add", "path": "/spec/taints", "value": change(current)}],
+                _content_type="application/json-patch+json")
+            return
+        except ApiException as e:  # 422: changed meanwhile (the test op): read again
+            if e.status != 422:
+                raise
+    raise AssertionError(f"could not change the taints of {node}")
+
+
+@pytest.fixture
+def tainted_node(real_cluster: RealCluster, node_core: Any) -> Iterator[str]:
+    """The node with our taint and another one; both removed at the end, whatever happened."""
+    node = real_cluster.node_name
+    if not CHART_READY_FLAG.exists():
+        pytest.fail(f"{CHART_READY_FLAG} is missing: the chart value removeNotReadyTaint and its "
+                    "RBAC are not in place yet", pytrace=False)
+    set_taints(node_core, node, lambda ts: [t for t in ts if t["key"] not in TEST_KEYS]
+               + [OURS, OTHER])
+    try:
+        yield node
+    finally:
+        set_taints(node_core, node, lambda ts: [t for t in ts if t["key"] not in TEST_KEYS])
+
+
+def test_agent_removes_only_its_taint_once_ready(
+    real_cluster: RealCluster, node_helm: Any, node_core: Any, agent_image: Image,
+    tainted_node: str,
+) -> None:
+    keys = [(t["key"], t["effect"]) for t in taints(node_core, tainted_node)]
+    assert (TAINT_KEY, "NoSchedule") in keys and (OTHER["key"], "NoSchedule") in keys
+
+    # install() returns once kubelet reports the agent pod Running and Ready: its pod tolerates
+    # the taints, and the taint may only go once the agent is ready.
+    agent = agent_mod.install(node_helm("3"), real_cluster, node_core, agent_image,
+                              removeNotReadyTaint=True)
+    started = time.monotonic()
+    kubepods.wait_for(
+        lambda: TAINT_KEY not in [t["key"] for t in taints(node_core, tainted_node)],
+        "the agent to remove the not-ready taint", 60,
+        on_timeout=lambda: agent.logs(node_core)[-3000:])
+    removed_after = time.monotonic() - started
+
+    after = taints(node_core, tainted_node)
+    assert OTHER in [{k: t.get(k) for k in ("key", "value", "effect")} for t in after], after
+    logs = agent.logs(node_core)
+    assert "removed the not-ready taint from the node" in logs, logs[-3000:]
+    # Only once ready: the install (plugin and entry in place) came first.
+    assert 0 <= logs.find("install ready") < logs.find("removed the not-ready taint"), logs[-3000:]
+    pod = node_core.read_namespaced_pod(agent.pod.name, agent_mod.AGENT_NAMESPACE)
+    assert pod.status.container_statuses[0].restart_count == 0, logs[-3000:]
+    print(f"taint removed {removed_after:.1f}s after the agent pod was Ready")

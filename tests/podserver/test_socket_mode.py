@@ -1,0 +1,144 @@
+"""The plugin socket's mode: 0600 whatever the umask, reachable by root (the plugin, run by the
+container runtime) only, and never accepting a connection before it has that mode."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import socket
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.podserver.server import PodServer, ServerError
+from plugin import wire
+from tests.podserver.helpers import (
+    InMemoryPods,
+    ScriptedRedirector,
+    build_rig,
+    call,
+    make_pod,
+)
+
+NOBODY = 65534
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Iterator[Path]:
+    short = Path("/tmp") / f"sockmode-{os.getpid()}-{tmp_path.name[-12:]}"
+    yield short / "run"
+    shutil.rmtree(short, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def umask(value: int) -> Iterator[None]:
+    old = os.umask(value)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+@contextlib.contextmanager
+def serving(path: Path) -> Iterator[PodServer]:
+    server = PodServer(str(path), build_rig(InMemoryPods(make_pod()),
+                                            ScriptedRedirector()).handlers)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def connect_errno_as(uid: int, path: str) -> int:
+    """Connect to `path` from a child process running as `uid`; its errno (0: connected)."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 0
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.connect(path)
+        except OSError as e:
+            code = e.errno or 255
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def test_mode_is_0600_whatever_the_umask(run_dir: Path) -> None:
+    path = run_dir / wire.SOCKET_NAME
+    with umask(0), serving(path):
+        assert stat.S_ISSOCK(os.lstat(path).st_mode)
+        assert stat.S_IMODE(os.lstat(path).st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(run_dir).st_mode) == 0o700  # created by us: 0700
+        assert os.lstat(path).st_uid == os.getuid()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a client as another user")
+def test_only_root_can_connect(run_dir: Path) -> None:
+    # The DaemonSet's hostPath volume creates the run dir 0755: the socket's mode alone guards.
+    run_dir.mkdir(parents=True)
+    os.chmod(run_dir, 0o755)
+    path = run_dir / wire.SOCKET_NAME
+    with umask(0), serving(path):
+        assert stat.S_IMODE(os.stat(run_dir).st_mode) == 0o755  # the node's dir is left as is
+        assert connect_errno_as(NOBODY, str(path)) == errno.EACCES
+        assert connect_errno_as(0, str(path)) == 0
+        assert call(str(path), "GET", wire.PATH_STATUS)[0] == 200
+
+
+def test_no_connection_before_the_final_mode(
+    run_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between bind and chmod the socket has the umask's mode: it must refuse connections."""
+    refused: list[str] = []
+    real_chmod, real_replace = os.chmod, os.replace
+
+    def try_connect(where: str, target: str) -> None:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            try:
+                s.connect(target)
+            except ConnectionRefusedError:
+                refused.append(where)
+
+    def chmod(target: str, mode: int) -> None:
+        try_connect("before chmod", target)
+        real_chmod(target, mode)
+
+    def replace(src: str, dst: str) -> None:
+        assert stat.S_IMODE(os.lstat(src).st_mode) == 0o600, "final mode before the rename"
+        try_connect("before rename", src)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "chmod", chmod)  # the os module the server uses
+    monkeypatch.setattr(os, "replace", replace)
+    with umask(0), serving(run_dir / wire.SOCKET_NAME) as server:
+        assert refused == ["before chmod", "before rename"]
+        assert call(server.socket_path, "GET", wire.PATH_STATUS)[0] == 200
+        assert os.listdir(run_dir) == [wire.SOCKET_NAME]
+
+
+def test_stale_socket_with_a_loose_mode_is_replaced_by_a_0600_one(run_dir: Path) -> None:
+    run_dir.mkdir(parents=True)
+    path = run_dir / wire.SOCKET_NAME
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(path))
+    stale.close()
+    os.chmod(path, 0o666)  # what Istio's agent leaves behind
+    with serving(path):
+        assert stat.S_IMODE(os.lstat(path).st_mode) == 0o600
+
+
+def test_too_long_path_is_refused_by_name(tmp_path: Path) -> None:
+    path = Path("/tmp") / ("x" * 96) / wire.SOCKET_NAME
+    with pytest.raises(ServerError, match="too long for a Unix socket"):
+        PodServer(str(path), build_rig(InMemoryPods(make_pod()),
+                                       ScriptedRedirector()).handlers).start()
+    assert not path.parent.exists()
