@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,8 +24,6 @@ pytestmark = [pytest.mark.node]
 OURS = {"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"}
 OTHER = {"key": "example.com/keep-me", "value": "yes", "effect": "NoSchedule"}
 TEST_KEYS = {OURS["key"], OTHER["key"]}
-CHART_READY_FLAG = Path("/tmp/chart-taint-ready")
-"""Written by whoever adds the chart value and its RBAC (a parallel change); absent: not yet."""
 
 
 def taints(core: Any, node: str) -> list[dict[str, Any]]:
@@ -57,9 +54,6 @@ def set_taints(core: Any, node: str, change: Any) -> None:
 def tainted_node(real_cluster: RealCluster, node_core: Any) -> Iterator[str]:
     """The node with our taint and another one; both removed at the end, whatever happened."""
     node = real_cluster.node_name
-    if not CHART_READY_FLAG.exists():
-        pytest.fail(f"{CHART_READY_FLAG} is missing: the chart value removeNotReadyTaint and its "
-                    "RBAC are not in place yet", pytrace=False)
     set_taints(node_core, node, lambda ts: [t for t in ts if t["key"] not in TEST_KEYS]
                + [OURS, OTHER])
     try:
