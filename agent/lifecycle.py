@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Protocol
 
-from agent import metrics
+from agent import metrics, plugin_log_file
 from agent.config import DEFAULT_CONFIG_PATH, Settings, load_settings
 from agent.errors import AgentError, ConfigError, InstallError, TransientInstallError
 from agent.http_server import HttpServer
@@ -23,6 +23,7 @@ from agent.install.installer import Installer
 from agent.install.watcher import InstallWatcher
 from agent.kube import KubeClients, build_clients
 from agent.logs import setup_logging
+from agent.node_taint import NodeTaintRemover
 from agent.podserver.redirect import RulesRedirector
 from agent.podserver.service import PodService
 from agent.repair.addresses import netns_addresses
@@ -53,6 +54,10 @@ def build_services(
     checks = [(type(s).__name__, _ready_of(s)) for s in services if hasattr(s, "ready")]
     services.append(HttpServer(port=settings.metricsPort, host=settings.metricsAddress,
                                checks=checks))
+    if settings.removeNotReadyTaint:
+        # Ready as /readyz reports it: every check passes (plugin and config in place, socket).
+        services.append(NodeTaintRemover(
+            clients.core, node_name, is_ready=lambda: all(check() for _, check in checks)))
     return services
 
 
@@ -96,7 +101,7 @@ def main(command: str, argv: list[str]) -> int:
     except AgentError as e:
         sys.stderr.write(f"istio-cni-agent {command}: {e}\n")
         return 1
-    setup_logging(settings.logLevel)
+    setup_logging(settings.log_levels, as_json=settings.logAsJson)
     return run(settings, config_path=args.config)
 
 
@@ -155,6 +160,7 @@ def run(
         sys.stderr.write(f"istio-cni-agent run: cannot start {type(service).__name__}: {e}\n")
         _stop_all(started)
         return 1
+    plugin_log_file.start_forwarding(settings.cniAgentRunDir, stop)  # lines of an absent agent
     while not stop.wait(1.0):
         pass
     _stop_all(started)

@@ -8,9 +8,9 @@ scope. The agent maps the scopes it has onto its loggers and tells the plugin th
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
 
 # Istio's level names plus panic (kept from the first releases of this chart); none = silent.
 LEVEL_NAMES = ("none", "panic", "fatal", "error", "warn", "info", "debug")

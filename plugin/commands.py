@@ -1,7 +1,8 @@
 """One function per CNI command: what is decided here, and what is asked of the agent.
 
 Decided without the agent (the pod passes, ADD returns prevResult): no Kubernetes pod in
-CNI_ARGS, a namespace in `exclude_namespaces`, the agent's own pod. Everything else is one
+CNI_ARGS, a namespace in `exclude_namespaces`, a pod of the agent's DaemonSet (the agent is not
+there to ask while one of them starts). Everything else is one
 request to the agent, and an agent that is unreachable or fails fails ADD and CHECK (fail
 closed: a pod that should be captured must never start uncaptured).
 
@@ -47,14 +48,34 @@ def pod_of(args: CmdArgs) -> Pod | None:
     return Pod(name, namespace, kv.get("K8S_POD_UID", ""))
 
 
+# A DaemonSet's pods are named `<generateName><5 of bcdfghjklmnpqrstvwxz2456789>`.
+_POD_SUFFIX_LEN = 5
+_POD_SUFFIX_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
+
+
+def is_agent_pod(conf: NetConf, pod: Pod) -> bool:
+    """A pod of the agent's DaemonSet: the agent's namespace, and the name the entry's
+    `agent_pod_prefix` plus a 5-character [a-z0-9] suffix (or exactly an older entry's
+    `pod_name`). Istio checks the namespace and its DaemonSet's `istio-cni-node-` prefix."""
+    if not conf.pod_namespace or pod.namespace != conf.pod_namespace:
+        return False
+    if conf.pod_name and pod.name == conf.pod_name:
+        return True
+    prefix = conf.agent_pod_prefix
+    if not prefix or not pod.name.startswith(prefix):
+        return False
+    suffix = pod.name[len(prefix):]
+    return len(suffix) == _POD_SUFFIX_LEN and all(c in _POD_SUFFIX_CHARS for c in suffix)
+
+
 def pass_reason(conf: NetConf, pod: Pod | None) -> str | None:
     """Why the pod passes without asking the agent, or None when the agent decides."""
     if pod is None:
         return "no Kubernetes pod in CNI_ARGS"
     if pod.namespace in conf.exclude_namespaces:
         return f"namespace {pod.namespace} is excluded"
-    if conf.pod_name and (pod.namespace, pod.name) == (conf.pod_namespace, conf.pod_name):
-        return "the istio-cni agent's own pod"
+    if is_agent_pod(conf, pod):
+        return "a pod of the istio-cni agent's DaemonSet"
     return None
 
 
@@ -117,6 +138,7 @@ class Plugin:
                 ifname=args.ifname, pod_name=pod.name, pod_namespace=pod.namespace,
                 pod_uid=pod.uid, cni_version=conf.cni_version, prev_result=conf.prev_result))
         except AgentUnavailable as e:
+            log.agent_unreachable()  # its lines go to the run dir's file, not another connect
             if not unreachable_ok:
                 log.error(f"{command} failed", code=e.code, error=e.msg, details=e.details)
                 raise
@@ -129,15 +151,16 @@ class Plugin:
         log.debug(f"{command}: {reply['result']}", reason=reply["reason"])
 
     def _log(self, args: CmdArgs, conf: NetConf, pod: Pod | None) -> PluginLog:
-        """Lines to stderr and to the agent's log, tagged with the pod."""
+        """Lines to stderr and to the agent's log (else the run dir's file), tagged with the pod."""
         name, namespace = (pod.name, pod.namespace) if pod else ("", "")
         client = AgentClient(conf.agent_run_dir, timeout=conf.agent_timeout)
 
-        def sink(level: str, msg: str) -> bool:
+        def sink(level: str, msg: str, fields: dict[str, str]) -> bool:
             return client.log(wire.log_request(level=level, msg=msg, pod_name=name,
                                                pod_namespace=namespace,
-                                               container_id=args.container_id))
+                                               container_id=args.container_id, fields=fields))
 
         fields = {"pod": f"{namespace}/{name}" if pod else "",
-                  "containerID": args.container_id, "command": args.command}
-        return PluginLog(conf.log_level, stderr=self.stderr, fields=fields, sink=sink)
+                  "containerId": args.container_id, "command": args.command}
+        return PluginLog(conf.log_level, stderr=self.stderr, fields=fields, sink=sink,
+                         as_json=conf.log_as_json, run_dir=conf.agent_run_dir)

@@ -1,8 +1,10 @@
 """The network configuration on stdin: the CNI fields and our entry's fields, checked once.
 
-Our entry (written by the installer): plugin_log_level, cni_agent_run_dir, exclude_namespaces,
-pod_namespace and pod_name (the agent's own pod), optional agent_timeout_seconds. Other fields
-(ipam, dns, capabilities, a runtime's extras) are ignored.
+Our entry (written by the installer): plugin_log_level, log_as_json, cni_agent_run_dir,
+exclude_namespaces, pod_namespace and agent_pod_prefix (the agent's own pods: that namespace, the
+DaemonSet's name prefix), optional agent_timeout_seconds. `pod_name` (one agent pod by name) is
+what entries of earlier versions carry, still honoured. Other fields (ipam, dns, capabilities, a
+runtime's extras) are ignored.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ if TYPE_CHECKING:
 
 DEFAULT_RUN_DIR = "/var/run/istio-cni"
 DEFAULT_TIMEOUT = 10.0
-LOG_LEVELS = ("panic", "fatal", "error", "warn", "info", "debug")
+LOG_LEVELS = ("none", "panic", "fatal", "error", "warn", "info", "debug")
 # Names (network, container id): [a-zA-Z0-9][a-zA-Z0-9_.-]*, checked without `re` (start-up).
 _ALNUM = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
 _NAME_CHARS = _ALNUM | frozenset("_.-")
@@ -33,8 +35,9 @@ class NetConf:
     """The checked configuration of one invocation (read-only by convention)."""
 
     __slots__ = (
-        "agent_run_dir", "agent_timeout", "cni_version", "exclude_namespaces", "log_level",
-        "name", "pod_name", "pod_namespace", "prev_result", "type", "valid_attachments",
+        "agent_pod_prefix", "agent_run_dir", "agent_timeout", "cni_version",
+        "exclude_namespaces", "log_as_json", "log_level", "name", "pod_name", "pod_namespace",
+        "prev_result", "type", "valid_attachments",
     )
 
     def __init__(
@@ -45,10 +48,12 @@ class NetConf:
         type: str,
         prev_result: dict[str, Any] | None = None,
         log_level: str = "info",
+        log_as_json: bool = False,
         agent_run_dir: str = DEFAULT_RUN_DIR,
         exclude_namespaces: tuple[str, ...] = (),
         pod_namespace: str = "",
         pod_name: str = "",
+        agent_pod_prefix: str = "",
         agent_timeout: float = DEFAULT_TIMEOUT,
         valid_attachments: list[tuple[str, str]] | None = None,
     ) -> None:
@@ -57,10 +62,12 @@ class NetConf:
         self.type = type
         self.prev_result = prev_result
         self.log_level = log_level
+        self.log_as_json = log_as_json
         self.agent_run_dir = agent_run_dir
         self.exclude_namespaces = exclude_namespaces
         self.pod_namespace = pod_namespace
         self.pod_name = pod_name
+        self.agent_pod_prefix = agent_pod_prefix
         self.agent_timeout = agent_timeout
         self.valid_attachments = valid_attachments
 
@@ -101,10 +108,12 @@ def parse(stdin: bytes, *, command: str) -> NetConf:
         type=_string(raw, "type"),
         prev_result=prev,
         log_level=_level(raw),
+        log_as_json=_bool(raw, "log_as_json"),
         agent_run_dir=_run_dir(raw),
         exclude_namespaces=_namespaces(raw),
         pod_namespace=_string(raw, "pod_namespace", ""),
         pod_name=_string(raw, "pod_name", ""),
+        agent_pod_prefix=_string(raw, "agent_pod_prefix", ""),
         agent_timeout=_timeout(raw),
         valid_attachments=_attachments(raw) if command == "GC" else None,
     )
@@ -117,6 +126,13 @@ def _string(raw: dict[str, Any], field: str, default: str | None = None) -> str:
     if not isinstance(value, str) or (default is None and not value):
         what = "missing" if value is None else "must be a non-empty string"
         raise CniError(INVALID_CONFIG, f"network config field {field!r} {what}")
+    return value
+
+
+def _bool(raw: dict[str, Any], field: str) -> bool:
+    value = raw.get(field, False)
+    if not isinstance(value, bool):
+        raise CniError(INVALID_CONFIG, f"network config field {field!r} must be true or false")
     return value
 
 

@@ -7,6 +7,9 @@ sides build and check the same bodies:
     POST /v1/cni/gc                                   GcRequest
     GET  /v1/status                                   -> StatusReply (200 ready, 503 not ready)
     POST /v1/log                                      LogRequest
+    <run dir>/istio-cni.log[.1]                       plugin lines the agent did not take (JSON
+                                                      per line; written by plugin/log.py, read by
+                                                      agent/plugin_log_file.py)
     200 Reply {"result": "redirected"|"skipped", "reason"}; 4xx/5xx ErrorReply {code, msg, details}
 
 The TypedDicts below exist for type checkers only: importing `typing` at run time costs the
@@ -46,6 +49,7 @@ if TYPE_CHECKING:
         podName: str
         podNamespace: str
         containerId: str
+        fields: NotRequired[dict[str, str]]
 
     class Reply(TypedDict):
         result: str
@@ -62,6 +66,9 @@ if TYPE_CHECKING:
 
 
 SOCKET_NAME = "pluginevent.sock"
+LOG_FILE_NAME = "istio-cni.log"
+"""The plugin's fallback log in the run dir (Istio's plugin writes a rolling log of that name)."""
+LOG_FILE_ROTATED = LOG_FILE_NAME + ".1"
 PATH_ADD = "/v1/cni/add"
 PATH_CHECK = "/v1/cni/check"
 PATH_DEL = "/v1/cni/del"
@@ -170,16 +177,21 @@ def parse_gc_request(body: bytes) -> GcRequest:
 
 
 def log_request(
-    *, level: str, msg: str, pod_name: str, pod_namespace: str, container_id: str
+    *, level: str, msg: str, pod_name: str, pod_namespace: str, container_id: str,
+    fields: dict[str, str] | None = None,
 ) -> LogRequest:
-    """The body of POST /v1/log: one plugin log line for the agent's log."""
-    return {
+    """The body of POST /v1/log: one plugin log line for the agent's log, with the line's own
+    fields apart from its message (an agent of an earlier version ignores them)."""
+    body: LogRequest = {
         "level": level,
         "msg": msg,
         "podName": pod_name,
         "podNamespace": pod_namespace,
         "containerId": container_id,
     }
+    if fields:
+        body["fields"] = fields
+    return body
 
 
 def parse_log_request(body: bytes) -> LogRequest:
@@ -187,6 +199,9 @@ def parse_log_request(body: bytes) -> LogRequest:
     _strings(obj, _LOG_FIELDS, "log request")
     if obj["level"] not in LOG_LEVELS:
         raise WireError(f"log request: field 'level' must be one of {list(LOG_LEVELS)}")
+    fields = obj.get("fields", {})
+    if not isinstance(fields, dict) or not all(isinstance(v, str) for v in fields.values()):
+        raise WireError("log request: field 'fields' must be an object of strings")
     return obj  # type: ignore[return-value]  # checked above
 
 

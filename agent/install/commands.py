@@ -42,7 +42,7 @@ def main(command: str, argv: list[str]) -> int:
     except AgentError as e:
         sys.stderr.write(f"istio-cni-agent {command}: {e}\n")
         return 1
-    setup_logging(settings.logLevel)
+    setup_logging(settings.log_levels, as_json=settings.logAsJson)
     installer = make_installer(settings)
     try:
         if command == "install":

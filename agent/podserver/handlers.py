@@ -16,13 +16,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agent.logs import LEVELS
+from agent.logs import LEVELS, PLUGIN_LOGGER
 from agent.podserver.metrics import PluginMetrics
 from agent.podserver.sandboxes import Sandbox, SandboxStore
 from plugin import wire
 
 log = logging.getLogger(__name__)
-plugin_log = logging.getLogger("agent.plugin")
+plugin_log = logging.getLogger(PLUGIN_LOGGER)
 
 # CNI error codes (CNI spec, "Error" section; 999 is libcni's "unknown error").
 CODE_INVALID_ENV = 4
@@ -31,6 +31,7 @@ CODE_TRY_AGAIN = 11
 CODE_UNKNOWN = 999
 
 MAX_LOG_MESSAGE = 4096
+MAX_LOG_FIELDS = 32
 
 
 @dataclass(frozen=True)
@@ -244,6 +245,8 @@ class PodHandlers:
             return failure(400, CODE_DECODE, str(e))
         fields = {"source": "plugin", "pod": f"{data['podNamespace']}/{data['podName']}",
                   "containerId": data["containerId"]}
+        for k, v in list(data.get("fields", {}).items())[:MAX_LOG_FIELDS]:
+            fields.setdefault(k[:64], v[:MAX_LOG_MESSAGE])  # ours first: a line cannot spoof them
         level = LEVELS.get(data["level"], logging.INFO)
         plugin_log.log(level, "%s", data["msg"][:MAX_LOG_MESSAGE], extra={"fields": fields})
         return ok(wire.RESULT_SKIPPED, "logged")

@@ -85,7 +85,7 @@ class ChartOnNode:
     def _make_agent_pod(self, namespace: str, ds: dict[str, Any]) -> str:
         """The pod the DaemonSet controller would make on the node (no such controller runs)."""
         template = ds["spec"]["template"]
-        name = f"{RELEASE}-{secrets.token_hex(3)}"
+        name = f"{RELEASE}-{secrets.token_hex(3)[:5]}"  # as a DaemonSet names its pods
         self.core.create_namespaced_pod(namespace, {
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {

@@ -62,7 +62,9 @@ def test_installed_agent_serves_the_node(
         "plugin_log_level": config["logLevel"],
         "cni_agent_run_dir": config["cniAgentRunDir"],
         "exclude_namespaces": config["excludeNamespaces"],
-        "pod_namespace": NAMESPACE, "pod_name": installed.agent_pod}
+        # The agent's pods by their DaemonSet's name, not this pod's: a rollout leaves it alone.
+        "pod_namespace": NAMESPACE, "agent_pod_prefix": config["daemonSetName"] + "-"}
+    assert installed.agent_pod.startswith(ours["agent_pod_prefix"])
     assert (cni_node.bin_dir / "istio-cni").is_file()
     assert sorted(p.name for p in cni_node.bin_dir.glob("istio-cni*")) == ["istio-cni"], (
         "the plugin is one file"

@@ -23,7 +23,7 @@ def test_install_then_uninstall(node: Node) -> None:
     done = _run("install", "--config", str(config))
     assert done.returncode == 0, done.stderr
     installed = node.conf("10-net.conflist")
-    assert installed["plugins"][-1]["pod_name"] == "istio-cni-node-x"
+    assert installed["plugins"][-1]["agent_pod_prefix"] == "istio-cni-node-"
     assert conflist.remove(installed) == LIST
     assert os.access(node.bin_dir / "istio-cni", os.X_OK)
     done = _run("uninstall", "--config", str(config))

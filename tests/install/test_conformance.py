@@ -10,6 +10,7 @@ out addresses already in use. Comparison is as JSON (we keep the input's key ord
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import shutil
 import threading
@@ -175,7 +176,12 @@ def test_standalone_check_valid(node: Node) -> None:
     settings = node.with_settings(chained=False, cniConfFileName="istio-cni.conf")
     installer = Installer(settings, pod_name=POD_NAME, pod_namespace="ns")
     (node.conf_dir / "istio-cni.conf").write_text(json.dumps(installer.entry))
+    os.chmod(node.conf_dir / "istio-cni.conf", 0o644)
     shutil.copy(node.src_dir / "istio-cni", node.bin_dir / "istio-cni")
+    # Beyond Istio's check: a file of ours must also have our mode (Istio's CNIConfFileMode).
+    assert installer.problems() == [
+        f"{node.conf_dir / 'istio-cni.conf'}: mode 0644, want 0600"]
+    os.chmod(node.conf_dir / "istio-cni.conf", 0o600)
     assert installer.problems() == []
 
 

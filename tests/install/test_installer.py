@@ -162,7 +162,7 @@ def test_entry_carries_what_the_plugin_needs(node: Node) -> None:
     entry = node.conf("10-net.conflist")["plugins"][-1]
     assert entry == {"name": "istio-cni", "type": "istio-cni", "plugin_log_level": "debug",
                      "cni_agent_run_dir": "/run/x", "exclude_namespaces": ["a", "b"],
-                     "pod_namespace": "istio-system", "pod_name": "agent-1"}
+                     "pod_namespace": "istio-system", "agent_pod_prefix": "agent-"}
     text = (node.conf_dir / "10-net.conflist").read_text().lower()
     assert "token" not in text and "kubeconfig" not in text
 

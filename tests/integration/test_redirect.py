@@ -21,7 +21,8 @@ def test_chart_config_reaches_the_plugin_entry(mesh_node: MeshNode) -> None:
     assert entry["exclude_namespaces"] == EXCLUDED
     assert entry["plugin_log_level"] == "debug"
     assert entry["pod_namespace"] == AGENT_NAMESPACE
-    assert entry["pod_name"] == mesh_node.installed.agent_pod
+    assert mesh_node.installed.agent_pod.startswith(entry["agent_pod_prefix"])
+    assert "pod_name" not in entry  # a rollout must not rewrite the node's CNI config
     assert entry["cni_agent_run_dir"] == str(mesh_node.harness.workdir / "run")
     assert mesh_node.plugin_binary.is_file()
 

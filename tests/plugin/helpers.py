@@ -75,7 +75,7 @@ def net_conf(version: str = "1.0.0", run_dir: str = "/nonexistent", **extra: Any
         "cniVersion": version, "name": "k8s-pod-network", "type": "istio-cni",
         "plugin_log_level": "debug", "cni_agent_run_dir": run_dir,
         "exclude_namespaces": ["istio-system", "kube-system"],
-        "pod_namespace": "istio-system", "pod_name": "istio-cni-node-abcde",
+        "pod_namespace": "istio-system", "agent_pod_prefix": "istio-cni-node-",
         "prevResult": result_for(version),
     }
     conf.update(extra)

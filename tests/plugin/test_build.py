@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
+import stat
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -159,3 +161,60 @@ def test_add_agent_down_fails_closed(build: Path, tmp_path: Path) -> None:
 def test_malformed_stdin_gives_error_object(build: Path) -> None:
     code, out = run_built(build / "istio-cni", cni_env("ADD"), "{oops")
     assert code == 1 and isinstance(out, dict) and out["code"] == 6
+
+
+def test_logs_of_an_absent_agent_reach_the_real_agent_later(
+    build: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The built plugin with no agent: JSON on stderr (log_as_json) and the same lines in the
+    run dir's file (0600); the agent's pod server starts and the forwarder logs them; then the
+    plugin's lines go over the socket, with their fields apart."""
+    from agent.logs import PLUGIN_LOGGER
+    from agent.plugin_log_file import forward_once
+    from agent.podserver.server import PodServer
+    from plugin import wire
+    from tests.podserver.helpers import InMemoryPods, ScriptedRedirector, build_rig, make_pod
+
+    caplog.set_level(logging.DEBUG)
+    run_dir = Path("/tmp") / f"plugin-build-{os.getpid()}-{tmp_path.name[-12:]}"
+    run_dir.mkdir()
+    try:
+        conf = json.dumps(net_conf(run_dir=str(run_dir), log_as_json=True)).encode()
+        proc = subprocess.run([str(build / "istio-cni")], env=cni_env("ADD"), input=conf,
+                              capture_output=True, timeout=60)
+        assert proc.returncode == 1 and json.loads(proc.stdout)["code"] == 11
+        [stderr_line] = [json.loads(line) for line in proc.stderr.decode().splitlines()]
+        log_file = run_dir / wire.LOG_FILE_NAME
+        assert stat.S_IMODE(log_file.stat().st_mode) == 0o600
+        [file_line] = [json.loads(line) for line in log_file.read_text().splitlines()]
+        assert file_line == stderr_line
+        assert (file_line["level"], file_line["msg"], file_line["scope"]) == (
+            "error", "ADD failed", "istio-cni")
+
+        rig = build_rig(InMemoryPods(make_pod()), ScriptedRedirector())
+        server = PodServer(str(run_dir / wire.SOCKET_NAME), rig.handlers)
+        server.start()
+        try:
+            assert forward_once(str(run_dir), settle=0) == 1
+            assert not log_file.exists()
+            proc = subprocess.run([str(build / "istio-cni")], env=cni_env("DEL"), input=conf,
+                                  capture_output=True, timeout=60)
+            assert proc.returncode == 0, proc.stdout
+        finally:
+            server.stop()
+        records = [r for r in caplog.records if r.name == PLUGIN_LOGGER]
+        late, live = records[0], records[1:]
+        assert (late.levelno, late.getMessage()) == (logging.ERROR, "ADD failed")
+        assert late.fields["via"] == "file" and late.fields["code"] == "11"  # type: ignore[attr-defined]
+        assert live and all(r.fields["source"] == "plugin" for r in live)  # type: ignore[attr-defined]
+        assert not log_file.exists()
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def test_log_level_none_writes_nothing(build: Path, tmp_path: Path) -> None:
+    conf = json.dumps(net_conf(run_dir=str(tmp_path), plugin_log_level="none")).encode()
+    proc = subprocess.run([str(build / "istio-cni")], env=cni_env("ADD"), input=conf,
+                          capture_output=True, timeout=60)
+    assert proc.returncode == 1 and proc.stderr == b""
+    assert list(tmp_path.iterdir()) == []

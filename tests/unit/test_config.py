@@ -47,7 +47,11 @@ def test_values_are_read_and_nested_repair_applies(tmp_path: Path) -> None:
     [
         ("cniBinDri: /x\n", "unknown key cniBinDri"),
         ("chained: 'yes'\n", "key chained must be true or false"),
-        ("logLevel: verbose\n", "key logLevel must be one of panic, fatal"),
+        ("logLevel: verbose\n", "key logLevel: level 'verbose' in 'verbose' is not one of none"),
+        ("logLevel: 'default:info,cni-plugin:loud'\n", "level 'loud'"),
+        ("logLevel: 'default:info,,repair:warn'\n", "empty entry"),
+        ("logLevel: 'Big Scope:debug'\n", "scope 'Big Scope'"),
+        ("logLevel: 3\n", "key logLevel must be a string"),
         ("excludeNamespaces: kube-system\n", "key excludeNamespaces must be a list of strings"),
         ("cniConfDir: etc/cni\n", "key cniConfDir must be an absolute path"),
         ("metricsPort: 70000\n", "key metricsPort must be a port number"),
@@ -59,7 +63,8 @@ def test_values_are_read_and_nested_repair_applies(tmp_path: Path) -> None:
         ("a: [\n", "not valid YAML"),
     ],
     ids=[
-        "unknown-key", "bool-type", "log-level", "list-type", "relative-dir", "port-range",
+        "unknown-key", "bool-type", "log-level", "log-level-scope-level", "log-level-empty",
+        "log-level-scope-name", "log-level-type", "list-type", "relative-dir", "port-range",
         "bool-as-int", "repair-mode", "repair-unknown", "file-name", "not-mapping", "bad-yaml",
     ],
 )
@@ -74,3 +79,39 @@ def test_bad_config_names_key_and_file(tmp_path: Path, text: str, expected: str)
 def test_missing_explicit_file_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not found"):
         load_settings(str(tmp_path / "nope.yaml"))
+
+
+@pytest.mark.parametrize(
+    ("spec", "default", "scopes"),
+    [
+        ("debug", "debug", {}),
+        ("none", "none", {}),
+        ("default:warn", "warn", {}),
+        ("default:info,cni-plugin:debug,repair:warn", "info",
+         {"cni-plugin": "debug", "repair": "warn"}),
+        (" cni-agent:error , info ", "info", {"cni-agent": "error"}),
+        ("repair:debug,all:warn", "warn", {"repair": "warn"}),
+        ("all:error,repair:debug", "error", {"repair": "debug"}),
+    ],
+)
+def test_log_level_takes_a_level_or_istios_scope_list(
+    tmp_path: Path, spec: str, default: str, scopes: dict[str, str]
+) -> None:
+    s = load_settings(write(tmp_path, f"logLevel: '{spec}'\n"))
+    assert s.logLevel == spec
+    assert s.log_levels.default == default and dict(s.log_levels.scopes) == scopes
+    assert s.log_levels.plugin == scopes.get("cni-plugin", default)
+
+
+def test_unknown_scopes_are_accepted_and_named() -> None:
+    levels = Settings(logLevel="default:info,ambient:debug,galley:warn,zz:error").log_levels
+    assert levels.unknown_scopes == ("galley", "zz")
+    assert levels.level_of("galley") == "warn" and levels.level_of("install") == "info"
+
+
+def test_log_keys_of_the_chart(tmp_path: Path) -> None:
+    s = load_settings(write(tmp_path, "logAsJson: true\ndaemonSetName: istio-cni-node\n"))
+    assert s.logAsJson is True and s.daemonSetName == "istio-cni-node"
+    assert Settings().logAsJson is False and Settings().daemonSetName == ""
+    with pytest.raises(ConfigError, match="key logAsJson must be true or false"):
+        load_settings(write(tmp_path, "logAsJson: 'yes'\n"))
