@@ -29,7 +29,8 @@ def test_config_names_exactly_the_settings_keys(helm: Helm) -> None:
 
 
 def test_default_values_give_the_agents_defaults(helm: Helm, tmp_path: Path) -> None:
-    assert load_rendered(helm, tmp_path) == Settings()
+    # daemonSetName has no agent default: the chart always names its own DaemonSet.
+    assert load_rendered(helm, tmp_path) == Settings(daemonSetName="istio-cni")
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
@@ -76,6 +77,7 @@ def test_values_reach_the_config(helm: Helm, tmp_path: Path) -> None:
         ruleBackend="nftables",
         uninstallOnStop="never",
         conflictsPerMinuteWarning=9,
+        daemonSetName="istio-cni",
         repair=RepairSettings(
             enabled=False, mode="label", labelKey="example.com/broken", labelValue="yes",
             initContainerName="check",
@@ -84,7 +86,12 @@ def test_values_reach_the_config(helm: Helm, tmp_path: Path) -> None:
 
 
 def test_empty_exclude_list_loads_as_empty(helm: Helm, tmp_path: Path) -> None:
-    assert load_rendered(helm, tmp_path, sets=["excludeNamespaces=null"]).excludeNamespaces == ()
+    # `[]` is "none"; null (every value's default in values.yaml) means the built-in default.
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("excludeNamespaces: []\n")
+    assert load_rendered(helm, tmp_path, values=[empty]).excludeNamespaces == ()
+    assert load_rendered(helm, tmp_path, sets=["excludeNamespaces=null"]).excludeNamespaces == (
+        "istio-system", "kube-system")
 
 
 def test_container_paths_in_the_config_are_the_mounts(helm: Helm, tmp_path: Path) -> None:

@@ -88,10 +88,11 @@ def test_preset_renders_its_platform(helm: Helm, preset: str) -> None:
 
     nads = of_kind(docs, "NetworkAttachmentDefinition")
     if want.get("nad"):
-        assert [(n["apiVersion"], n["metadata"]["name"]) for n in nads] == [
+        assert {(n["apiVersion"], n["metadata"]["name"]) for n in nads} == {
             ("k8s.cni.cncf.io/v1", "istio-cni")
-        ]
-        assert nads[0]["metadata"]["namespace"] == "kube-system"
+        }
+        # The release namespace, and `default` where Istio's chart creates it.
+        assert [n["metadata"]["namespace"] for n in nads] == ["kube-system", "default"]
     else:
         assert nads == []
 
@@ -161,7 +162,7 @@ def test_extra_network_attachment_namespaces(helm: Helm) -> None:
         sets=["platform=openshift", "networkAttachmentNamespaces={bookinfo,kube-system}"]
     )
     names = sorted(n["metadata"]["namespace"] for n in of_kind(docs, "NetworkAttachmentDefinition"))
-    assert names == ["bookinfo", "kube-system"]
+    assert names == ["bookinfo", "default", "kube-system"]
 
 
 @pytest.mark.parametrize(

@@ -1,14 +1,17 @@
 {{/* Chart name, overridable. */}}
 {{- define "istio-cni.name" -}}
-{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- $cni := .Values.cni | default dict -}}
+{{- .Values.nameOverride | default $cni.nameOverride | default .Chart.Name | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
 {{/* Name of every resource of a release. */}}
 {{- define "istio-cni.fullname" -}}
-{{- if .Values.fullnameOverride -}}
-{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- $cni := .Values.cni | default dict -}}
+{{- $override := .Values.fullnameOverride | default $cni.fullnameOverride -}}
+{{- if $override -}}
+{{- $override | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- $name := include "istio-cni.name" . -}}
 {{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
@@ -33,12 +36,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end -}}
 
-{{/* The agent image: hub and tag fall back to global.hub / global.tag, then built-in defaults. */}}
-{{- define "istio-cni.image" -}}
-{{- $global := .Values.global | default dict -}}
-{{- $hub := .Values.hub | default $global.hub | default "ghcr.io/istio-cni" -}}
-{{- $tag := .Values.tag | default $global.tag | default .Chart.AppVersion -}}
-{{- printf "%s/istio-cni:%s" (trimSuffix "/" $hub) (toString $tag) -}}
+{{/* Istio's revision label on the resources (not the pods: a revision label can select pods for
+injection). Takes the effective values. */}}
+{{- define "istio-cni.revisionLabel" -}}
+istio.io/rev: {{ .revision | default "default" | quote }}
 {{- end -}}
 
 {{/* Where the node's directories appear inside the agent container (config keys of the same name). */}}
@@ -52,33 +53,46 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 
 {{/* The agent's config.yaml: exactly the keys of agent/config.py Settings. */}}
 {{- define "istio-cni.config" -}}
-{{- $s := include "istio-cni.resolved" . | fromYaml -}}
+{{- $v := include "istio-cni.values" . | fromYaml -}}
 {{- $repair := dict
-  "enabled" .Values.repair.enabled
-  "mode" .Values.repair.mode
-  "labelKey" .Values.repair.labelKey
-  "labelValue" (toString .Values.repair.labelValue)
-  "initContainerName" .Values.repair.initContainerName -}}
+  "enabled" $v.repair.enabled
+  "mode" $v.repair.mode
+  "labelKey" $v.repair.labelKey
+  "labelValue" (toString $v.repair.labelValue)
+  "initContainerName" $v.repair.initContainerName -}}
 {{- $cfg := dict
-  "cniBinDir" $s.cniBinDir
-  "cniConfDir" $s.cniConfDir
-  "cniConfFileName" $s.cniConfFileName
-  "chained" $s.chained
-  "istioOwnedCNIConfig" .Values.istioOwnedCNIConfig
-  "istioOwnedCNIConfigFileName" .Values.istioOwnedCNIConfigFileName
-  "logLevel" .Values.logLevel
-  "excludeNamespaces" (.Values.excludeNamespaces | default list)
+  "cniBinDir" $v.cniBinDir
+  "cniConfDir" $v.cniConfDir
+  "cniConfFileName" $v.cniConfFileName
+  "chained" $v.chained
+  "istioOwnedCNIConfig" $v.istioOwnedCNIConfig
+  "istioOwnedCNIConfigFileName" $v.istioOwnedCNIConfigFileName
+  "logLevel" $v.logLevel
+  "logAsJson" $v.logAsJson
+  "excludeNamespaces" $v.excludeNamespaces
   "mountedCniBinDir" (include "istio-cni.mountedCniBinDir" .)
   "mountedCniConfDir" (include "istio-cni.mountedCniConfDir" .)
   "pluginSourceDir" (include "istio-cni.pluginSourceDir" .)
-  "cniAgentRunDir" .Values.cniAgentRunDir
+  "cniAgentRunDir" $v.cniAgentRunDir
   "hostProcDir" (include "istio-cni.hostProcDir" .)
   "mountedNetnsDir" (include "istio-cni.mountedNetnsDir" .)
-  "metricsPort" (int .Values.metricsPort)
-  "metricsAddress" (.Values.metricsAddress | default "")
-  "ruleBackend" .Values.ruleBackend
-  "uninstallOnStop" .Values.uninstallOnStop
-  "conflictsPerMinuteWarning" (int .Values.conflictsPerMinuteWarning)
+  "metricsPort" (int $v.metricsPort)
+  "metricsAddress" $v.metricsAddress
+  "ruleBackend" $v.ruleBackend
+  "uninstallOnStop" $v.uninstallOnStop
+  "conflictsPerMinuteWarning" (int $v.conflictsPerMinuteWarning)
+  "cniConfGroupRead" $v.cniConfGroupRead
+  "removeNotReadyTaint" $v.removeNotReadyTaint
+  "daemonSetName" (include "istio-cni.fullname" .)
   "repair" $repair -}}
 {{- toYaml $cfg -}}
+{{- end -}}
+
+{{/*
+Namespaces that get the NetworkAttachmentDefinition istio-cni (provider multus): the release
+namespace, networkAttachmentNamespaces, and `default`, where Istio's chart creates it and Istio's
+injector may point pods (default/istio-cni). A YAML list.
+*/}}
+{{- define "istio-cni.nadNamespaces" -}}
+{{- concat (list .ctx.Release.Namespace) .v.networkAttachmentNamespaces (list "default") | uniq | toYaml -}}
 {{- end -}}

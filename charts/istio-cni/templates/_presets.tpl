@@ -1,8 +1,8 @@
 {{/*
-Built-in platform presets, selected with `platform`: each names the CNI paths checked for that
-platform and what else differs from "istio-cni.defaults". values-examples/<platform>.yaml spells out
-the same values with the reason and the source they were checked against; tests/chart checks that
-both render the same.
+Built-in platform presets, selected with `platform` (or Istio's global.platform): each names the
+CNI paths checked for that platform and what else differs from the built-in defaults
+(files/defaults.yaml). values-examples/<platform>.yaml spells out the same values with the reason
+and the source they were checked against; tests/chart checks that both render the same.
 */}}
 {{- define "istio-cni.presets" -}}
 gke:
@@ -46,51 +46,4 @@ rke2:
   cniConfDir: /etc/cni/net.d
   seLinuxOptions:
     type: spc_t
-{{- end -}}
-
-{{/* What a value means when neither the user nor the preset sets it (agent/config.py defaults). */}}
-{{- define "istio-cni.defaults" -}}
-cniBinDir: /opt/cni/bin
-cniConfDir: /etc/cni/net.d
-cniConfFileName: ""
-chained: true
-cniNetnsDir: /var/run/netns
-provider: ""
-psp_cluster_role: ""
-seLinuxOptions: {}
-resourceQuota:
-  enabled: false
-{{- end -}}
-
-{{/*
-The preset-able values, resolved: the user's value when set (not null), else the preset's, else
-the default. Returns YAML; use as `include "istio-cni.resolved" . | fromYaml`.
-*/}}
-{{- define "istio-cni.resolved" -}}
-{{- $presets := include "istio-cni.presets" . | fromYaml -}}
-{{- $preset := dict -}}
-{{- if .Values.platform -}}
-{{- $preset = get $presets .Values.platform | default dict -}}
-{{- end -}}
-{{- $defaults := include "istio-cni.defaults" . | fromYaml -}}
-{{- $out := dict -}}
-{{- range $key := list "cniBinDir" "cniConfDir" "cniConfFileName" "chained" "cniNetnsDir" "provider" "psp_cluster_role" "seLinuxOptions" -}}
-{{- $user := index $.Values $key -}}
-{{- if not (kindIs "invalid" $user) -}}
-{{- $_ := set $out $key $user -}}
-{{- else if hasKey $preset $key -}}
-{{- $_ := set $out $key (get $preset $key) -}}
-{{- else -}}
-{{- $_ := set $out $key (get $defaults $key) -}}
-{{- end -}}
-{{- end -}}
-{{- $userQuota := index (.Values.resourceQuota | default dict) "enabled" -}}
-{{- if not (kindIs "invalid" $userQuota) -}}
-{{- $_ := set $out "resourceQuotaEnabled" $userQuota -}}
-{{- else if hasKey $preset "resourceQuota" -}}
-{{- $_ := set $out "resourceQuotaEnabled" $preset.resourceQuota.enabled -}}
-{{- else -}}
-{{- $_ := set $out "resourceQuotaEnabled" $defaults.resourceQuota.enabled -}}
-{{- end -}}
-{{- toYaml $out -}}
 {{- end -}}
