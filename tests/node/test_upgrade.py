@@ -1,7 +1,8 @@
 """`helm upgrade` to a new image tag (`ci/build-image --tag T`) while sidecar pods keep being
 created: the DaemonSet replaces the agent's pod, and meanwhile no pod starts uncaptured (each
 one's connections reach its proxy from the first), none fails for good (a refused ADD while no
-agent serves is retried by kubelet), and our entry never leaves the node's conflist."""
+agent serves is retried by kubelet), our entry never leaves the node's conflist, and the new
+agent pod leaves that file alone: its entry names the DaemonSet, not the pod."""
 
 from __future__ import annotations
 
@@ -34,10 +35,14 @@ class ConflistWatch(threading.Thread):
         self.stop = threading.Event()
         self.reads = 0
         self.missing: list[str] = []
+        self.versions: set[tuple[int, int]] = set()
+        """(inode, mtime) of every version of the file seen: a rewrite makes a new one."""
 
     def run(self) -> None:
         while not self.stop.wait(0.01):
             try:
+                stat = self.cluster.conflist_path.stat()
+                self.versions.add((stat.st_ino, stat.st_mtime_ns))
                 plugins = json.loads(self.cluster.conflist_path.read_text())["plugins"]
             except (OSError, ValueError) as e:
                 self.missing.append(f"unreadable: {e}")
@@ -88,6 +93,7 @@ def test_upgrade_while_pods_start(
     helm = node_helm("4")
     old = agent_mod.install(helm, real_cluster, node_core, agent_image)
     agent_mod.wait_conflist(real_cluster, lambda c: c["plugins"][-1]["type"] == "istio-cni")
+    before = real_cluster.conflist_path.read_bytes()
 
     watch = ConflistWatch(real_cluster)
     creator = PodCreator(node_core, workload_ns, real_cluster.images["workload"].ref)
@@ -123,3 +129,7 @@ def test_upgrade_while_pods_start(
     watch.join()
     assert watch.reads > 100
     assert not watch.missing, watch.missing[:5]
+    # A rollout that changes only the agent pod (and its image) does not rewrite the node's
+    # primary CNI config: one version of the file the whole time, the same bytes as before.
+    assert len(watch.versions) == 1, watch.versions
+    assert real_cluster.conflist_path.read_bytes() == before
