@@ -8,13 +8,21 @@ ConfigMap through `load_settings` so the two cannot drift apart.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 import yaml
 
+from agent.ambient.selectors import (
+    DEFAULT_ENABLEMENT_SELECTORS,
+    EnablementSelector,
+    SelectorError,
+    parse_enablement_selectors,
+)
 from agent.errors import ConfigError
 from agent.log_levels import LogLevels, parse_log_levels
 
@@ -40,6 +48,40 @@ class RepairSettings:
     """Value of that label."""
     initContainerName: str = "istio-validation"
     """Init container whose failure marks a pod as started without redirect."""
+
+
+@dataclass(frozen=True)
+class AmbientSettings:
+    """Ambient mode: pods selected here are redirected to the node's ztunnel (Istio's AMBIENT_*).
+
+    Istio's `ambient.shareHostNetworkNamespace` has no counterpart: this agent always runs on the
+    host network. Istio's `ambient.configDir` is not read by Istio's CNI agent either.
+    """
+
+    enabled: bool = False
+    """Run the ambient node agent (Istio's AMBIENT_ENABLED); off, ambient pods are left alone."""
+    enablementSelectors: tuple[EnablementSelector, ...] = DEFAULT_ENABLEMENT_SELECTORS
+    """A pod is ambient when one entry's podSelector matches its labels and namespaceSelector
+    its namespace's (Istio's AMBIENT_ENABLEMENT_SELECTOR); empty selector = everything."""
+    dnsCapture: bool = True
+    """Redirect the pods' DNS (port 53) to ztunnel's DNS proxy (AMBIENT_DNS_CAPTURE)."""
+    ipv6: bool = True
+    """Also program IPv6 rules in ambient pods (AMBIENT_IPV6)."""
+    reconcileIptablesOnStartup: bool = True
+    """On start, rewrite rules of already enrolled pods that differ from the expected ones
+    (AMBIENT_RECONCILE_POD_RULES_ON_STARTUP)."""
+    enableAmbientDetectionRetry: bool = False
+    """Retry the pod/namespace lookup of a CNI ADD and fail it when the lookup keeps failing,
+    instead of treating the pod as not ambient (ENABLE_AMBIENT_DETECTION_RETRY)."""
+    ztunnelSocketPath: str = "/var/run/ztunnel/ztunnel.sock"
+    """Unix socket the agent serves for ztunnel (ZDS); same path on the node and in the pod
+    (Istio's ZTUNNEL_UDS_ADDRESS)."""
+    systemNamespace: str = "istio-system"
+    """Namespace of the ztunnel pods (label app=ztunnel), never enrolled (SYSTEM_NAMESPACE)."""
+    hostProbeSnatAddress: str = "169.254.7.127"
+    """IPv4 address kubelet's probes to ambient pods are SNATed to (HOST_PROBE_SNAT_IP)."""
+    hostProbeSnatAddressV6: str = "fd16:9254:7127:1337:ffff:ffff:ffff:ffff"
+    """IPv6 address kubelet's probes to ambient pods are SNATed to (HOST_PROBE_SNAT_IPV6)."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +137,8 @@ class Settings:
     plugin without the agent, which is not there yet when one of them starts."""
     repair: RepairSettings = field(default_factory=RepairSettings)
     """Handling of pods that started before the plugin was in place."""
+    ambient: AmbientSettings = field(default_factory=AmbientSettings)
+    """Ambient mode (redirection to ztunnel)."""
 
     @property
     def log_levels(self) -> LogLevels:
@@ -107,8 +151,10 @@ class Settings:
 
 _ABSOLUTE_PATH_KEYS = frozenset(
     {"cniBinDir", "cniConfDir", "mountedCniBinDir", "mountedCniConfDir", "pluginSourceDir",
-     "cniAgentRunDir", "hostProcDir", "mountedNetnsDir"}
+     "cniAgentRunDir", "hostProcDir", "mountedNetnsDir", "ztunnelSocketPath"}
 )
+_ADDRESS_KEYS = {"hostProbeSnatAddress": 4, "hostProbeSnatAddressV6": 6}
+_NESTED: dict[str, type] = {"RepairSettings": RepairSettings, "AmbientSettings": AmbientSettings}
 _FILE_NAME_KEYS = frozenset({"cniConfFileName", "istioOwnedCNIConfigFileName"})
 
 
@@ -166,11 +212,15 @@ def _convert_value(type_name: object, value: object, *, source: str, name: str) 
             f"{source}: key {name} must be {expected}, got {type(value).__name__} {value!r}"
         )
 
-    if type_name == "RepairSettings":
+    nested = _NESTED.get(str(type_name))
+    if nested is not None:
         mapping = _as_mapping(value, source=source, where=f"key {name}")
-        return RepairSettings(
-            **_convert_fields(RepairSettings, mapping, source=source, prefix=f"{name}.")
-        )
+        return nested(**_convert_fields(nested, mapping, source=source, prefix=f"{name}."))
+    if type_name == "tuple[EnablementSelector, ...]":
+        try:
+            return parse_enablement_selectors(value)
+        except SelectorError as e:
+            raise ConfigError(f"{source}: key {name}{e.path}: {e.message}") from None
     if type_name == "bool":
         if not isinstance(value, bool):
             raise wrong("true or false")
@@ -202,6 +252,16 @@ def _convert_value(type_name: object, value: object, *, source: str, name: str) 
             raise wrong("an absolute path")
         if leaf in _FILE_NAME_KEYS and ("/" in value or value in (".", "..")):
             raise wrong("a file name without '/'")
+        family = _ADDRESS_KEYS.get(leaf)
+        if family is not None:
+            try:
+                address = ipaddress.ip_address(value)
+            except ValueError:
+                address = None
+            if address is None or address.version != family:
+                raise wrong(f"an IPv{family} address")
+        if leaf == "systemNamespace" and not _DNS1123_LABEL.match(value):
+            raise wrong("a namespace name")
         if leaf == "logLevel":
             try:
                 parse_log_levels(value)
@@ -210,6 +270,8 @@ def _convert_value(type_name: object, value: object, *, source: str, name: str) 
         return value
     raise AssertionError(f"config field {name} has unsupported type {type_name}")
 
+
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 _LITERALS: dict[str, tuple[str, ...]] = {
     "RepairMode": get_args(RepairMode),

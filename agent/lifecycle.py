@@ -14,6 +14,7 @@ from types import FrameType
 from typing import Protocol
 
 from agent import metrics, plugin_log_file
+from agent.ambient.watch_service import AmbientParts
 from agent.config import DEFAULT_CONFIG_PATH, Settings, load_settings
 from agent.errors import AgentError, ConfigError, InstallError, TransientInstallError
 from agent.http_server import HttpServer
@@ -47,8 +48,14 @@ def build_services(
 ) -> list[Service]:
     """The services of the agent, started in this order and stopped in reverse."""
     watcher = InstallWatcher(installer, config_path=config_path)
-    pods = PodService(settings, node_name, lambda: clients, install_ready=watcher.ready)
+    ambient = (AmbientParts(settings, node_name=node_name, core=clients.core)
+               if settings.ambient.enabled else None)
+    pods = PodService(settings, node_name, lambda: clients, install_ready=watcher.ready,
+                      ambient=ambient.enroller if ambient else None)
     services: list[Service] = [watcher, pods]
+    if ambient is not None:
+        # After the pod service (its pod cache feeds the watch); ready once ZDS listens.
+        services.append(ambient.service(pods.pods))
     if settings.repair.enabled:
         services.append(_repair_service(settings, node_name, pods, clients))
     checks = [(type(s).__name__, _ready_of(s)) for s in services if hasattr(s, "ready")]
@@ -164,7 +171,7 @@ def run(
     while not stop.wait(1.0):
         pass
     _stop_all(started)
-    return _finish(decide_on_stop(installer.settings), installer)
+    return _finish(decide_on_stop(installer.settings), installer, started)
 
 
 def _stop_all(services: Sequence[Service]) -> None:
@@ -175,11 +182,20 @@ def _stop_all(services: Sequence[Service]) -> None:
             log.exception("stopping %s failed", type(service).__name__)
 
 
-def _finish(decision: stop_policy.StopDecision, installer: Installer) -> int:
+def _finish(
+    decision: stop_policy.StopDecision, installer: Installer, services: Sequence[Service] = ()
+) -> int:
     log.info("uninstalling" if decision.uninstall else "keeping the plugin and its entry",
              extra={"fields": {"reason": decision.reason}})
     if not decision.uninstall:
-        return 0
+        return 0  # ambient pods stay enrolled: the next agent reconciles them
+    for service in services:
+        uninstall = getattr(service, "uninstall", None)
+        if uninstall is not None:  # ambient: node-side probe rules and address set
+            try:
+                uninstall()
+            except Exception:
+                log.exception("uninstall of %s failed", type(service).__name__)
     try:
         removed = installer.uninstall()
     except InstallError as e:

@@ -24,3 +24,11 @@ CONFLICTS = Counter(
     "Heals that undid another writer's change to a CNI config file, by file.",
     ["file"],
 )
+
+# Ambient mode (Istio's cni/pkg/nodeagent names).
+RECONCILE_EVENTS = Counter(
+    "nodeagent_reconcile_events",
+    "The total number of node agent reconcile events.",
+    ["type"],
+)
+# ztunnel_connected is the ZDS server's (agent.ambient.zds.ZdsMetrics).

@@ -10,3 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 
 CONFORMANCE_DIR = Path(__file__).resolve().parent / "testdata" / "istio-conformance"
+
+AMBIENT_DIR = CONFORMANCE_DIR / "ambient"
+"""Ambient cases: the shared sample plus the rest of Istio's goldens (ambient/ORIGIN.md)."""

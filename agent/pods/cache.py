@@ -20,7 +20,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import urllib3
@@ -32,6 +32,11 @@ log = logging.getLogger(__name__)
 
 Pod = dict[str, Any]
 """A pod as the API server's JSON (metadata, spec, status)."""
+Obj = dict[str, Any]
+"""Any object as the API server's JSON."""
+Listener = Callable[[str, "Obj | None", "Obj | None"], None]
+"""Called after each change of the store with (event, old, new): event is add (old None),
+update, or delete (new None). Runs in the watch thread: it must only hand the change on."""
 
 HTTP_GONE = 410
 HTTP_NOT_FOUND = 404
@@ -49,8 +54,10 @@ class WatchError(Exception):
     """The watch stream reported an error other than an expired version."""
 
 
-class PodCache:
-    """Pods on `node_name`, from a background list + watch; `get` answers ADDs from it."""
+class ListWatchCache:
+    """Objects of one kind from a background list + watch; subclasses say what to list."""
+
+    kind = "object"
 
     def __init__(
         self,
@@ -65,10 +72,9 @@ class PodCache:
     ) -> None:
         """`core` is a kubernetes CoreV1Api; the timing arguments exist so tests can be quick."""
         if not node_name:
-            raise ValueError("pod cache: node name is empty (is NODE_NAME set?)")
+            raise ValueError(f"{self.kind} cache: node name is empty (is NODE_NAME set?)")
         self._core = core
         self._node = node_name
-        self._selector = f"spec.nodeName={node_name}"
         self._resync_seconds = resync_seconds
         self._watch_timeout = watch_timeout_seconds
         self._get_tries = get_tries
@@ -82,8 +88,30 @@ class PodCache:
         self._response: Any = None  # the open watch response, so stop() can cut it
         self._response_lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._listeners: list[Listener] = []
         self.relists = 0
         """How many full lists were done (first one included); read by tests and logs."""
+
+    def add_listener(self, listener: Listener) -> None:
+        """Be told of every change from now on (add before start() to see the first list)."""
+        self._listeners.append(listener)
+
+    def _notify(self, changes: list[tuple[str, Obj | None, Obj | None]]) -> None:
+        for event, old, new in changes:
+            for listener in self._listeners:
+                try:
+                    listener(event, old, new)
+                except Exception:  # a broken listener must not end the watch
+                    log.exception("%s cache listener failed", self.kind)
+
+    def _list(self, **options: Any) -> Any:
+        raise NotImplementedError
+
+    def _obj_key(self, obj: Obj) -> tuple[str, str]:
+        return _key(obj)
+
+    def _as_obj(self, obj: Obj) -> Obj:
+        return obj
 
     # -- service -----------------------------------------------------------------------------
 
@@ -91,7 +119,7 @@ class PodCache:
         if self._thread is not None:
             return
         self._stopping.clear()
-        self._thread = threading.Thread(target=self._run, name="pod-cache", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"{self.kind}-cache", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -160,21 +188,9 @@ class PodCache:
         with self._changed:
             self._changed.wait(seconds)
 
-    def _read(self, namespace: str, name: str) -> Pod | None:
-        try:
-            response = self._core.read_namespaced_pod(
-                name, namespace, _preload_content=False, _request_timeout=(2, 5)
-            )
-            pod: Pod = json.loads(response.data)
-            return pod
-        except ApiException as e:
-            if e.status == HTTP_NOT_FOUND:
-                return None
-            raise PodLookupError(
-                f"get pod {namespace}/{name}: API server answered {e.status} {e.reason}"
-            ) from e
-        except (urllib3.exceptions.HTTPError, OSError, ValueError) as e:
-            raise PodLookupError(f"get pod {namespace}/{name}: {e}") from e
+    def _read(self, namespace: str, name: str) -> Obj | None:
+        """GET one object; None when it does not exist; PodLookupError when the lookup failed."""
+        raise NotImplementedError
 
     # -- list + watch ------------------------------------------------------------------------
 
@@ -191,10 +207,10 @@ class PodCache:
                 failures += 1
                 delay = min(self._backoff_max, 0.5 * 2 ** min(failures, 10))
                 delay *= random.uniform(0.8, 1.2)  # jitter: nodes must not relist in step
-                log.warning("pod watch failed; retrying", extra={"fields": {
+                log.warning("%s watch failed; retrying", self.kind, extra={"fields": {
                     "node": self._node, "error": _short(e), "retryIn": f"{delay:.1f}s"}})
                 self._stopping.wait(delay)
-        log.debug("pod cache stopped", extra={"fields": {"node": self._node}})
+        log.debug("%s cache stopped", self.kind, extra={"fields": {"node": self._node}})
 
     def step(self, resource_version: str | None) -> str | None:
         """One round of the loop: list when there is no version or a resync is due, else watch.
@@ -206,26 +222,28 @@ class PodCache:
         try:
             return self.watch_once(resource_version)
         except ResourceExpired as e:
-            log.info("pod watch version expired; listing again", extra={"fields": {
+            log.info("%s watch version expired; listing again", self.kind, extra={"fields": {
                 "node": self._node, "resourceVersion": resource_version, "error": _short(e)}})
             return None
 
     def relist(self) -> str:
-        """Replace the cache with a fresh list of this node's pods; returns its version."""
-        response = self._core.list_pod_for_all_namespaces(
-            field_selector=self._selector, _preload_content=False, _request_timeout=(5, 60)
-        )
+        """Replace the cache with a fresh list; returns its version. Listeners hear the difference
+        (what a watch that missed events would have told them)."""
+        response = self._list(_preload_content=False, _request_timeout=(5, 60))
         body = json.loads(response.data)
-        pods = {_key(p): _as_pod(p) for p in body.get("items") or []}
+        pods = {self._obj_key(p): self._as_obj(p) for p in body.get("items") or []}
         version = str(body["metadata"]["resourceVersion"])
         with self._changed:
+            old = self._pods
             self._pods = pods
             self._changed.notify_all()
         self.relists += 1
         self._next_resync = time.monotonic() + self._resync_seconds
         self._synced.set()
-        log.info("pod cache listed", extra={"fields": {
-            "node": self._node, "pods": len(pods), "resourceVersion": version}})
+        log.info("%s cache listed", self.kind, extra={"fields": {
+            "node": self._node, "count": len(pods), "resourceVersion": version}})
+        if self._listeners:
+            self._notify(_differences(old, pods))
         return version
 
     def watch_once(self, resource_version: str) -> str:
@@ -235,8 +253,8 @@ class PodCache:
         """
         timeout = max(1, min(self._watch_timeout, int(self._next_resync - time.monotonic())))
         try:
-            response = self._core.list_pod_for_all_namespaces(
-                field_selector=self._selector, watch=True, allow_watch_bookmarks=True,
+            response = self._list(
+                watch=True, allow_watch_bookmarks=True,
                 resource_version=resource_version, timeout_seconds=timeout,
                 _preload_content=False, _request_timeout=(5, timeout + 30),
             )
@@ -270,16 +288,68 @@ class PodCache:
             raise WatchError(f"watch error {code}: {message}")
         new_version = str(obj.get("metadata", {}).get("resourceVersion") or version)
         if kind in ("ADDED", "MODIFIED"):
+            obj = self._as_obj(obj)
             with self._changed:
-                self._pods[_key(obj)] = _as_pod(obj)
+                old = self._pods.get(self._obj_key(obj))
+                self._pods[self._obj_key(obj)] = obj
                 self._changed.notify_all()
+            self._notify([("add" if old is None else "update", old, obj)])
         elif kind == "DELETED":
             with self._changed:
-                self._pods.pop(_key(obj), None)
+                old = self._pods.pop(self._obj_key(obj), None)
                 self._changed.notify_all()
+            self._notify([("delete", old or obj, None)])
         elif kind != "BOOKMARK":
             log.debug("ignored watch event", extra={"fields": {"type": kind}})
         return new_version
+
+
+class PodCache(ListWatchCache):
+    """Pods on `node_name`, from a background list + watch; `get` answers ADDs from it."""
+
+    kind = "pod"
+
+    def _list(self, **options: Any) -> Any:
+        return self._core.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={self._node}", **options)
+
+    def _as_obj(self, obj: Obj) -> Obj:
+        return _as_pod(obj)
+
+    def _read(self, namespace: str, name: str) -> Pod | None:
+        try:
+            response = self._core.read_namespaced_pod(
+                name, namespace, _preload_content=False, _request_timeout=(2, 5)
+            )
+            pod: Pod = json.loads(response.data)
+            return pod
+        except ApiException as e:
+            if e.status == HTTP_NOT_FOUND:
+                return None
+            raise PodLookupError(
+                f"get pod {namespace}/{name}: API server answered {e.status} {e.reason}"
+            ) from e
+        except (urllib3.exceptions.HTTPError, OSError, ValueError) as e:
+            raise PodLookupError(f"get pod {namespace}/{name}: {e}") from e
+
+
+def _differences(
+    old: dict[tuple[str, str], Obj], new: dict[tuple[str, str], Obj]
+) -> list[tuple[str, Obj | None, Obj | None]]:
+    """The add/update/delete events that turn `old` into `new` (by resourceVersion)."""
+    changes: list[tuple[str, Obj | None, Obj | None]] = []
+    for key, obj in new.items():
+        before = old.get(key)
+        if before is None:
+            changes.append(("add", None, obj))
+        elif _version(before) != _version(obj):
+            changes.append(("update", before, obj))
+    changes += [("delete", obj, None) for key, obj in old.items() if key not in new]
+    return changes
+
+
+def _version(obj: Obj) -> str:
+    return str(obj.get("metadata", {}).get("resourceVersion", ""))
 
 
 def _key(pod: dict[str, Any]) -> tuple[str, str]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agent.logs import LEVELS, PLUGIN_LOGGER
+from agent.podserver.ambient import AmbientLookupError, ZtunnelPending
 from agent.podserver.metrics import PluginMetrics
 from agent.podserver.sandboxes import Sandbox, SandboxStore
 from plugin import wire
@@ -81,6 +82,24 @@ class Decision(Protocol):
     def reason(self) -> str: ...
 
 
+class AmbientVerdict(Protocol):
+    @property
+    def enroll(self) -> bool: ...
+
+    @property
+    def reason(self) -> str: ...
+
+
+class Ambient(Protocol):
+    """Ambient enrollment (agent.podserver.ambient.AmbientEnroller)."""
+
+    def decide(self, pod: Mapping[str, Any]) -> AmbientVerdict: ...
+
+    def enroll(self, pod: Mapping[str, Any], netns: str) -> str: ...
+
+    def release(self, pod: Mapping[str, Any]) -> None: ...
+
+
 class Redirector(Protocol):
     """The redirect operations on one pod (agent.podserver.redirect.RulesRedirector)."""
 
@@ -104,6 +123,8 @@ class CniRequest:
     pod_name: str
     pod_namespace: str
     pod_uid: str
+    ips: tuple[str, ...] = ()
+    """Addresses of the prevResult (the pod's IPs before the API server knows them)."""
 
     @property
     def pod_ref(self) -> str:
@@ -124,7 +145,37 @@ class CniRequest:
         if command in ("ADD", "CHECK") and not data["netns"]:
             raise _bad(CODE_INVALID_ENV, f"{command} request: netns is empty")
         return cls(command, data["containerId"], data["netns"], data["ifname"],
-                   data["podName"], data["podNamespace"], data["podUid"])
+                   data["podName"], data["podNamespace"], data["podUid"],
+                   _result_ips(data.get("prevResult")))
+
+
+def _result_ips(result: object) -> tuple[str, ...]:
+    """`ips[].address` (CIDR) of a CNI result, without the prefix length."""
+    if not isinstance(result, Mapping):
+        return ()
+    ips = result.get("ips")
+    if not isinstance(ips, list):
+        return ()
+    return tuple(str(e["address"]).split("/")[0] for e in ips
+                 if isinstance(e, Mapping) and isinstance(e.get("address"), str))
+
+
+def _with_ips(pod: Mapping[str, Any], ips: tuple[str, ...]) -> dict[str, Any]:
+    """The pod with the request's IPs as its status IPs, when the API has none yet."""
+    out = dict(pod)
+    status = dict(pod.get("status") or {})
+    if ips and not status.get("podIPs") and not status.get("podIP"):
+        status["podIPs"] = [{"ip": ip} for ip in ips]
+        status["podIP"] = ips[0]
+        out["status"] = status
+    return out
+
+
+def _sandbox_pod(sandbox: Sandbox) -> dict[str, Any]:
+    """The pod as far as a release needs it (name, uid, IPs)."""
+    return {"metadata": {"name": sandbox.name, "namespace": sandbox.namespace,
+                         "uid": sandbox.uid},
+            "status": {"podIPs": [{"ip": ip} for ip in sandbox.ips]}}
 
 
 def _bad(code: int, msg: str) -> Refused:
@@ -142,8 +193,11 @@ class PodHandlers:
         sandboxes: SandboxStore,
         readiness: Callable[[], str | None],
         metrics: PluginMetrics | None = None,
+        ambient: Ambient | None = None,
     ) -> None:
-        """`readiness` returns None when the agent is ready, else the reason it is not."""
+        """`readiness` returns None when the agent is ready, else the reason it is not;
+        `ambient` is set when ambient mode is on."""
+        self._ambient = ambient
         self._pods = pods
         self._redirector = redirector
         self._sandboxes = sandboxes
@@ -180,6 +234,10 @@ class PodHandlers:
         if not req.has_pod:
             return ok(wire.RESULT_SKIPPED, "no Kubernetes pod arguments")
         pod = self._lookup(req)
+        if self._ambient is not None:
+            verdict = self._ambient_verdict(req, pod)
+            if verdict.enroll:
+                return self._ambient_add(req, pod, verdict.reason)
         decision = self._decide(req, pod)
         if not decision.redirect:
             self._remember(req, redirected=False)
@@ -193,6 +251,34 @@ class PodHandlers:
         reason = f"{decision.reason}; rules applied with {backend}"
         self._log_result(req, "redirected", reason)
         return ok(wire.RESULT_REDIRECTED, reason)
+
+    def _ambient_verdict(self, req: CniRequest, pod: Mapping[str, Any]) -> AmbientVerdict:
+        assert self._ambient is not None
+        try:
+            return self._ambient.decide(pod)
+        except AmbientLookupError as e:
+            raise self._failed(req, "ambient detection", e, code=CODE_TRY_AGAIN,
+                               status=503) from e
+        except Exception as e:
+            raise self._failed(req, "ambient detection", e) from e
+
+    def _ambient_add(self, req: CniRequest, pod: Mapping[str, Any], reason: str) -> Reply:
+        """Fail closed: a pod ambient must capture starts only once captured and in ztunnel."""
+        assert self._ambient is not None
+        pod = _with_ips(pod, req.ips)
+        try:
+            done = self._ambient.enroll(pod, req.netns)
+        except ZtunnelPending as e:
+            raise self._failed(req, "ambient enrollment", e, code=CODE_TRY_AGAIN,
+                               status=503) from e
+        except Exception as e:
+            raise self._failed(req, "ambient enrollment", e) from e
+        uid = str((pod.get("metadata") or {}).get("uid") or req.pod_uid)  # K8S_POD_UID is optional
+        self._sandboxes.put(Sandbox(req.container_id, req.ifname, req.pod_namespace,
+                                    req.pod_name, uid, req.netns, True, ambient=True,
+                                    ips=req.ips))
+        self._log_result(req, "redirected", f"{reason}; {done}")
+        return ok(wire.RESULT_REDIRECTED, f"{reason}; {done}")
 
     def _check(self, body: bytes) -> Reply:
         req = CniRequest.parse(body, "CHECK")
@@ -216,6 +302,14 @@ class PodHandlers:
         req = CniRequest.parse(body, "DEL")
         removed = self._sandboxes.remove(req.container_id)
         reason = "sandbox state removed" if removed else "no state kept for sandbox"
+        if removed is not None and removed.ambient and self._ambient is not None:
+            try:
+                self._ambient.release(_sandbox_pod(removed))
+            except Exception as e:  # the watch's delete event releases it again
+                log.warning("ambient release on DEL failed", extra={"fields": {
+                    **self._fields(req), "error": str(e)}})
+            else:
+                reason += "; released from ambient"
         log.debug("del", extra={"fields": {**self._fields(req), "reason": reason}})
         return ok(wire.RESULT_SKIPPED, reason)
 

@@ -18,6 +18,10 @@ class Sandbox:
     uid: str
     netns: str
     redirected: bool
+    ambient: bool = False
+    """Enrolled in ambient by this ADD (DEL releases it)."""
+    ips: tuple[str, ...] = ()
+    """The pod's IPs from the ADD's prevResult (ambient only)."""
 
 
 class SandboxStore:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from agent.config import Settings
 from agent.kube import KubeClients
 from agent.pods.cache import PodCache
-from agent.podserver.handlers import PodHandlers, Redirector
+from agent.podserver.handlers import Ambient, PodHandlers, Redirector
 from agent.podserver.metrics import PluginMetrics, default_metrics
 from agent.podserver.redirect import RulesRedirector
 from agent.podserver.sandboxes import SandboxStore
@@ -30,8 +30,10 @@ class PodService:
         redirector: Redirector | None = None,
         metrics: PluginMetrics | None = None,
         cache: PodCache | None = None,
+        ambient: Ambient | None = None,
     ) -> None:
         """`redirector`, `metrics` and `cache` default to the real ones; tests pass their own.
+        `ambient` (ambient mode on) enrolls the pods ambient selects on CNI ADD.
 
         The clients from `kube_client_factory` are not closed here: they may be shared.
         """
@@ -48,6 +50,7 @@ class PodService:
             sandboxes=SandboxStore(),
             readiness=self.not_ready_reason,
             metrics=metrics or default_metrics(),
+            ambient=ambient,
         )
         self._server = PodServer(settings.socket_path, self.handlers)
 

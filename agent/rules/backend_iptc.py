@@ -14,14 +14,14 @@ from typing import Any
 from agent.errors import RedirectError
 from agent.netns import run_in_netns
 from agent.rules import backend_restore
-from agent.rules.model import RuleSet, TableRules, is_our_chain
-from agent.rules.ownership import OUR_TABLES, builtin, is_our_iptc_rule
+from agent.rules.model import RuleSet, TableRules
+from agent.rules.ownership import OUR_TABLES, SIDECAR, Ownership, builtin
 from agent.rules.render_iptc import iptc_rule
 
 _LOCK = threading.Lock()
 
 
-def apply(netns_path: str, ruleset: RuleSet | None) -> None:
+def apply(netns_path: str, ruleset: RuleSet | None, owner: Ownership = SIDECAR) -> None:
     """Replace our rules with `ruleset` (None removes them): IPv4 in-process, IPv6 by restore.
 
     libxtables keeps, per process, only the extension entries of the protocol that was active
@@ -34,10 +34,10 @@ def apply(netns_path: str, ruleset: RuleSet | None) -> None:
         tables = ruleset.v4 if ruleset is not None else ()
         wanted: dict[str, TableRules] = {t.name: t for t in tables}
         for name in sorted(set(wanted) | set(OUR_TABLES)):
-            _apply_table(name, wanted.get(name))
+            _apply_table(name, wanted.get(name), owner)
 
     _locked(netns_path, work)
-    backend_restore.apply_family(netns_path, ruleset, "legacy", 6)
+    backend_restore.apply_family(netns_path, ruleset, "legacy", 6, owner=owner)
 
 
 def _locked(netns_path: str, work: Any) -> Any:
@@ -59,7 +59,7 @@ def _table(name: str) -> Any:
     return table
 
 
-def _apply_table(name: str, new: TableRules | None) -> None:
+def _apply_table(name: str, new: TableRules | None, owner: Ownership) -> None:
     import iptc
 
     table = _table(name)
@@ -67,15 +67,15 @@ def _apply_table(name: str, new: TableRules | None) -> None:
     for chain in list(table.chains):
         if builtin(chain.name):
             for rule in list(chain.rules):
-                if is_our_iptc_rule(name, rule):
+                if owner.iptc_rule(name, rule):
                     chain.delete_rule(rule)
                     changed = True
-        elif is_our_chain(chain.name):
+        elif owner.chain(chain.name):
             chain.flush()
             changed = True
     wanted = list(new.chains) if new else []
     for chain in list(table.chains):
-        if is_our_chain(chain.name) and chain.name not in wanted:
+        if owner.chain(chain.name) and chain.name not in wanted:
             table.delete_chain(chain.name)
             changed = True
     for chain_name in wanted:
@@ -95,6 +95,6 @@ def _apply_table(name: str, new: TableRules | None) -> None:
     table.refresh()
 
 
-def present(netns_path: str, ruleset: RuleSet) -> bool:
+def present(netns_path: str, ruleset: RuleSet, owner: Ownership = SIDECAR) -> bool:
     """Compare through iptables-legacy-save: python-iptables cannot print rules."""
-    return backend_restore.present(netns_path, ruleset, "legacy")
+    return backend_restore.present(netns_path, ruleset, "legacy", owner=owner)

@@ -11,8 +11,8 @@ from collections.abc import Collection
 
 from agent.errors import RedirectError
 from agent.netns import run_command
-from agent.rules.model import Family, RuleSet, TableRules, is_our_chain
-from agent.rules.ownership import OUR_TABLES, builtin, is_our_save_line
+from agent.rules.model import Family, RuleSet, TableRules
+from agent.rules.ownership import OUR_TABLES, SIDECAR, Ownership, builtin
 from agent.rules.render_restore import rule_line
 from agent.rules.render_save import parse_save, save_tables
 
@@ -50,18 +50,19 @@ def read_state(netns_path: str, variant: Variant, family: Family) -> State:
 
 def apply(
     netns_path: str, ruleset: RuleSet | None, variant: Variant, *,
-    empty: Collection[Family] = (),
+    empty: Collection[Family] = (), owner: Ownership = SIDECAR,
 ) -> None:
     """Replace our rules (all families) with `ruleset`; None removes them. `empty`: families
-    known to hold none of our tables (agent.rules.probe), whose state need not be read."""
+    known to hold none of our tables (agent.rules.probe), whose state need not be read.
+    `owner`: which chains and rules are ours to replace."""
     for family in (4, 6):
         fam: Family = 4 if family == 4 else 6
-        apply_family(netns_path, ruleset, variant, fam, known_empty=fam in empty)
+        apply_family(netns_path, ruleset, variant, fam, known_empty=fam in empty, owner=owner)
 
 
 def apply_family(
     netns_path: str, ruleset: RuleSet | None, variant: Variant, fam: Family, *,
-    known_empty: bool = False,
+    known_empty: bool = False, owner: Ownership = SIDECAR,
 ) -> None:
     tables = ruleset.family(fam) if ruleset is not None else ()
     if known_empty:
@@ -70,23 +71,26 @@ def apply_family(
         state = _state_or_none(netns_path, variant, fam, needed=bool(tables))
     if state is None:
         return
-    script = restore_script(state, tables)
+    script = restore_script(state, tables, owner)
     if script:
         run(netns_path, [binary(variant, fam, "restore"), "--noflush", "--wait"], script)
 
 
-def restore_script(state: dict[str, dict[str, list[str]]], tables: tuple[TableRules, ...]) -> str:
+def restore_script(
+    state: dict[str, dict[str, list[str]]], tables: tuple[TableRules, ...],
+    owner: Ownership = SIDECAR,
+) -> str:
     wanted: dict[str, TableRules] = {t.name: t for t in tables}
     lines: list[str] = []
     for name in sorted(set(wanted) | set(OUR_TABLES)):
         chains = state.get(name, {})
-        old_chains = [c for c in chains if is_our_chain(c)]
+        old_chains = [c for c in chains if owner.chain(c)]
         old_rules = [
             line
             for chain, rules in chains.items()
             if builtin(chain)
             for line in rules
-            if is_our_save_line(name, line)
+            if owner.save_line(name, line)
         ]
         new = wanted.get(name)
         if new is None and not old_chains and not old_rules:
@@ -104,7 +108,7 @@ def restore_script(state: dict[str, dict[str, list[str]]], tables: tuple[TableRu
     return "".join(line + "\n" for line in lines)
 
 
-def ours(state: State) -> State:
+def ours(state: State, owner: Ownership = SIDECAR) -> State:
     """Only our chains and our rules in built-in chains, per table (for comparisons)."""
     out: dict[str, dict[str, list[str]]] = {}
     for table, chains in state.items():
@@ -112,10 +116,10 @@ def ours(state: State) -> State:
             continue
         kept: dict[str, list[str]] = {}
         for chain, rules in chains.items():
-            if is_our_chain(chain):
+            if owner.chain(chain):
                 kept[chain] = list(rules)
             elif builtin(chain):
-                mine = [line for line in rules if is_our_save_line(table, line)]
+                mine = [line for line in rules if owner.save_line(table, line)]
                 if mine:
                     kept[chain] = mine
         if kept:
@@ -123,27 +127,30 @@ def ours(state: State) -> State:
     return out
 
 
-def expected(tables: tuple[TableRules, ...], family: Family) -> dict[str, dict[str, list[str]]]:
+def expected(
+    tables: tuple[TableRules, ...], family: Family, owner: Ownership = SIDECAR
+) -> dict[str, dict[str, list[str]]]:
     """What `ours(read_state(...))` must equal once `tables` are applied."""
     out: dict[str, dict[str, list[str]]] = {}
     for table, chains in save_tables(tables, family=family).items():
-        kept = {c: r for c, r in chains.items() if is_our_chain(c) or r}
+        kept = {c: r for c, r in chains.items() if owner.chain(c) or r}
         if kept:
             out[table] = kept
     return out
 
 
 def present(
-    netns_path: str, ruleset: RuleSet, variant: Variant, *, empty: Collection[Family] = ()
+    netns_path: str, ruleset: RuleSet, variant: Variant, *, empty: Collection[Family] = (),
+    owner: Ownership = SIDECAR,
 ) -> bool:
     for family in (4, 6):
         fam: Family = 4 if family == 4 else 6
-        want = expected(ruleset.family(fam), fam)
+        want = expected(ruleset.family(fam), fam, owner)
         if fam in empty:
             state: State | None = {}
         else:
             state = _state_or_none(netns_path, variant, fam, needed=bool(want))
-        if (ours(state) if state is not None else {}) != want:
+        if (ours(state, owner) if state is not None else {}) != want:
             return False
     return True
 

@@ -215,7 +215,7 @@ def _exclude_interfaces(b: _Builder, config: CaptureConfig) -> None:
 def _inbound(b: _Builder, config: CaptureConfig, loop4: str) -> None:
     """Inbound capture: nat REDIRECT to the capture port, or mangle TPROXY."""
     include = config.inbound_ports_include
-    if not include:
+    if not include and not config.inbound_ports_set:
         return
     table: TableName = "nat"
     if config.tproxy:

@@ -54,6 +54,10 @@ stderr.
 
 def main(command: str, argv: list[str], environ: Mapping[str, str] | None = None) -> int:
     env = os.environ if environ is None else environ
+    from agent.rules import ambient_cli  # ambient mode has its own flags
+
+    if ambient_cli.wants_ambient(argv):
+        return ambient_cli.main(command, argv)
     if any(arg in ("-h", "--help") for arg in argv):
         sys.stdout.write(USAGE)
         return 0
@@ -128,7 +132,7 @@ def _refuse_istio_flags(parsed: ParsedFlags) -> None:
 
 def _ipv6(value: str, *, dual_stack: bool) -> bool:
     if value == "":
-        return hostfacts.ipv6_enabled(hostfacts.local_addresses(), dual_stack=dual_stack)
+        return hostfacts.detect_ipv6(hostfacts.local_addresses(), dual_stack=dual_stack)
     try:
         return parse_bool(value)
     except ValueError as e:

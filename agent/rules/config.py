@@ -44,6 +44,9 @@ class CaptureConfig:
     """InboundTProxyRouteTable: policy routing table for TPROXY."""
     inbound_ports_include: tuple[str, ...] | Wildcard = ()
     """InboundPortsInclude: inbound ports to capture; `*` all; empty none."""
+    inbound_ports_set: bool = False
+    """InboundPortsInclude was given as non-empty text that lists no port (`,`): Istio still
+    sets up the inbound chains and the PREROUTING jump, only with no port rule."""
     inbound_ports_exclude: tuple[str, ...] = ()
     """InboundPortsExclude: exemptions when inbound ports is `*`."""
     outbound_ports_include: tuple[str, ...] = ()
@@ -91,7 +94,11 @@ def split_list(value: str) -> list[str]:
 
 
 def parse_ports(value: str, *, allow_wildcard: bool) -> tuple[str, ...] | Wildcard:
-    """Comma list of ports 0-65535 (spaces around items tolerated); `*` when allowed."""
+    """Comma list of ports 0-65535; `*` when allowed.
+
+    Items are kept as spelled, spaces and repeats included: Istio writes each item into its
+    rules verbatim (iptables-restore splits on the spaces), one rule per item.
+    """
     if value.strip() == WILDCARD:
         if not allow_wildcard:
             raise ValueError("'*' is not allowed here")
@@ -103,8 +110,7 @@ def parse_ports(value: str, *, allow_wildcard: bool) -> tuple[str, ...] | Wildca
             raise ValueError(f"port {item!r} is not a number")
         if int(port) > 65535:
             raise ValueError(f"port {port} is out of range 0-65535")
-        if port not in ports:
-            ports.append(port)
+        ports.append(item)
     return tuple(ports)
 
 
@@ -112,7 +118,7 @@ def parse_port(value: str) -> str:
     ports = parse_ports(value, allow_wildcard=False)
     if len(ports) != 1:
         raise ValueError(f"expected one port, got {value!r}")
-    return ports[0]
+    return ports[0].strip()
 
 
 def parse_cidrs(value: str, *, allow_wildcard: bool) -> tuple[str, ...] | Wildcard:
@@ -125,15 +131,34 @@ def parse_cidrs(value: str, *, allow_wildcard: bool) -> tuple[str, ...] | Wildca
 
 
 def canonical_cidr(item: str) -> str:
+    """The CIDR as Go's netip.Prefix prints it (host bits kept, IPv4-mapped as ::ffff:a.b.c.d)."""
     if "/" not in item:
         raise ValueError(f"{item!r} is not a CIDR (address/prefix-length)")
+    if "%" in item:
+        raise ValueError(f"{item!r}: zones are not allowed in a CIDR")
     try:
         net = ipaddress.ip_interface(item)
     except ValueError as e:
         raise ValueError(f"{item!r} is not a valid CIDR: {e}") from None
-    if "%" in item:
-        raise ValueError(f"{item!r}: zones are not allowed in a CIDR")
-    return str(net)
+    return f"{go_addr(net.ip)}/{net.network.prefixlen}"
+
+
+def go_addr(addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
+    """An address as Go's netip.Addr.String() writes it: IPv4-mapped IPv6 keeps its dotted
+    IPv4 tail (Python before 3.13 prints it as hex groups)."""
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        scope = f"%{addr.scope_id}" if addr.scope_id else ""
+        return f"::ffff:{addr.ipv4_mapped}{scope}"
+    return str(addr)
+
+
+def unmap(
+    addr: ipaddress.IPv4Address | ipaddress.IPv6Address,
+) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """Go's Addr.Unmap: an IPv4-mapped IPv6 address as the IPv4 address it carries."""
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped
+    return addr
 
 
 def is_ipv4_cidr(cidr: str) -> bool:
@@ -141,14 +166,16 @@ def is_ipv4_cidr(cidr: str) -> bool:
 
 
 def cidr_is_loopback(cidr: str) -> bool:
-    return ipaddress.ip_interface(cidr).ip.is_loopback
+    """Go's IsLoopback, which sees through IPv4-mapped IPv6 (`::ffff:127.0.0.1/128`)."""
+    return unmap(ipaddress.ip_interface(cidr).ip).is_loopback
 
 
 def parse_ids(value: str) -> tuple[str, ...]:
-    """Comma list of numeric UIDs/GIDs."""
+    """Comma list of numeric UIDs/GIDs, kept as spelled (spaces around an id are Istio's too)."""
     ids = split_list(value)
     for item in ids:
-        if not item.isdigit() or not item.isascii() or int(item) > 0xFFFFFFFF:
+        number = item.strip()
+        if not number.isdigit() or not number.isascii() or int(number) > 0xFFFFFFFF:
             raise ValueError(f"{item!r} is not a numeric user/group id")
     return tuple(ids)
 
@@ -157,15 +184,18 @@ def parse_groups(value: str) -> tuple[str, ...]:
     """Comma list of group names or GIDs (iptables resolves names)."""
     groups = split_list(value)
     for item in groups:
-        if not item or any(c.isspace() or c in ",:!" for c in item):
+        name = item.strip()
+        if not name or any(c.isspace() or c in ",:!" for c in name):
             raise ValueError(f"{item!r} is not a group name or id")
     return tuple(groups)
 
 
 def parse_interfaces(value: str) -> tuple[str, ...]:
-    """Comma list of Linux interface names (at most 15 bytes, no '/', ':' or spaces)."""
-    names = [item.strip() for item in split_list(value) if item.strip()]
-    for name in names:
+    """Comma list of Linux interface names (at most 15 bytes, no '/', ':' or spaces), kept as
+    spelled: Istio writes `-i  eth1` for `eth0, eth1` and iptables-restore reads it as eth1."""
+    names = [item for item in split_list(value) if item.strip()]
+    for item in names:
+        name = item.strip()
         if (
             len(name.encode()) > 15
             or name in (".", "..")

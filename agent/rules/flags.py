@@ -8,6 +8,7 @@ bare `--bool-flag` meaning true.
 
 from __future__ import annotations
 
+import logging
 import pwd
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -17,6 +18,8 @@ from typing import Any, Literal, TypeVar
 from agent.errors import ConfigError
 from agent.rules import config as cfg
 from agent.rules.config import WILDCARD, CaptureConfig
+
+log = logging.getLogger(__name__)
 
 FlagKind = Literal["str", "bool", "uint16", "duration"]
 T = TypeVar("T")
@@ -140,7 +143,8 @@ def parse_flags(
             shown = f"-{arg[1]}"
             rest = arg[2:]
             eq = "=" if rest else ""
-            inline = rest[1:] if rest.startswith("=") else rest
+            # pflag: `-s=v` is v, but a bare `-s=` is the value "=" (its `-svalue` form).
+            inline = rest[1:] if rest.startswith("=") and len(rest) > 1 else rest
         else:
             raise ConfigError(f"unexpected argument {arg!r} (flags only)")
         if flag is None:
@@ -159,11 +163,19 @@ def parse_flags(
 
 
 def _from_env(flag: Flag, environ: Mapping[str, str]) -> str:
-    # The additional variable is bound last in Istio, so it wins over the primary one.
-    for var in reversed(flag.envs):
+    """The flag's value from its variables, set in Istio's order (primary, then additional).
+
+    As in Istio (`_ = fs.Set(name, v)`), a value that does not parse is ignored and the flag
+    keeps what it had; we say so on the log.
+    """
+    value = flag.default
+    for var in flag.envs:
         if var in environ:
-            return _check(flag, environ[var], where=f"environment variable {var}")
-    return flag.default
+            try:
+                value = _check(flag, environ[var], where=f"environment variable {var}")
+            except ConfigError as e:
+                log.warning("%s; ignored, as istio-iptables ignores it", e)
+    return value
 
 
 def _check(flag: Flag, value: str, *, where: str) -> str:
@@ -171,7 +183,7 @@ def _check(flag: Flag, value: str, *, where: str) -> str:
         if flag.kind == "bool":
             return "true" if parse_bool(value) else "false"
         if flag.kind == "uint16":
-            number = int(value, 0)
+            number = _go_uint(value)
             if not 0 <= number <= 65535:
                 raise ValueError(f"{value!r} is out of range 0-65535")
         if flag.kind == "duration" and not _DURATION.match(value):
@@ -179,6 +191,14 @@ def _check(flag: Flag, value: str, *, where: str) -> str:
     except ValueError as e:
         raise ConfigError(f"{where}: invalid value: {e}") from None
     return value
+
+
+def _go_uint(text: str) -> int:
+    """Go's strconv.ParseUint(text, 0, ...): 0x/0o/0b prefixes, a leading 0 for octal, and
+    underscores between digits."""
+    if len(text) > 1 and text[0] == "0" and (text[1].isdigit() or text[1] == "_"):
+        return int("0o" + text[1:], 0)
+    return int(text, 0)
 
 
 @dataclass(frozen=True)
@@ -209,8 +229,10 @@ def request_from_flags(
     servers_v6: tuple[str, ...] = ()
     if redirect_dns and not capture_all:
         servers_v4, servers_v6 = _field("dns-servers", list(dns_servers), cfg.split_dns_servers)
-    proxy_uids = _field("proxy-uid", v["proxy-uid"] or _envoy_uid(environ), cfg.parse_ids)
-    proxy_gids = _field("proxy-gid", v["proxy-gid"], cfg.parse_ids) or proxy_uids
+    # Istio fills the empty settings as strings: GID from UID, UID from $ENVOY_USER.
+    uid_text = v["proxy-uid"] or _envoy_uid(environ)
+    proxy_uids = _field("proxy-uid", uid_text, cfg.parse_ids)
+    proxy_gids = _field("proxy-gid", v["proxy-gid"] or uid_text, cfg.parse_ids)
     config = CaptureConfig(
         proxy_port=_field("envoy-port", v["envoy-port"], cfg.parse_port),
         inbound_capture_port=_field(
@@ -235,6 +257,7 @@ def request_from_flags(
         inbound_ports_include=_field(
             "istio-inbound-ports", v["istio-inbound-ports"], _ports_or_wildcard
         ),
+        inbound_ports_set=v["istio-inbound-ports"] != "",
         inbound_ports_exclude=_field(
             "istio-local-exclude-ports", v["istio-local-exclude-ports"], _ports
         ),

@@ -32,6 +32,9 @@ MatchKind = Literal[
     "ctstate",  # -m conntrack --ctstate STATES
     "mark",  # -m mark --mark N
     "connmark",  # -m connmark --mark N
+    "module",  # -m tcp (a protocol match named on its own, as ambient writes it)
+    "socket_exists",  # -m owner --socket-exists
+    "match_set",  # -m set --match-set NAME DIR (value "NAME DIR")
 ]
 
 TargetKind = Literal[
@@ -42,6 +45,8 @@ TargetKind = Literal[
     "save_mark",  # -j CONNMARK --save-mark
     "restore_mark",  # -j CONNMARK --restore-mark
     "ct_zone",  # -j CT --zone N
+    "connmark_set",  # -j CONNMARK --set-xmark V/M
+    "snat",  # -j SNAT --to-source ADDR
 ]
 
 
@@ -58,7 +63,7 @@ class Target:
     value: str = ""
     """Chain or verdict for jump; port for redirect/tproxy; mark for set_mark; zone."""
     mark: str = ""
-    """TPROXY's mark."""
+    """TPROXY's mark; for restore_mark, the --nfmask/--ctmask when Istio spells them."""
     spelling: str = ""
     """REDIRECT's option as Istio spells it (`--to-ports` or `--to-port`)."""
 

@@ -7,6 +7,8 @@ and the TPROXY mark bookkeeping in mangle.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from agent.rules.model import BUILTIN_CHAINS, is_our_chain
@@ -69,3 +71,30 @@ def is_our_iptc_rule(table: str, rule: Any) -> bool:
 
 def builtin(chain: str) -> bool:
     return chain in BUILTIN_CHAINS
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """Which chains and built-in-chain rules one rule set owns: apply replaces only those,
+    remove takes out only those. Sidecar mode owns every `ISTIO_*` chain; ambient owns a few
+    named chains and only its jumps into them (agent.rules.ambient)."""
+
+    chain: Callable[[str], bool] = is_our_chain
+    save_line: Callable[[str, str], bool] = is_our_save_line
+    iptc_rule: Callable[[str, Any], bool] = is_our_iptc_rule
+
+
+SIDECAR = Ownership()
+
+
+def jumps_into(chains: frozenset[str]) -> Ownership:
+    """Own exactly `chains` and the jumps into them from built-in chains."""
+
+    def save_line(table: str, line: str) -> bool:
+        words = line.split()
+        return "-j" in words and words[-1] in chains and words[-2] == "-j"
+
+    def iptc_rule(table: str, rule: Any) -> bool:
+        return rule.target is not None and rule.target.name in chains
+
+    return Ownership(chain=chains.__contains__, save_line=save_line, iptc_rule=iptc_rule)

@@ -27,7 +27,8 @@ def iptc_rule(rule: Rule, *, family: int) -> Any:
 
 
 def _neg(m: Match) -> str:
-    return f"!{m.value}" if m.negate else m.value
+    value = m.value.strip()  # spelled as given; the kernel takes it trimmed
+    return f"!{value}" if m.negate else value
 
 
 def _apply_match(r: Any, m: Match, proto: str) -> None:
@@ -56,6 +57,12 @@ def _apply_match(r: Any, m: Match, proto: str) -> None:
         r.create_match("mark").mark = _neg(m)
     elif m.kind == "connmark":
         r.create_match("connmark").mark = _neg(m)
+    elif m.kind == "module":
+        _match(r, m.value)
+    elif m.kind == "socket_exists":
+        r.create_match("owner").socket_exists = "!" if m.negate else ""
+    elif m.kind == "match_set":
+        r.create_match("set").match_set = m.value.split()
     else:
         raise AssertionError(f"unknown match kind {m.kind}")
 
@@ -82,8 +89,16 @@ def _apply_target(r: Any, t: Target) -> None:
     elif t.kind == "save_mark":
         r.create_target("CONNMARK").save_mark = ""
     elif t.kind == "restore_mark":
-        r.create_target("CONNMARK").restore_mark = ""
+        target = r.create_target("CONNMARK")
+        target.restore_mark = ""
+        if t.mark:
+            target.nfmask = t.mark
+            target.ctmask = t.mark
     elif t.kind == "ct_zone":
         r.create_target("CT").zone = t.value
+    elif t.kind == "connmark_set":
+        r.create_target("CONNMARK").set_xmark = t.value
+    elif t.kind == "snat":
+        r.create_target("SNAT").to_source = t.value
     else:
         raise AssertionError(f"unknown target kind {t.kind}")

@@ -69,6 +69,8 @@ def rule_expr(rule: Rule, *, family: Family) -> str:
     for m in rule.matches:
         if m.kind == "proto" and has_port:
             continue  # `tcp dport` implies the protocol; nft lists it without
+        if m.kind == "module":
+            continue  # `-m tcp` alone: the protocol match says it all
         words.append(_match(m, proto, family))
     words.append(_target(rule.target, family))
     return " ".join(words)
@@ -90,34 +92,42 @@ def _hex(value: str) -> str:
     return f"0x{int(value, 0):08x}"
 
 
+def _masked(key: str, m: Match) -> str:
+    """`--mark V/M` -> `KEY & M == V`, as nft lists a masked comparison."""
+    value, _, mask = m.value.strip().partition("/")
+    if not mask:
+        return f"{key} {_op(m)}{_hex(value)}"
+    return f"{key} & {_hex(mask)} {'!=' if m.negate else '=='} {_hex(value)}"
+
+
 def _match(m: Match, proto: str, family: Family) -> str:
     ip = "ip" if family == 4 else "ip6"
     if m.kind == "proto":
-        return f"meta l4proto {_op(m)}{m.value}"
+        return f"meta l4proto {_op(m)}{m.value.strip()}"
     if m.kind == "in":
-        return f'iifname {_op(m)}"{m.value}"'
+        return f'iifname {_op(m)}"{m.value.strip()}"'
     if m.kind == "out":
-        return f'oifname {_op(m)}"{m.value}"'
+        return f'oifname {_op(m)}"{m.value.strip()}"'
     if m.kind == "src":
-        return f"{ip} saddr {_op(m)}{_addr(m.value)}"
+        return f"{ip} saddr {_op(m)}{_addr(m.value.strip())}"
     if m.kind == "dst":
-        return f"{ip} daddr {_op(m)}{_addr(m.value)}"
+        return f"{ip} daddr {_op(m)}{_addr(m.value.strip())}"
     if m.kind in ("dport", "sport"):
-        return f"{proto} {m.kind} {_op(m)}{m.value}"
+        return f"{proto} {m.kind} {_op(m)}{m.value.strip()}"
     if m.kind == "dports":
-        ports = ", ".join(m.value.split(","))
+        ports = ", ".join(m.value.strip().split(","))
         return f"{proto} dport {_op(m)}{{ {ports} }}"
     if m.kind == "uid":
-        return f"meta skuid {_op(m)}{m.value}"
+        return f"meta skuid {_op(m)}{m.value.strip()}"
     if m.kind == "gid":
-        return f"meta skgid {_op(m)}{m.value}"
+        return f"meta skgid {_op(m)}{m.value.strip()}"
     if m.kind == "ctstate":
-        states = ",".join(sorted(s.lower() for s in m.value.split(",")))
+        states = ",".join(sorted(s.lower() for s in m.value.strip().split(",")))
         return f"ct state {_op(m)}{states}"
     if m.kind == "mark":
-        return f"meta mark {_op(m)}{_hex(m.value)}"
+        return _masked("meta mark", m)
     if m.kind == "connmark":
-        return f"ct mark {_op(m)}{_hex(m.value)}"
+        return _masked("ct mark", m)
     raise AssertionError(f"unknown match kind {m.kind}")
 
 
@@ -137,4 +147,9 @@ def _target(t: Target, family: Family) -> str:
         return "meta mark set ct mark"
     if t.kind == "ct_zone":
         return f"ct zone set {t.value}"
+    if t.kind == "connmark_set":
+        value, _, mask = t.value.partition("/")
+        # (ct & ~M) ^ V, listed by nft as one mask that keeps V's bits, then V
+        keep = (0xFFFFFFFF ^ int(mask or "0xffffffff", 0)) | int(value, 0)
+        return f"ct mark set ct mark & {keep:#010x} | {_hex(value)}"
     raise AssertionError(f"unknown target kind {t.kind}")

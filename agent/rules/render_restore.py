@@ -61,6 +61,12 @@ def match_words(m: Match) -> list[str]:
         return ["-m", "mark", *neg, "--mark", m.value]
     if m.kind == "connmark":
         return ["-m", "connmark", *neg, "--mark", m.value]
+    if m.kind == "module":
+        return ["-m", m.value]
+    if m.kind == "socket_exists":
+        return ["-m", "owner", *neg, "--socket-exists"]
+    if m.kind == "match_set":
+        return ["-m", "set", *neg, "--match-set", *m.value.split()]
     raise AssertionError(f"unknown match kind {m.kind}")
 
 
@@ -76,7 +82,12 @@ def target_words(t: Target) -> list[str]:
     if t.kind == "save_mark":
         return ["-j", "CONNMARK", "--save-mark"]
     if t.kind == "restore_mark":
-        return ["-j", "CONNMARK", "--restore-mark"]
+        masks = ["--nfmask", t.mark, "--ctmask", t.mark] if t.mark else []
+        return ["-j", "CONNMARK", "--restore-mark", *masks]
     if t.kind == "ct_zone":
         return ["-j", "CT", "--zone", t.value]
+    if t.kind == "connmark_set":
+        return ["-j", "CONNMARK", "--set-xmark", t.value]
+    if t.kind == "snat":
+        return ["-j", "SNAT", "--to-source", t.value]
     raise AssertionError(f"unknown target kind {t.kind}")

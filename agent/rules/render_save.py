@@ -35,8 +35,16 @@ def save_line(rule: Rule, *, family: Family) -> str:
             if m.kind == kind:
                 head.append(_basic(m, family))
     proto = next((m.value for m in rule.matches if m.kind == "proto"), "")
+    loaded: set[str] = set()  # protocol matches already named: `--dport` joins them
     for m in rule.matches:
-        if m.kind not in order:
+        if m.kind == "module":
+            loaded.add(m.value)
+            head.append(f"-m {m.value}")
+        elif m.kind in ("dport", "sport") and proto in loaded:
+            head.append(f"{_neg(m)}--{m.kind} {m.value}")
+        elif m.kind not in order:
+            if m.kind in ("dport", "sport"):
+                loaded.add(proto)
             head.append(_extension(m, proto))
     head.append(_target(rule.target, family))
     return " ".join(head)
@@ -48,7 +56,7 @@ def _neg(m: Match) -> str:
 
 def _basic(m: Match, family: Family) -> str:
     flag = {"src": "-s", "dst": "-d", "in": "-i", "out": "-o", "proto": "-p"}[m.kind]
-    value = m.value
+    value = m.value.strip()
     if m.kind in ("src", "dst"):
         net = ipaddress.ip_network(value, strict=False)
         value = f"{net.network_address}/{net.prefixlen}"
@@ -57,19 +65,23 @@ def _basic(m: Match, family: Family) -> str:
 
 def _extension(m: Match, proto: str) -> str:
     if m.kind in ("dport", "sport"):
-        return f"-m {proto} {_neg(m)}--{m.kind} {m.value}"
+        return f"-m {proto} {_neg(m)}--{m.kind} {m.value.strip()}"
     if m.kind == "dports":
-        return f"-m multiport {_neg(m)}--dports {m.value}"
+        return f"-m multiport {_neg(m)}--dports {m.value.strip()}"
     if m.kind == "uid":
-        return f"-m owner {_neg(m)}--uid-owner {m.value}"
+        return f"-m owner {_neg(m)}--uid-owner {m.value.strip()}"
     if m.kind == "gid":
-        return f"-m owner {_neg(m)}--gid-owner {_gid(m.value)}"
+        return f"-m owner {_neg(m)}--gid-owner {_gid(m.value.strip())}"
     if m.kind == "ctstate":
-        return f"-m conntrack {_neg(m)}--ctstate {m.value}"
+        return f"-m conntrack {_neg(m)}--ctstate {m.value.strip()}"
     if m.kind == "mark":
-        return f"-m mark {_neg(m)}--mark {_hex(m.value)}"
+        return f"-m mark {_neg(m)}--mark {_hex(m.value.strip())}"
     if m.kind == "connmark":
         return f"-m connmark {_neg(m)}--mark {_hex(m.value)}"
+    if m.kind == "socket_exists":
+        return f"-m owner {_neg(m)}--socket-exists"
+    if m.kind == "match_set":
+        return f"-m set {_neg(m)}--match-set {m.value}"
     raise AssertionError(f"unknown match kind {m.kind}")
 
 
@@ -90,11 +102,16 @@ def _target(t: Target, family: Family) -> str:
         return "-j CONNMARK --restore-mark --nfmask 0xffffffff --ctmask 0xffffffff"
     if t.kind == "ct_zone":
         return f"-j CT --zone {t.value}"
+    if t.kind == "connmark_set":
+        return f"-j CONNMARK --set-xmark {_hex(t.value)}"
+    if t.kind == "snat":
+        return f"-j SNAT --to-source {t.value}"
     raise AssertionError(f"unknown target kind {t.kind}")
 
 
 def _hex(value: str) -> str:
-    return hex(int(value, 0))
+    """`1337` -> `0x539`; a `mark/mask` pair keeps its mask."""
+    return "/".join(hex(int(part, 0)) for part in value.split("/"))
 
 
 def _gid(value: str) -> str:

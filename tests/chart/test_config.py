@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import RepairSettings, Settings, load_settings
+from agent.config import AmbientSettings, RepairSettings, Settings, load_settings
 from tests.chart.conftest import PLATFORMS, Helm, agent_config, agent_container, only
 from tests.chart.conftest import platform_values as values_of
 
@@ -26,6 +26,7 @@ def test_config_names_exactly_the_settings_keys(helm: Helm) -> None:
     config = agent_config(helm.render())
     assert set(config) == {f.name for f in dataclasses.fields(Settings)}
     assert set(config["repair"]) == {f.name for f in dataclasses.fields(RepairSettings)}
+    assert set(config["ambient"]) == {f.name for f in dataclasses.fields(AmbientSettings)}
 
 
 def test_default_values_give_the_agents_defaults(helm: Helm, tmp_path: Path) -> None:

@@ -7,7 +7,13 @@ Where ours differs by design the comparison says so, with the reason:
   program); a full `image` reference is used as given by both;
 - our default excludeNamespaces adds istio-system (Istio's agent skips its own namespace in code);
 - ours creates the NetworkAttachmentDefinition in the release namespace too, besides `default`;
-- a profile's global.* (ambient's `variant: distroless`) is ignored: we publish no variants.
+- a profile's global.* (ambient's `variant: distroless`) is ignored: we publish no variants;
+- ambient's RBAC is ours: `namespaces` read (Istio grants it to every install) and `pods/status`
+  patch (Istio adds update, which the agent never sends); the agent reads its own DaemonSet through
+  the namespaced Role every install has; the node's netns dir is mounted with HostToContainer
+  propagation whether ambient is on or not (repair needs it too).
+- a value you set wins over a profile's whatever its spelling; Istio's chart lets a profile's
+  `cni.X` (ambient's `cni.ambient.enabled`) overwrite your unprefixed `X`.
 """
 
 from __future__ import annotations
@@ -18,8 +24,10 @@ from typing import Any
 import pytest
 import yaml
 
+from agent.ambient.selectors import EnablementSelector, parse_enablement_selectors
 from agent.config import settings_from_mapping
-from tests.chart.conftest import CHART, REPO_ROOT, Helm, agent_config, of_kind, only
+from tests.chart.conftest import CHART, REPO_ROOT, Helm, agent_config, mounts, of_kind, only
+from tests.chart.test_rbac import grants
 
 pytestmark = pytest.mark.chart
 
@@ -52,6 +60,18 @@ def repair_of(enabled: bool, repair: bool, delete: bool, label: bool) -> str:
             "label" if label else "off")
 
 
+AMBIENT_GRANTS = {("", "namespaces", "get"), ("", "namespaces", "list"),
+                  ("", "namespaces", "watch"), ("", "pods/status", "patch")}
+
+
+def selectors(parsed: tuple[EnablementSelector, ...]) -> list[dict[str, Any]]:
+    return [s.to_dict() for s in parsed]
+
+
+def all_grants(docs: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    return {g for role in of_kind(docs, "ClusterRole") for g in grants(role["rules"])}
+
+
 def istio_settings(docs: list[dict[str, Any]]) -> dict[str, Any]:
     ds = only(docs, "DaemonSet")
     container = ds["spec"]["template"]["spec"]["containers"][0]
@@ -82,6 +102,22 @@ def istio_settings(docs: list[dict[str, Any]]) -> dict[str, Any]:
         "quota": int(quotas[0]["spec"]["hard"]["pods"]) if quotas else None,
         "image": container["image"],
         "excludeNamespaces": [n for n in env["EXCLUDE_NAMESPACES"].split(",") if n],
+        "ambient": {
+            "enabled": flag("AMBIENT_ENABLED"),
+            "dnsCapture": flag("AMBIENT_DNS_CAPTURE"),
+            "ipv6": flag("AMBIENT_IPV6"),
+            "reconcileIptablesOnStartup": flag("AMBIENT_RECONCILE_POD_RULES_ON_STARTUP"),
+            "enableAmbientDetectionRetry": flag("ENABLE_AMBIENT_DETECTION_RETRY"),
+            # What Istio's agent parses: the YAML text, through the same selector rules.
+            "enablementSelectors": selectors(parse_enablement_selectors(
+                yaml.safe_load(env["AMBIENT_ENABLEMENT_SELECTOR"]))),
+            "socketDir": paths.get("cni-ztunnel-sock-dir"),
+            "rbac": any(r["metadata"]["name"].endswith("-ambient")
+                        for r in of_kind(docs, "ClusterRole")),
+        },
+        "_grants": all_grants(docs),
+        "_netnsPropagation": next((m.get("mountPropagation") for m in container["volumeMounts"]
+                                   if m["mountPath"] == "/host/var/run/netns"), None),
     }
 
 
@@ -105,6 +141,19 @@ def our_settings(docs: list[dict[str, Any]]) -> dict[str, Any]:
         "quota": int(quotas[0]["spec"]["hard"]["pods"]) if quotas else None,
         "image": ds["spec"]["template"]["spec"]["containers"][0]["image"],
         "excludeNamespaces": list(settings.excludeNamespaces),
+        "ambient": {
+            "enabled": settings.ambient.enabled,
+            "dnsCapture": settings.ambient.dnsCapture,
+            "ipv6": settings.ambient.ipv6,
+            "reconcileIptablesOnStartup": settings.ambient.reconcileIptablesOnStartup,
+            "enableAmbientDetectionRetry": settings.ambient.enableAmbientDetectionRetry,
+            "enablementSelectors": selectors(settings.ambient.enablementSelectors),
+            "socketDir": paths.get("ztunnel-socket-dir"),
+            "rbac": all_grants(docs) >= AMBIENT_GRANTS,
+        },
+        "_grants": all_grants(docs),
+        "_netnsPropagation": {path: m.get("mountPropagation") for path, m in mounts(docs).items()
+                              if path in (settings.mountedNetnsDir, paths["cni-netns-dir"])},
     }
 
 
@@ -130,6 +179,16 @@ def compare(helm: Helm, sets: list[str], values: list[Path] = (),  # type: ignor
     their_nad, our_nad = theirs.pop("nad"), ours.pop("nad")
     assert set(their_nad) <= set(our_nad)
     assert (NAMESPACE in our_nad) == bool(their_nad)
+    # By design: our ambient rights are a subset of Istio's; the netns mounts always propagate.
+    their_grants, our_grants = theirs.pop("_grants"), ours.pop("_grants")
+    if theirs["ambient"]["rbac"]:
+        assert their_grants >= AMBIENT_GRANTS
+    if ours["ambient"]["rbac"]:
+        assert their_grants >= our_grants & AMBIENT_GRANTS
+    their_propagation = theirs.pop("_netnsPropagation")
+    our_propagation = ours.pop("_netnsPropagation")
+    assert set(our_propagation.values()) == {"HostToContainer"} and len(our_propagation) == 2
+    assert their_propagation in (None, "HostToContainer")
     assert ours == theirs
 
 
@@ -184,9 +243,62 @@ EXAMPLES = {
     "conf-name-env": ["env.CNI_CONF_NAME=10-flannel.conflist"],
     "chained-env": ["env.CHAINED_CNI_PLUGIN=false"],
     "repair-env": ["env.REPAIR_REPAIR_PODS=false", "env.REPAIR_LABEL_PODS=true"],
+    "ambient": ["ambient.enabled=true"],
+    "ambient-cni-prefix": ["cni.ambient.enabled=true"],
+    "ambient-global-profile": ["global.profile=ambient"],
+    # Istio's profile sets cni.ambient.enabled, which its chart copies over an unprefixed
+    # ambient.enabled=false; ours lets the user's value win either way (test_ambient_values).
+    "ambient-profile-off": ["profile=ambient", "cni.ambient.enabled=false"],
+    "ambient-no-dns": ["ambient.enabled=true", "ambient.dnsCapture=false"],
+    "ambient-no-ipv6": ["ambient.enabled=true", "ambient.ipv6=false"],
+    "ambient-no-reconcile": ["ambient.enabled=true", "ambient.reconcileIptablesOnStartup=false"],
+    "ambient-detection-retry": ["ambient.enabled=true", "ambient.enableAmbientDetectionRetry=true"],
+    "ambient-share-host-netns": ["ambient.enabled=true", "ambient.shareHostNetworkNamespace=true"],
+    "ambient-options-while-off": ["ambient.dnsCapture=false", "ambient.ipv6=false"],
+    "ambient-compat-1.25": ["profile=ambient", "compatibilityVersion=1.25"],
+    "ambient-env-dns": ["ambient.enabled=true", "env.AMBIENT_DNS_CAPTURE=false"],
+    "ambient-env-ipv6": ["ambient.enabled=true", "env.AMBIENT_IPV6=false"],
+    "ambient-env-reconcile": ["ambient.enabled=true",
+                              "env.AMBIENT_RECONCILE_POD_RULES_ON_STARTUP=false"],
+    "ambient-env-retry": ["ambient.enabled=true", "env.ENABLE_AMBIENT_DETECTION_RETRY=true"],
+    "ambient-with-label-repair": ["ambient.enabled=true", "repair.labelPods=true",
+                                  "repair.repairPods=false"],
 }
 
 
 @pytest.mark.parametrize("sets", EXAMPLES.values(), ids=EXAMPLES.keys())
 def test_istio_example_values(helm: Helm, sets: list[str]) -> None:
-    compare(helm, sets)
+    compare(helm, sets, variant_ignored=any(s.endswith("profile=ambient") for s in sets))
+
+
+SELECTOR_FILES = {
+    "pod-label-only": """\
+ambient:
+  enabled: true
+  enablementSelectors:
+    - podSelector:
+        matchLabels: {istio.io/dataplane-mode: ambient}
+""",
+    "namespace-expressions": """\
+cni:
+  ambient:
+    enabled: true
+    enablementSelectors:
+      - podSelector:
+          matchExpressions:
+            - {key: istio.io/dataplane-mode, operator: NotIn, values: [none]}
+        namespaceSelector:
+          matchExpressions:
+            - {key: team, operator: In, values: [a, b]}
+            - {key: legacy, operator: DoesNotExist}
+""",
+    "everything": "ambient:\n  enabled: true\n  enablementSelectors: [{}]\n",
+    "nothing": "ambient:\n  enabled: true\n  enablementSelectors: []\n",
+}
+
+
+@pytest.mark.parametrize("text", SELECTOR_FILES.values(), ids=SELECTOR_FILES.keys())
+def test_istio_ambient_enablement_selectors(helm: Helm, tmp_path: Path, text: str) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(text)
+    compare(helm, [], values=[values])

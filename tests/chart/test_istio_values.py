@@ -197,24 +197,20 @@ def test_resource_scope(helm: Helm, scope: str, kinds: set[str]) -> None:
 
 
 def test_notes_name_ignored_istio_keys(helm4: Helm) -> None:  # noqa: F811
-    text = notes(helm4, "ambient.dnsCapture=false", "pilot.enabled=true",
+    text = notes(helm4, "ambient.configDir=/etc/ambient-config", "pilot.enabled=true",
                  "trustedZtunnelNamespace=kube-system", "global.networkPolicy.enabled=true",
                  "repair.hub=x", "useAppArmorAnnotation=false", "meshConfig.a=b",
-                 "env.ZTUNNEL_UDS_ADDRESS=/x", "env.EXCLUDE_NAMESPACES=a")
+                 "env.AMBIENT_DISABLE_SAFE_UPGRADE=true", "env.EXCLUDE_NAMESPACES=a",
+                 "ambient.dnsCapture=false", "env.ZTUNNEL_UDS_ADDRESS=/x/z.sock")
     ignored = text[text.index("Ignored:"):text.index("Check it:")]
-    for key in ("ambient.dnsCapture", "pilot", "global.networkPolicy", "trustedZtunnelNamespace",
-                "repair.hub", "useAppArmorAnnotation", "meshConfig", "env.ZTUNNEL_UDS_ADDRESS"):
+    for key in ("ambient.configDir", "pilot", "global.networkPolicy", "trustedZtunnelNamespace",
+                "repair.hub", "useAppArmorAnnotation", "meshConfig",
+                "env.AMBIENT_DISABLE_SAFE_UPGRADE"):
         assert f"  - {key}\n" in ignored, key
-    assert "EXCLUDE_NAMESPACES" not in ignored  # it has an effect here
+    # These have an effect here.
+    for key in ("EXCLUDE_NAMESPACES", "ambient.dnsCapture", "ZTUNNEL_UDS_ADDRESS"):
+        assert key not in ignored, key
     assert "WARNING" not in text
-
-
-@pytest.mark.parametrize("sets", [["ambient.enabled=true"], ["cni.ambient.enabled=true"],
-                                  ["profile=ambient"], ["env.AMBIENT_ENABLED=true"]],
-                         ids=["values", "cni-prefix", "profile", "env"])
-def test_notes_warn_that_ambient_is_not_implemented(helm4: Helm, sets: list[str]) -> None:  # noqa: F811
-    text = notes(helm4, *sets)
-    assert "ambient mode is not implemented" in text and "NOT captured" in text
 
 
 def test_istio_values_file_installs(helm: Helm, tmp_path: Path) -> None:

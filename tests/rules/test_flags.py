@@ -108,7 +108,6 @@ def test_skip_rule_apply_and_cleanup_only_program_nothing() -> None:
         ([], {"ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR": "10.0.0.1/32"}, "loopback"),
         ([], {"ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR": "127.0.0.1/4"}, "8 to 32"),
         ([], {"ISTIO_OUTBOUND_OWNER_GROUPS": ",".join(str(i) for i in range(65))}, "64"),
-        ([], {"REDIRECT_DNS": "perhaps"}, "REDIRECT_DNS"),
         (["--redirect-dns"], {"_DNS": "x"}, ""),
     ],
 )
@@ -128,3 +127,23 @@ def test_cli_reports_bad_flag_and_exits_2() -> None:
     assert got.code == 2
     assert "--istio-service-cidr" in got.stderr and "10.0.0.0/99" in got.stderr
     assert got.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("env", "want"),
+    [
+        ({"REDIRECT_DNS": "perhaps"}, "false"),
+        ({"REDIRECT_DNS": "true", "ISTIO_META_DNS_CAPTURE": "perhaps"}, "true"),
+        ({"REDIRECT_DNS": "perhaps", "ISTIO_META_DNS_CAPTURE": "1"}, "true"),
+    ],
+    ids=["ignored", "additional-ignored-primary-kept", "primary-ignored-additional-set"],
+)
+def test_unparsable_env_values_are_ignored_as_istio_does(env: dict[str, str], want: str) -> None:
+    """istio-iptables sets a flag from its variable with `_ = fs.Set(...)`: a value that does not
+    parse leaves the flag as it was."""
+    assert parse_flags([], ALL, env).values["redirect-dns"] == want
+
+
+def test_short_flag_with_bare_equals_is_the_value_equals() -> None:
+    """pflag reads `-p=` through its `-pvalue` form: the value is "="."""
+    assert parse_flags(["-p="], ALL, {}).values["envoy-port"] == "="

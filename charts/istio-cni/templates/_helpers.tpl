@@ -60,6 +60,18 @@ istio.io/rev: {{ .revision | default "default" | quote }}
   "labelKey" $v.repair.labelKey
   "labelValue" (toString $v.repair.labelValue)
   "initContainerName" $v.repair.initContainerName -}}
+{{- $a := $v.ambient -}}
+{{- $ambient := dict
+  "enabled" $a.enabled
+  "enablementSelectors" ($a.enablementSelectors | default list)
+  "dnsCapture" $a.dnsCapture
+  "ipv6" $a.ipv6
+  "reconcileIptablesOnStartup" $a.reconcileIptablesOnStartup
+  "enableAmbientDetectionRetry" $a.enableAmbientDetectionRetry
+  "ztunnelSocketPath" $a.ztunnelSocketPath
+  "systemNamespace" $a.systemNamespace
+  "hostProbeSnatAddress" $a.hostProbeSnatAddress
+  "hostProbeSnatAddressV6" $a.hostProbeSnatAddressV6 -}}
 {{- $cfg := dict
   "cniBinDir" $v.cniBinDir
   "cniConfDir" $v.cniConfDir
@@ -84,7 +96,8 @@ istio.io/rev: {{ .revision | default "default" | quote }}
   "cniConfGroupRead" $v.cniConfGroupRead
   "removeNotReadyTaint" $v.removeNotReadyTaint
   "daemonSetName" (include "istio-cni.fullname" .)
-  "repair" $repair -}}
+  "repair" $repair
+  "ambient" $ambient -}}
 {{- toYaml $cfg -}}
 {{- end -}}
 

@@ -11,7 +11,7 @@ values.yaml leaves every value null, so "set" means "not null". Layers, the late
 Istio's `cni.X` means `X` (as Istio's zzy_descope_legacy.yaml). A setting given under two spellings
 (ours and an Istio alias, or X and a different cni.X) fails naming both.
 Keys starting with `_` are for templates only: _image, _pullSecrets, _env (extra container env),
-_ignored (Istio keys with no effect here), _ambient, _profile, _resourceScope.
+_ignored (Istio keys with no effect here), _profile, _resourceScope.
 */}}
 {{- define "istio-cni.values" -}}
 {{- $user := .Values | toYaml | fromYaml -}}
@@ -25,7 +25,6 @@ _ignored (Istio keys with no effect here), _ambient, _profile, _resourceScope.
 {{- include "istio-cni.overlay" (list $out (include "istio-cni.fromGlobal" $global | fromYaml)) -}}
 {{- /* 3. Istio profile files (profile < compatibilityVersion, as Istio), then our preset */ -}}
 {{- $profileName := $user.profile | default $global.profile | default "" -}}
-{{- $ambient := false -}}
 {{- $files := list -}}
 {{- with $profileName -}}
 {{- $files = append $files (dict "file" (printf "profile-%s.yaml" .) "what" "profile" "name" .) -}}
@@ -44,8 +43,6 @@ _ignored (Istio keys with no effect here), _ambient, _profile, _resourceScope.
     variant is a tag we do not publish): ignored. */ -}}
 {{- $_ := unset $profile "global" -}}
 {{- $mapped := include "istio-cni.fromIstio" (dict "values" $profile "ctx" $) | fromYaml -}}
-{{- $ambient = or $ambient $mapped._ambient -}}
-{{- $_ := unset $mapped "_ambient" -}}
 {{- $_ := unset $mapped "_ignored" -}}
 {{- include "istio-cni.overlay" (list $out $mapped) -}}
 {{- end -}}
@@ -59,10 +56,8 @@ _ignored (Istio keys with no effect here), _ambient, _profile, _resourceScope.
 {{- end -}}
 {{- /* 4. the values you set */ -}}
 {{- $mine := include "istio-cni.fromIstio" (dict "values" $user "ctx" $) | fromYaml -}}
-{{- $ambient = or $ambient $mine._ambient -}}
 {{- $ignored := $mine._ignored | default list -}}
 {{- if not (kindIs "invalid" $global.networkPolicy) }}{{ $ignored = append $ignored "global.networkPolicy" }}{{ end -}}
-{{- $_ := unset $mine "_ambient" -}}
 {{- $_ := unset $mine "_ignored" -}}
 {{- include "istio-cni.overlay" (list $out $mine) -}}
 {{- $_ := set $out "platform" $platform -}}
@@ -91,7 +86,6 @@ _ignored (Istio keys with no effect here), _ambient, _profile, _resourceScope.
 {{- $env = append $env (dict "name" $name "value" (kindIs "invalid" $value | ternary "" (toString $value))) -}}
 {{- end -}}
 {{- $_ := set $out "_env" $env -}}
-{{- $_ := set $out "_ambient" $ambient -}}
 {{- $_ := set $out "_ignored" $ignored -}}
 {{- $_ := set $out "_profile" $profileName -}}
 {{- $_ := set $out "_resourceScope" ($global.resourceScope | default "all") -}}
@@ -186,7 +180,7 @@ set to different values fail naming both; otherwise (Istio's profile files) cni.
 {{/*
 Istio's spellings mapped onto ours, for (dict "values" V "ctx" $) with V already descoped and
 without `global`. Returns YAML: the values set (ours, plus Istio's image keys variant,
-daemonSetLabels, revision, env), `_ignored` (key paths with no effect here) and `_ambient`.
+daemonSetLabels, revision, env) and `_ignored` (key paths with no effect here).
 Order of precedence inside one layer does not exist: two spellings of one setting fail.
 */}}
 {{- define "istio-cni.fromIstio" -}}
@@ -194,13 +188,12 @@ Order of precedence inside one layer does not exist: two spellings of one settin
 {{- $defaults := .ctx.Files.Get "files/defaults.yaml" | fromYaml -}}
 {{- $st := dict "out" dict "from" dict -}}
 {{- $ignored := list -}}
-{{- $ambient := false -}}
 {{- /* Istio writes "" for "not set" here (hub, tag, pullPolicy, image ...). */ -}}
 {{- $emptyIsUnset := list "hub" "tag" "pullPolicy" "image" "istioOwnedCNIConfigFileName" "cniBinDir" "cniConfDir" "cniNetnsDir" -}}
 {{- /* Our names; Istio's chart uses the same ones for most settings. */ -}}
 {{- range $key, $default := $defaults -}}
 {{- if has $key (list "global" "platform") }}{{ continue }}{{ end -}}
-{{- if has $key (list "repair" "resourceQuota") -}}
+{{- if has $key (list "repair" "resourceQuota" "ambient") -}}
 {{- $given := index $v $key | default dict -}}
 {{- range $sub, $_ := $default -}}
 {{- $value := index $given $sub -}}
@@ -247,10 +240,13 @@ Order of precedence inside one layer does not exist: two spellings of one settin
 {{- range $key := list "pilot" "trustedZtunnelNamespace" "meshConfig" "istiodRemote" "telemetry" "experimental" "useAppArmorAnnotation" "ownerName" "configMap" "ztunnel" "gateways" -}}
 {{- if not (kindIs "invalid" (index $v $key)) }}{{ $ignored = append $ignored $key }}{{ end -}}
 {{- end -}}
-{{- range $key, $value := $v.ambient | default dict -}}
-{{- if not (kindIs "invalid" $value) }}{{ $ignored = append $ignored (printf "ambient.%s" $key) }}{{ end -}}
+{{- /* ambient: configDir is read by no agent; this agent always shares the host's network
+    namespace, so only an explicit shareHostNetworkNamespace false goes unhonoured. */ -}}
+{{- $ambientValues := $v.ambient | default dict -}}
+{{- if not (kindIs "invalid" $ambientValues.configDir) }}{{ $ignored = append $ignored "ambient.configDir" }}{{ end -}}
+{{- if and (kindIs "bool" $ambientValues.shareHostNetworkNamespace) (not $ambientValues.shareHostNetworkNamespace) -}}
+{{- $ignored = append $ignored "ambient.shareHostNetworkNamespace" -}}
 {{- end -}}
-{{- if ($v.ambient | default dict).enabled }}{{ $ambient = true }}{{ end -}}
 {{- /* Istio's repair flags, from repair.* or env REPAIR_*; Istio's precedence repairPods >
     deletePods > labelPods, an unset repairPods counting as Istio's default true. */ -}}
 {{- $env := $v.env | default dict -}}
@@ -286,7 +282,7 @@ Order of precedence inside one layer does not exist: two spellings of one settin
 {{- end -}}
 {{- end -}}
 {{- /* Environment variables Istio's agent reads: those with a meaning here set it. */ -}}
-{{- $envKeys := dict "CNI_CONF_NAME" "cniConfFileName:string" "CHAINED_CNI_PLUGIN" "chained:bool" "ISTIO_OWNED_CNI_CONFIG" "istioOwnedCNIConfig:bool" "ISTIO_OWNED_CNI_CONFIG_FILENAME" "istioOwnedCNIConfigFileName:string" "EXCLUDE_NAMESPACES" "excludeNamespaces:list" "CNI_CONF_GROUP_READ" "cniConfGroupRead:bool" "MONITORING_PORT" "metricsPort:port" "CNI_AGENT_RUN_DIR" "cniAgentRunDir:path" "REPAIR_ENABLED" "repair.enabled:bool" "REPAIR_BROKEN_POD_LABEL_KEY" "repair.labelKey:string" "REPAIR_BROKEN_POD_LABEL_VALUE" "repair.labelValue:string" "REPAIR_INIT_CONTAINER_NAME" "repair.initContainerName:string" -}}
+{{- $envKeys := dict "CNI_CONF_NAME" "cniConfFileName:string" "CHAINED_CNI_PLUGIN" "chained:bool" "ISTIO_OWNED_CNI_CONFIG" "istioOwnedCNIConfig:bool" "ISTIO_OWNED_CNI_CONFIG_FILENAME" "istioOwnedCNIConfigFileName:string" "EXCLUDE_NAMESPACES" "excludeNamespaces:list" "CNI_CONF_GROUP_READ" "cniConfGroupRead:bool" "MONITORING_PORT" "metricsPort:port" "CNI_AGENT_RUN_DIR" "cniAgentRunDir:path" "REPAIR_ENABLED" "repair.enabled:bool" "REPAIR_BROKEN_POD_LABEL_KEY" "repair.labelKey:string" "REPAIR_BROKEN_POD_LABEL_VALUE" "repair.labelValue:string" "REPAIR_INIT_CONTAINER_NAME" "repair.initContainerName:string" "AMBIENT_ENABLED" "ambient.enabled:bool" "AMBIENT_DNS_CAPTURE" "ambient.dnsCapture:bool" "AMBIENT_IPV6" "ambient.ipv6:bool" "AMBIENT_RECONCILE_POD_RULES_ON_STARTUP" "ambient.reconcileIptablesOnStartup:bool" "ENABLE_AMBIENT_DETECTION_RETRY" "ambient.enableAmbientDetectionRetry:bool" "ZTUNNEL_UDS_ADDRESS" "ambient.ztunnelSocketPath:path" "SYSTEM_NAMESPACE" "ambient.systemNamespace:namespace" "HOST_PROBE_SNAT_IP" "ambient.hostProbeSnatAddress:ipv4" "HOST_PROBE_SNAT_IPV6" "ambient.hostProbeSnatAddressV6:ipv6" -}}
 {{- $backend := "" -}}
 {{- range $name, $rawValue := $env -}}
 {{- $raw := kindIs "invalid" $rawValue | ternary "" (toString $rawValue) -}}
@@ -305,6 +301,13 @@ Order of precedence inside one layer does not exist: two spellings of one settin
 {{- $value = atoi $raw -}}
 {{- else if eq $kind "path" -}}
 {{- if not (hasPrefix "/" $raw) }}{{ fail (printf "%s: %q is not an absolute path" $where $raw) }}{{ end -}}
+{{- else if eq $kind "namespace" -}}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$" $raw) }}{{ fail (printf "%s: %q is not a namespace name" $where $raw) }}{{ end -}}
+{{- else if eq $kind "ipv4" -}}
+{{- if not (regexMatch "^((25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])[.]){3}(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])$" $raw) }}{{ fail (printf "%s: %q is not an IPv4 address" $where $raw) }}{{ end -}}
+{{- else if eq $kind "ipv6" -}}
+{{- /* A rough check; the agent parses it exactly at start, naming the key. */ -}}
+{{- if not (and (contains ":" $raw) (regexMatch "^[0-9A-Fa-f:.]+$" $raw)) }}{{ fail (printf "%s: %q is not an IPv6 address" $where $raw) }}{{ end -}}
 {{- else if eq $kind "list" -}}
 {{- $items := list -}}
 {{- range splitList "," $raw }}{{ with trim . }}{{ $items = append $items . }}{{ end }}{{ end -}}
@@ -320,9 +323,10 @@ Order of precedence inside one layer does not exist: two spellings of one settin
 {{- fail (printf "%s: %q is not one of legacy, nft (or empty)" $where $raw) -}}
 {{- end -}}
 {{- if and $raw (ne $backend "nftables") }}{{ $backend = printf "iptables-%s" $raw }}{{ end -}}
-{{- else if eq $name "AMBIENT_ENABLED" -}}
-{{- if and $raw (eq (include "istio-cni.parseBool" (dict "name" $where "value" $raw)) "true") }}{{ $ambient = true }}{{ end -}}
-{{- $ignored = append $ignored $where -}}
+{{- else if eq $name "AMBIENT_ENABLEMENT_SELECTOR" -}}
+{{- if $raw -}}
+{{- include "istio-cni.put" (dict "st" $st "key" "ambient.enablementSelectors" "value" (include "istio-cni.parseSelectors" (dict "name" $where "value" $raw) | fromYamlArray) "from" $where) -}}
+{{- end -}}
 {{- else if not (has $name (list "REPAIR_REPAIR_PODS" "REPAIR_DELETE_PODS" "REPAIR_LABEL_PODS")) -}}
 {{- $ignored = append $ignored $where -}}
 {{- end -}}
@@ -332,7 +336,7 @@ Order of precedence inside one layer does not exist: two spellings of one settin
 {{- end -}}
 {{- /* All three repair flags false: Istio's controller takes no action, so repair is off. */ -}}
 {{- if $noRepair }}{{ $_ := set $st.out "repair.enabled" false }}{{ end -}}
-{{- $result := dict "_ignored" $ignored "_ambient" $ambient -}}
+{{- $result := dict "_ignored" $ignored -}}
 {{- range $key, $value := $st.out -}}
 {{- $parts := splitList "." $key -}}
 {{- if eq (len $parts) 2 -}}
@@ -353,6 +357,26 @@ Order of precedence inside one layer does not exist: two spellings of one settin
 {{- end -}}
 {{- $_ := set .st.out .key .value -}}
 {{- $_ := set .st.from .key .from -}}
+{{- end -}}
+
+{{/*
+Istio's AMBIENT_ENABLEMENT_SELECTOR (YAML text of a list of {podSelector, namespaceSelector}) for
+(dict "name" "value"): the list as YAML, or fails naming the variable. The agent validates the
+label selectors inside at start, naming the key.
+*/}}
+{{- define "istio-cni.parseSelectors" -}}
+{{- $list := .value | fromYamlArray -}}
+{{- range $list -}}
+{{- if not (kindIs "map" .) -}}
+{{- fail (printf "%s: not a YAML list of {podSelector, namespaceSelector} (%s)" $.name (toString .)) -}}
+{{- end -}}
+{{- range $key, $_ := . -}}
+{{- if not (has $key (list "podSelector" "namespaceSelector")) -}}
+{{- fail (printf "%s: unknown key %q in an entry (known: podSelector, namespaceSelector)" $.name $key) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $list -}}
 {{- end -}}
 
 {{/* Go's strconv.ParseBool, as Istio's agent reads its environment: "true"/"false" or fails. */}}

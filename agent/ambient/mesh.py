@@ -1,0 +1,372 @@
+"""The ambient mesh dataplane: enroll a pod (rules in its netns, hand it to ztunnel, annotate it)
+and release it, in the order of Istio's node agent (cni/pkg/nodeagent meshdataplane_linux.go and
+net_linux.go at the version of our conformance data):
+
+    add:    netns (from the CNI request, else found on the node) -> in-pod rules -> ztunnel add
+            -> host probe IPs -> annotation `enabled`
+    remove: host probe IPs -> in-pod rules (only when the pod lives on and its netns exists)
+            -> ztunnel del -> annotation removed (a failure ignored when the pod is deleted)
+
+Failures, as Istio treats them:
+- no netns, or the rules failed: `NonRetryableAdd`; the pod leaves the enrolled set, no annotation
+  (a CNI ADD fails; the watch does not retry).
+- ztunnel away or refusing: the rules stay, the pod stays in the set (sent with the next
+  snapshot), annotation `pending`, `ZtunnelPending` raised (a CNI ADD fails and the runtime
+  retries; the watch retries until enabled).
+- host probe set or annotation failed: raised as is, retried by the watch.
+
+The enrolled set (uid -> AmbientPod) is what ztunnel gets as its snapshot on each connect.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from kubernetes.client.exceptions import ApiException
+
+from agent.ambient.dataplane import (
+    AmbientPod,
+    HostProbeRules,
+    PodRuleOptions,
+    PodRules,
+    ZtunnelError,
+    ZtunnelLink,
+)
+from agent.ambient.enrollment import AnnotationPatch, annotation_patch, annotations_of, pod_ips
+from agent.errors import AgentError
+from agent.repair.netns_finder import AddressReader, find_pod_netns, index_netns_by_address
+
+log = logging.getLogger(__name__)
+
+BYPASS_INBOUND_ANNOTATION = "ambient.istio.io/bypass-inbound-capture"
+DNS_CAPTURE_ANNOTATION = "ambient.istio.io/dns-capture"
+VIRTUAL_INTERFACES_ANNOTATION = "istio.io/reroute-virtual-interfaces"
+_GO_BOOL = {"1": True, "t": True, "T": True, "TRUE": True, "true": True, "True": True,
+            "0": False, "f": False, "F": False, "FALSE": False, "false": False, "False": False}
+HTTP_NOT_FOUND = 404
+
+
+class MeshError(AgentError):
+    """A step of enrolling or releasing a pod failed; the message names the step and the pod."""
+
+
+class NonRetryableAdd(MeshError):
+    """Istio's ErrNonRetryableAdd: the netns or the rules failed; retrying the same add is
+    pointless (the CNI ADD fails, the runtime makes a new sandbox)."""
+
+
+class ZtunnelPending(MeshError):
+    """Rules are in, ztunnel did not take the pod (away or refused): annotated `pending`."""
+
+
+class Annotator(Protocol):
+    def patch(self, namespace: str, name: str, patch: AnnotationPatch) -> None:
+        """Apply the redirection annotation patch (pods/status, merge patch)."""
+        ...
+
+
+class NetnsFinder(Protocol):
+    def __call__(self, pods: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+        """uid -> netns path of each running pod found on the node."""
+        ...
+
+
+OptionsFor = Callable[[Mapping[str, Any]], PodRuleOptions]
+
+
+def netns_by_address(
+    *, netns_dir: str, proc_dir: str, read_addresses: AddressReader
+) -> NetnsFinder:
+    """Find running pods' netns as repair does: the netns (mounted under `netns_dir`, or of a
+    process in `proc_dir`) holding the pod's IP (Istio matches by pod UID in the cgroup path or
+    by IP; the IP works with every runtime and cgroup layout)."""
+
+    def find(pods: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+        index = index_netns_by_address(netns_dir=netns_dir, proc_dir=proc_dir,
+                                       read_addresses=read_addresses)
+        found: dict[str, str] = {}
+        for pod in pods:
+            path = find_pod_netns(pod_ips(pod), index)
+            if path is not None:
+                found[str(_meta(pod).get("uid", ""))] = path
+        return found
+
+    return find
+
+
+class StatusAnnotator:
+    """The real annotator: `PATCH pods/<name>/status` with Istio's merge patch."""
+
+    def __init__(self, core: Any) -> None:
+        self._core = core
+
+    def patch(self, namespace: str, name: str, patch: AnnotationPatch) -> None:
+        try:
+            self._core.patch_namespaced_pod_status(
+                name, namespace, patch.body, _content_type=patch.content_type,
+                _request_timeout=(2, 10))
+        except ApiException as e:
+            if e.status == HTTP_NOT_FOUND and patch.ignore_not_found:
+                return
+            raise MeshError(f"annotate pod {namespace}/{name} ({patch.data.decode()}): "
+                            f"API server answered {e.status} {e.reason}") from e
+
+
+def rule_options_for(base: PodRuleOptions) -> OptionsFor:
+    """Istio's getPodLevelTrafficOverrides over the node-wide options."""
+
+    def options(pod: Mapping[str, Any]) -> PodRuleOptions:
+        notes = annotations_of(pod)
+        ingress = _go_bool(notes, BYPASS_INBOUND_ANNOTATION)
+        dns = _go_bool(notes, DNS_CAPTURE_ANNOTATION)
+        virt = notes.get(VIRTUAL_INTERFACES_ANNOTATION)
+        return PodRuleOptions(
+            ipv6=base.ipv6, redirect_dns=base.redirect_dns,
+            dns_proxy=None if dns is None else ("enabled" if dns else "disabled"),
+            ingress=bool(ingress),
+            virtual_interfaces=tuple(v.strip() for v in virt.split(",") if v.strip())
+            if virt is not None else (),
+            probe_snat=base.probe_snat, probe_snat_v6=base.probe_snat_v6)
+
+    return options
+
+
+def _go_bool(notes: Mapping[str, str], key: str) -> bool | None:
+    """strconv.ParseBool of an annotation; None when absent or not a boolean (Istio ignores it)."""
+    if key not in notes:
+        return None
+    value = _GO_BOOL.get(notes[key])
+    if value is None:
+        log.warning("annotation %s=%r is not a boolean, ignored", key, notes[key])
+    return value
+
+
+def _meta(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = pod.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def ambient_pod(pod: Mapping[str, Any], netns_path: str) -> AmbientPod:
+    meta = _meta(pod)
+    spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
+    return AmbientPod(
+        uid=str(meta.get("uid", "")), name=str(meta.get("name", "")),
+        namespace=str(meta.get("namespace", "")),
+        service_account=str((spec or {}).get("serviceAccountName") or "default"),
+        ips=pod_ips(pod), netns_path=netns_path)
+
+
+@dataclass
+class ReconcileReport:
+    """What start-up reconcile did (for logs and tests)."""
+
+    found: list[str] = field(default_factory=list)
+    """uids of enrolled pods whose netns was found (now in the enrolled set)."""
+    missing: list[str] = field(default_factory=list)
+    """uids of enrolled pods whose netns was not found on the node."""
+    reapplied: list[str] = field(default_factory=list)
+    """uids whose rules were not as expected and were written again."""
+    failed: list[str] = field(default_factory=list)
+
+
+class MeshDataplane:
+    """add / remove / sync_host_probe / reconcile for ambient pods; thread-safe per pod uid."""
+
+    def __init__(
+        self, *, pod_rules: PodRules, host_rules: HostProbeRules, ztunnel: ZtunnelLink,
+        annotator: Annotator, find_netns: NetnsFinder, options_for: OptionsFor,
+    ) -> None:
+        self._rules = pod_rules
+        self._host = host_rules
+        self._ztunnel = ztunnel
+        self._annotator = annotator
+        self._find_netns = find_netns
+        self._options_for = options_for
+        self._lock = threading.Lock()
+        self._enrolled: dict[str, AmbientPod] = {}
+        self._pod_locks: dict[str, threading.Lock] = {}
+        ztunnel.set_snapshot_source(self.snapshot)
+
+    def _pod_lock(self, uid: str) -> threading.Lock:
+        """One operation per pod at a time (the CNI server and the watch may race on a pod)."""
+        with self._lock:
+            return self._pod_locks.setdefault(uid, threading.Lock())
+
+    # -- the enrolled set --------------------------------------------------------------------
+
+    def snapshot(self) -> list[AmbientPod]:
+        """The pods ztunnel must hold: sent on each (re)connect."""
+        with self._lock:
+            return list(self._enrolled.values())
+
+    def enrolled(self, uid: str) -> AmbientPod | None:
+        with self._lock:
+            return self._enrolled.get(uid)
+
+    def _put(self, pod: AmbientPod) -> None:
+        with self._lock:
+            self._enrolled[pod.uid] = pod
+
+    def _take(self, uid: str) -> AmbientPod | None:
+        with self._lock:
+            return self._enrolled.pop(uid, None)
+
+    # -- add / remove ------------------------------------------------------------------------
+
+    def add(self, pod: Mapping[str, Any], netns_path: str = "") -> AmbientPod:
+        """Enroll the pod; `netns_path` from a CNI ADD, empty to find it (a running pod)."""
+        with self._pod_lock(str(_meta(pod).get("uid", ""))):
+            return self._add(pod, netns_path)
+
+    def remove(self, pod: Mapping[str, Any], *, deleted: bool) -> None:
+        """Release the pod; `deleted`: it is gone (or going), so its netns is left alone and a
+        failed annotation removal does not matter."""
+        uid = str(_meta(pod).get("uid", ""))
+        with self._pod_lock(uid):
+            self._remove(pod, deleted=deleted)
+        if deleted:
+            with self._lock:
+                self._pod_locks.pop(uid, None)
+
+    def _add(self, pod: Mapping[str, Any], netns_path: str) -> AmbientPod:
+        meta = _meta(pod)
+        ref, uid = f"{meta.get('namespace')}/{meta.get('name')}", str(meta.get("uid", ""))
+        netns = netns_path or self._known_or_found_netns(pod)
+        enrolled = ambient_pod(pod, netns)
+        try:
+            backend = self._rules.apply(netns, self._options_for(pod))
+        except Exception as e:
+            self._take(uid)
+            raise NonRetryableAdd(f"pod {ref}: in-pod rules in {netns}: {e}") from e
+        self._put(enrolled)
+        try:
+            self._ztunnel.add(enrolled)
+        except ZtunnelError as e:
+            log.warning("pod partially added, annotating pending", extra={"fields": {
+                "pod": ref, "error": str(e)}})
+            self._annotate(pod, "pending")
+            raise ZtunnelPending(f"pod {ref}: ztunnel did not take the pod: {e}") from e
+        try:
+            self._host.add(uid, enrolled.ips)
+        except Exception as e:
+            raise MeshError(f"pod {ref}: host probe address set: {e}") from e
+        self._annotate(pod, "enabled")
+        log.info("pod enrolled", extra={"fields": {"pod": ref, "netns": netns,
+                                                   "backend": backend}})
+        return enrolled
+
+    def _remove(self, pod: Mapping[str, Any], *, deleted: bool) -> None:
+        meta = _meta(pod)
+        ref, uid = f"{meta.get('namespace')}/{meta.get('name')}", str(meta.get("uid", ""))
+        try:
+            self._host.remove(uid, pod_ips(pod))
+        except Exception as e:
+            raise MeshError(f"pod {ref}: remove from host probe address set: {e}") from e
+        known = self._take(uid)
+        if not deleted:
+            if known is not None and os.path.exists(known.netns_path):
+                try:
+                    self._rules.remove(known.netns_path)
+                except Exception as e:
+                    self._put(known)  # kept, so the retry finds the netns again
+                    raise MeshError(f"pod {ref}: remove in-pod rules in {known.netns_path}: "
+                                    f"{e}") from e
+            else:
+                log.warning("pod netns already gone, not deleting in-pod rules",
+                            extra={"fields": {"pod": ref}})
+        try:
+            self._ztunnel.remove(uid)
+        except ZtunnelError as e:
+            raise MeshError(f"pod {ref}: remove from ztunnel: {e}") from e
+        try:
+            self._annotate(pod, "none")
+        except MeshError:
+            if not deleted:
+                raise
+        log.info("pod released", extra={"fields": {"pod": ref, "deleted": deleted}})
+
+    def sync_host_probe(self, pod: Mapping[str, Any]) -> None:
+        """An enrolled pod's IPs changed: add them to the host probe set."""
+        uid = str(_meta(pod).get("uid", ""))
+        self._host.add(uid, pod_ips(pod))
+
+    # -- start-up ----------------------------------------------------------------------------
+
+    def reconcile(self, pods: Sequence[Mapping[str, Any]], *, reapply_rules: bool
+                  ) -> ReconcileReport:
+        """Istio's ConstructInitialSnapshot for the pods annotated `enabled`: host probe set
+        synced, each pod's netns found (the enrolled set = ztunnel's first snapshot), and with
+        `reapply_rules` (reconcileIptablesOnStartup) rules that differ written again."""
+        report = ReconcileReport()
+        self._host.ensure()
+        with_ips = [(str(_meta(p).get("uid", "")), pod_ips(p)) for p in pods]
+        if all(ips for _, ips in with_ips):
+            self._host.sync(with_ips)
+        else:  # as Istio: never prune while an enrolled pod's IPs are unknown
+            log.warning("an enrolled pod has no IP yet; host probe set not pruned")
+            for uid, ips in with_ips:
+                if ips:
+                    self._host.add(uid, ips)
+        found = self._find_netns(pods) if pods else {}
+        for pod in pods:
+            uid = str(_meta(pod).get("uid", ""))
+            netns = found.get(uid)
+            if netns is None:
+                report.missing.append(uid)
+                continue
+            self._put(ambient_pod(pod, netns))
+            report.found.append(uid)
+            if reapply_rules:
+                self._reapply(pod, netns, report)
+        log.info("ambient reconcile on start-up", extra={"fields": {
+            "enrolled": len(report.found), "missing": len(report.missing),
+            "reapplied": len(report.reapplied), "failed": len(report.failed)}})
+        return report
+
+    def _reapply(self, pod: Mapping[str, Any], netns: str, report: ReconcileReport) -> None:
+        uid = str(_meta(pod).get("uid", ""))
+        options = self._options_for(pod)
+        try:
+            if not self._rules.present(netns, options):
+                self._rules.apply(netns, options)
+                report.reapplied.append(uid)
+        except Exception as e:
+            report.failed.append(uid)
+            log.error("reconcile of in-pod rules failed; restart the pod or re-label it",
+                      extra={"fields": {"pod": f"{_meta(pod).get('namespace')}/"
+                                               f"{_meta(pod).get('name')}", "error": str(e)}})
+
+    def remove_host_rules(self) -> None:
+        """Uninstall (Istio's Stop without skipCleanup): node-side rules and sets go."""
+        self._host.remove_all()
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _known_or_found_netns(self, pod: Mapping[str, Any]) -> str:
+        uid = str(_meta(pod).get("uid", ""))
+        known = self.enrolled(uid)
+        if known is not None and os.path.exists(known.netns_path):
+            return known.netns_path
+        found = self._find_netns([pod]).get(uid)
+        if found is None:
+            ref = f"{_meta(pod).get('namespace')}/{_meta(pod).get('name')}"
+            raise NonRetryableAdd(f"pod {ref}: cannot find its network namespace on the node "
+                                  f"(IPs {', '.join(pod_ips(pod)) or 'none'})")
+        return found
+
+    def _annotate(self, pod: Mapping[str, Any], state: str) -> None:
+        meta = _meta(pod)
+        patch = annotation_patch("enabled" if state == "enabled" else
+                                 "pending" if state == "pending" else "none")
+        try:
+            self._annotator.patch(str(meta.get("namespace")), str(meta.get("name")), patch)
+        except MeshError:
+            raise
+        except Exception as e:
+            raise MeshError(f"annotate pod {meta.get('namespace')}/{meta.get('name')} "
+                            f"({state}): {e}") from e

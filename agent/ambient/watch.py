@@ -1,0 +1,222 @@
+"""Live enrollment: pod and namespace changes, as Istio's informers see them (cni/pkg/nodeagent
+informers.go), queued and applied to the mesh dataplane one at a time, retried until they work.
+
+    pod cache ──(update, delete)──┐
+                                  ├──► queue ──► worker: enrollment decisions ──► MeshDataplane
+    namespace cache ──(add, label ┘         ▲        failure: back off, retry the event
+      change) ──► its pods as updates       └────────(5 ms doubling to 5 s, as Istio's queue)
+
+Pod adds need nothing (the CNI ADD enrolls new pods); on start-up every namespace arrives as an
+add, so every pod on the node is examined once: pods that should be enrolled and are not (they
+started before the agent, or their namespace was labelled meanwhile) are enrolled live.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from agent.ambient.enrollment import (
+    is_ztunnel_pod,
+    namespace_change_matters,
+    pod_update_action,
+    release_on_delete,
+)
+from agent.ambient.mesh import NonRetryableAdd
+from agent.ambient.selectors import EnablementSelector
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+RETRY_FIRST_SECONDS = 0.005
+RETRY_MAX_SECONDS = 5.0
+
+
+class Mesh(Protocol):
+    def add(self, pod: Mapping[str, Any], netns_path: str = "") -> object: ...
+    def remove(self, pod: Mapping[str, Any], *, deleted: bool) -> None: ...
+    def sync_host_probe(self, pod: Mapping[str, Any]) -> None: ...
+
+
+class Pods(Protocol):
+    def cached(self, namespace: str, name: str) -> Obj | None: ...
+    def list_pods(self) -> list[Obj]: ...
+
+
+class Namespaces(Protocol):
+    def cached_namespace(self, name: str) -> Obj | None: ...
+
+
+@dataclass(frozen=True)
+class Event:
+    """One informer event: kind pod|namespace, type add|update|delete (Istio's names)."""
+
+    kind: str
+    type: str
+    old: Obj | None
+    new: Obj | None
+
+    @property
+    def latest(self) -> Obj:
+        return self.new if self.new is not None else (self.old or {})
+
+
+def _meta(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    meta = (obj or {}).get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+class AmbientWatch:
+    """Feed it with `on_pod` / `on_namespace` (cache listeners); `start` runs the worker."""
+
+    def __init__(
+        self, *, pods: Pods, namespaces: Namespaces, mesh: Mesh,
+        selectors: Sequence[EnablementSelector], exclude_namespaces: Collection[str],
+        system_namespace: str, on_event: Callable[[str], None] | None = None,
+    ) -> None:
+        """`on_event(type)` counts each reconcile (nodeagent_reconcile_events_total)."""
+        self._pods = pods
+        self._namespaces = namespaces
+        self._mesh = mesh
+        self._selectors = tuple(selectors)
+        self._exclude = frozenset(exclude_namespaces)
+        self._system_ns = system_namespace
+        self._on_event = on_event
+        self._queue: list[tuple[float, int, Event, float]] = []  # (due, seq, event, last delay)
+        self._seq = itertools.count()
+        self._cond = threading.Condition()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.processed = 0
+        """Events handled without error (tests wait on it)."""
+
+    # -- inputs (cache listeners) ------------------------------------------------------------
+
+    def on_pod(self, type_: str, old: Obj | None, new: Obj | None) -> None:
+        if type_ != "add":  # Istio: a pod add needs nothing
+            self._put(Event("pod", type_, old, new))
+
+    def on_namespace(self, type_: str, old: Obj | None, new: Obj | None) -> None:
+        if type_ != "delete":
+            self._put(Event("namespace", type_, old, new))
+
+    def _put(self, event: Event, delay: float = 0.0, last: float = 0.0) -> None:
+        with self._cond:
+            heapq.heappush(self._queue, (time.monotonic() + delay, next(self._seq), event, last))
+            self._cond.notify()
+
+    # -- service -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._run, name="ambient-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        with self._cond:
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def pending(self) -> int:
+        with self._cond:
+            return len(self._queue)
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            item = self._next()
+            if item is None:
+                continue
+            _, _, event, last = item
+            try:
+                self.handle(event)
+                self.processed += 1
+            except Exception as e:  # retried with back-off, forever, as Istio's queue
+                delay = min(RETRY_MAX_SECONDS, max(RETRY_FIRST_SECONDS, last * 2))
+                log.warning("ambient event failed; retrying", extra={"fields": {
+                    "kind": event.kind, "type": event.type, "object": _ref(event.latest),
+                    "error": str(e), "retryIn": f"{delay:.3f}s"}})
+                self._put(event, delay, delay)
+
+    def _next(self) -> tuple[float, int, Event, float] | None:
+        with self._cond:
+            if not self._queue:
+                self._cond.wait(0.5)
+                return None
+            wait = self._queue[0][0] - time.monotonic()
+            if wait > 0:
+                self._cond.wait(wait)
+                return None
+            return heapq.heappop(self._queue)
+
+    # -- reconcile ---------------------------------------------------------------------------
+
+    def handle(self, event: Event) -> None:
+        """Istio's reconcile of one event; raises to have it retried."""
+        if self._on_event is not None:
+            self._on_event(event.type)
+        if event.kind == "namespace":
+            self._namespace(event)
+        else:
+            self._pod(event)
+
+    def _namespace(self, event: Event) -> None:
+        ns = event.latest
+        if event.new is None or not namespace_change_matters(
+                None if event.type == "add" else event.old, event.new, self._selectors):
+            return
+        name = str(_meta(ns).get("name", ""))
+        log.info("namespace changed; examining its pods", extra={"fields": {
+            "namespace": name, "excluded": name in self._exclude}})
+        for pod in self._pods.list_pods():
+            if _meta(pod).get("namespace") == name and not is_ztunnel_pod(pod, self._system_ns):
+                self._put(Event("pod", "update", pod, pod))
+
+    def _pod(self, event: Event) -> None:
+        latest = event.latest
+        meta = _meta(latest)
+        ns_name, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+        namespace = self._namespaces.cached_namespace(ns_name)
+        if event.type == "delete":
+            # The namespace may be gone with its pods: the annotation still tells.
+            if release_on_delete(latest, namespace, self._selectors):
+                self._mesh.remove(latest, deleted=True)
+            return
+        if namespace is None:
+            log.warning("namespace of pod not found; event skipped", extra={"fields": {
+                "pod": f"{ns_name}/{name}"}})
+            return
+        current = self._pods.cached(ns_name, name)
+        if current is None or _meta(current).get("uid") != meta.get("uid"):
+            return  # gone meanwhile: its delete event releases it
+        action = pod_update_action(
+            current, namespace, self._selectors, old_pod=event.old,
+            exclude_namespaces=self._exclude, system_namespace=self._system_ns)
+        log.debug("pod update", extra={"fields": {"pod": f"{ns_name}/{name}",
+                                                  "action": action.action,
+                                                  "reason": action.reason}})
+        if action.action == "add":
+            try:
+                self._mesh.add(current)
+            except NonRetryableAdd as e:
+                log.error("failed capturing pod, will not retry", extra={"fields": {
+                    "pod": f"{ns_name}/{name}", "error": str(e)}})
+        elif action.action == "remove":
+            self._mesh.remove(current, deleted=False)
+        elif action.action == "remove-deleted":
+            self._mesh.remove(event.old or current, deleted=True)
+        elif action.action == "sync-host-probe":
+            self._mesh.sync_host_probe(current)
+
+
+def _ref(obj: Mapping[str, Any]) -> str:
+    meta = _meta(obj)
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}".lstrip("/")

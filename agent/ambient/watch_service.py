@@ -1,0 +1,172 @@
+"""AmbientService: the ambient half of the agent as one lifecycle service (Istio's nodeagent
+Server.Start / Stop):
+
+    start: namespace cache ─► (pod and namespace caches synced) ─► reconcile the pods annotated
+           enrolled (host probe set synced, netns found, rules re-checked) ─► ZDS server ─► watch
+    stop:  watch, namespace cache, ZDS server; pods stay enrolled (a restart keeps them captured)
+    uninstall: also the node-side probe rules and address set (Istio's Stop without skipCleanup)
+
+Start-up runs in its own thread: the caches may take a while, and the other services (the CNI
+server among them) must not wait for it; readiness waits for it instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from agent import metrics
+from agent.ambient.dataplane import PodRuleOptions, ZtunnelLink
+from agent.ambient.enrollment import is_terminated, is_ztunnel_pod, redirection_state
+from agent.ambient.mesh import (
+    MeshDataplane,
+    ReconcileReport,
+    StatusAnnotator,
+    netns_by_address,
+    rule_options_for,
+)
+from agent.ambient.watch import AmbientWatch
+from agent.config import AmbientSettings, Settings
+from agent.pods.namespaces import NamespaceCache
+from agent.podserver.ambient import AmbientEnroller
+from agent.repair.addresses import netns_addresses
+
+log = logging.getLogger(__name__)
+
+
+class SyncedCache(Protocol):
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def ready(self) -> bool: ...
+    def list_pods(self) -> list[dict[str, Any]]: ...
+
+
+class AmbientService:
+    """start/stop/ready/uninstall for the lifecycle."""
+
+    def __init__(
+        self, *, settings: AmbientSettings, pods: Any, namespaces: Any, mesh: MeshDataplane,
+        ztunnel: ZtunnelLink, watch: AmbientWatch, start_pod_cache: bool = False,
+    ) -> None:
+        """`pods` is the node's pod cache (started by the pod service unless
+        `start_pod_cache`); `namespaces` the namespace cache, started here."""
+        self._settings = settings
+        self._pods = pods
+        self._namespaces = namespaces
+        self.mesh = mesh
+        self._ztunnel = ztunnel
+        self.watch = watch
+        self._start_pod_cache = start_pod_cache
+        self._started = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.reconciled: ReconcileReport | None = None
+        pods.add_listener(watch.on_pod)
+        namespaces.add_listener(watch.on_namespace)
+
+    def start(self) -> None:
+        self._stopping.clear()
+        if self._start_pod_cache:
+            self._pods.start()
+        self._thread = threading.Thread(target=self._start_up, name="ambient-start",
+                                        daemon=True)
+        self._thread.start()
+
+    def _start_up(self) -> None:
+        if not self._wait_for(self._pods.ready):
+            return
+        # The namespace cache's first list enqueues every pod: the watch must find them cached.
+        self._namespaces.start()
+        if not self._wait_for(self._namespaces.ready):
+            return
+        enrolled = [p for p in self._pods.list_pods() if _enrolled(p, self._settings)]
+        try:
+            self.reconciled = self.mesh.reconcile(
+                enrolled, reapply_rules=self._settings.reconcileIptablesOnStartup)
+        except Exception:  # Istio goes on: pods are re-examined by the watch
+            log.exception("ambient reconcile on start-up failed")
+        if self._stopping.is_set():
+            return
+        self._ztunnel.start()
+        self.watch.start()
+        self._started.set()
+        log.info("ambient ready", extra={"fields": {"socket": self._settings.ztunnelSocketPath}})
+
+    def _wait_for(self, ready: Callable[[], bool]) -> bool:
+        while not ready():
+            if self._stopping.wait(0.1):
+                return False
+        return True
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._started.is_set():
+            self.watch.stop()
+            self._ztunnel.stop()
+            self._started.clear()
+        self._namespaces.stop()
+        if self._start_pod_cache:
+            self._pods.stop()
+
+    def ready(self) -> bool:
+        """Started up, and the ZDS server is listening on ztunnel's socket."""
+        return self._started.is_set() and self._ztunnel.ready()
+
+    def uninstall(self) -> None:
+        """The agent is going away for good: remove the node-side rules and address set."""
+        self.mesh.remove_host_rules()
+
+
+def _enrolled(pod: Mapping[str, Any], settings: AmbientSettings) -> bool:
+    """Istio's GetActiveAmbientPodSnapshot: annotated enabled, not terminated, not a ztunnel."""
+    return (redirection_state(pod) == "enabled" and not is_terminated(pod)
+            and not is_ztunnel_pod(pod, settings.systemNamespace))
+
+
+class AmbientParts:
+    """The real parts of ambient mode for one node, built from the settings; `enroller` goes to
+    the pod server (CNI ADD/DEL), `service(pod_cache)` into the lifecycle."""
+
+    def __init__(self, settings: Settings, *, node_name: str, core: Any,
+                 host_netns: str = "/proc/self/ns/net") -> None:
+        # Imported here: only an agent with ambient on needs them (and their kernel modules).
+        from agent.ambient.zds import ZdsServer
+        from agent.rules.ambient_apply import HostProbeRules, InpodRules
+
+        amb = settings.ambient
+        self.settings = settings
+        self.namespaces = NamespaceCache(core, node_name)
+        self.ztunnel = ZdsServer(amb.ztunnelSocketPath)
+        base = PodRuleOptions(ipv6=amb.ipv6, redirect_dns=amb.dnsCapture,
+                              probe_snat=amb.hostProbeSnatAddress,
+                              probe_snat_v6=amb.hostProbeSnatAddressV6)
+        self.mesh = MeshDataplane(
+            pod_rules=InpodRules(backend=settings.ruleBackend),
+            host_rules=HostProbeRules(host_netns, ipv6=amb.ipv6,
+                                      probe_snat=amb.hostProbeSnatAddress,
+                                      probe_snat_v6=amb.hostProbeSnatAddressV6,
+                                      backend=settings.ruleBackend),
+            ztunnel=self.ztunnel, annotator=StatusAnnotator(core),
+            find_netns=netns_by_address(netns_dir=settings.mountedNetnsDir,
+                                        proc_dir=settings.hostProcDir,
+                                        read_addresses=netns_addresses),
+            options_for=rule_options_for(base))
+        self.enroller = AmbientEnroller(
+            namespaces=self.namespaces, mesh=self.mesh, selectors=amb.enablementSelectors,
+            exclude_namespaces=settings.excludeNamespaces, system_namespace=amb.systemNamespace,
+            detection_retry=amb.enableAmbientDetectionRetry)
+
+    def service(self, pods: Any) -> AmbientService:
+        amb = self.settings.ambient
+        watch = AmbientWatch(
+            pods=pods, namespaces=self.namespaces, mesh=self.mesh,
+            selectors=amb.enablementSelectors, exclude_namespaces=self.settings.excludeNamespaces,
+            system_namespace=amb.systemNamespace,
+            on_event=lambda kind: metrics.RECONCILE_EVENTS.labels(type=kind).inc())
+        return AmbientService(settings=amb, pods=pods, namespaces=self.namespaces,
+                              mesh=self.mesh, ztunnel=self.ztunnel, watch=watch)

@@ -1,0 +1,357 @@
+"""The ZDS server: hands enrolled pods' network namespaces to the node's ztunnel (`ZtunnelLink`).
+
+As Istio's node agent (cni/pkg/nodeagent/ztunnelserver*.go): the agent listens on ztunnel's
+socket (SOCK_SEQPACKET), ztunnel connects and says hello, the agent sends every pod it knows as a
+snapshot, then each new pod (AddWorkload, netns as SCM_RIGHTS) and each removal (DelWorkload).
+
+- Pods: the server keeps every added pod with its namespace open (Istio's pod netns cache), also
+  while no ztunnel is connected, so the next snapshot carries it; `remove` forgets it. The
+  snapshot source adds pods the agent found enrolled at start-up; a pod whose namespace cannot
+  be opened is sent as KeepWorkload, so ztunnel keeps its own state for it.
+- Connections: several ztunnels may be connected during a ztunnel rollout. Adds go to the
+  newest one that has said hello; removals go to all (Istio's connMgr). Each new connection gets
+  a fresh snapshot. The `ztunnel_connected` gauge counts connections, as Istio's does.
+- One difference: a hello whose version is not V1 closes the connection (Istio logs it and goes
+  on); this agent speaks only V1 and says so rather than guessing at a newer protocol.
+
+The socket is created as the pod server's is (agent.podserver.server): bound under a temporary
+name, mode 0600, renamed over a stale one, then listening. 0600 is enough for ztunnel: it runs as
+uid 0 (Istio's ztunnel chart, runAsUser 0) and, with every capability dropped but NET_ADMIN,
+SYS_ADMIN and NET_RAW, it passes the permission check as the socket's owner, not by override.
+Istio leaves the umask's mode (0755); nobody but root ever needs to connect.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import socket
+import stat
+import threading
+import time
+from concurrent.futures import CancelledError
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+
+from prometheus_client import REGISTRY, CollectorRegistry, Gauge
+
+from agent.ambient import zds_pb2
+from agent.ambient.dataplane import AmbientPod, SnapshotSource, ZtunnelError, ZtunnelNotConnected
+from agent.ambient.zds_conn import (
+    IO_TIMEOUT,
+    KEEPALIVE_INTERVAL,
+    AckTimeout,
+    Connection,
+    ConnectionClosed,
+    ProtocolError,
+    Request,
+    SnapshotItem,
+    delete_request,
+)
+from agent.errors import AgentError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SOCKET = "/var/run/ztunnel/ztunnel.sock"
+"""Istio's ztunnel-uds-address default."""
+SOCKET_MODE = 0o600
+RUN_DIR_MODE = 0o700
+MAX_SOCKET_PATH = 107  # sun_path is 108 bytes including the NUL
+ACCEPT_INTERVAL = 0.2
+"""Istio accepts at most 5 connections a second, so a ztunnel in a reconnect loop cannot
+exhaust the agent."""
+LISTEN_BACKLOG = 8
+
+
+class ZdsServerError(AgentError):
+    """The ZDS server could not listen on its socket (message names the path)."""
+
+
+class ZdsMetrics:
+    """Istio's ztunnel_connected gauge: ztunnel connections open now."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.connected = Gauge("ztunnel_connected", "number of connections to ztunnel",
+                               registry=registry)
+
+
+@functools.cache
+def default_metrics() -> ZdsMetrics:
+    """The metrics in the process-wide registry that /metrics serves (created once)."""
+    return ZdsMetrics(REGISTRY)
+
+
+@dataclass
+class _Pod:
+    pod: AmbientPod
+    fd: int
+    """The pod's network namespace, open while the pod is known (snapshots send a dup)."""
+
+
+class ZdsServer:
+    """`ZtunnelLink` over ztunnel's socket at `socket_path`, served from background threads."""
+
+    def __init__(
+        self,
+        socket_path: str = DEFAULT_SOCKET,
+        *,
+        metrics: ZdsMetrics | None = None,
+        io_timeout: float = IO_TIMEOUT,
+        keepalive_interval: float = KEEPALIVE_INTERVAL,
+        request_timeout: float | None = None,
+    ) -> None:
+        self.socket_path = socket_path
+        self._metrics = metrics or default_metrics()
+        self._io_timeout = io_timeout
+        self._keepalive = keepalive_interval
+        # Queued behind at most a snapshot's worth of requests, then a write and an ack.
+        self._request_timeout = request_timeout or 3 * io_timeout
+        self._source: SnapshotSource | None = None
+        self._lock = threading.Lock()
+        self._pods: dict[str, _Pod] = {}
+        self._conns: list[Connection] = []
+        self._threads: dict[Connection, threading.Thread] = {}
+        self._listener: socket.socket | None = None
+        self._inode: int | None = None
+        self._stopping = threading.Event()
+        self._accept_thread: threading.Thread | None = None
+
+    # --- lifecycle
+
+    def start(self) -> None:
+        if self._listener is not None:
+            return
+        self._stopping.clear()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        try:
+            self._inode = _bind(sock, self.socket_path)
+            sock.listen(LISTEN_BACKLOG)
+            sock.settimeout(ACCEPT_INTERVAL)  # so the accept loop sees stop()
+        except BaseException:
+            sock.close()
+            raise
+        self._listener = sock
+        self._metrics.connected.set(0)
+        self._accept_thread = threading.Thread(target=self._accept_loop, name="zds-accept",
+                                               daemon=True)
+        self._accept_thread.start()
+        log.info("ZDS server listening", extra={"fields": {"socket": self.socket_path}})
+
+    def stop(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is None:
+            return
+        self._stopping.set()
+        if self._accept_thread is not None:
+            self._accept_thread.join()
+            self._accept_thread = None
+        listener.close()
+        self._remove_socket()
+        with self._lock:
+            conns, threads = list(self._conns), dict(self._threads)
+        for conn in conns:
+            conn.close()
+        for thread in threads.values():
+            thread.join()
+        with self._lock:
+            for entry in self._pods.values():
+                os.close(entry.fd)
+            self._pods.clear()
+        log.info("ZDS server stopped", extra={"fields": {"socket": self.socket_path}})
+
+    def ready(self) -> bool:
+        return self._listener is not None
+
+    @property
+    def connected(self) -> bool:
+        with self._lock:
+            return any(c.synced.is_set() and not c.closed for c in self._conns)
+
+    def set_snapshot_source(self, source: SnapshotSource) -> None:
+        self._source = source
+
+    # --- pods
+
+    def add(self, pod: AmbientPod) -> None:
+        what = f"add pod {pod.namespace}/{pod.name} ({pod.uid}) to ztunnel"
+        try:
+            fd = os.open(pod.netns_path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            raise ZtunnelError(f"{what}: open network namespace {pod.netns_path}: "
+                               f"{e.strerror or e}") from e
+        with self._lock:
+            old = self._pods.pop(pod.uid, None)
+            if old is not None:
+                os.close(old.fd)
+            self._pods[pod.uid] = _Pod(pod, fd)
+            conn = self._latest()
+            sent_fd = os.dup(fd) if conn is not None else None
+        if conn is None:
+            raise ZtunnelNotConnected(f"{what}: no ztunnel connected; it gets the pod in the "
+                                      "snapshot when it connects")
+        message = zds_pb2.WorkloadRequest(
+            add=zds_pb2.AddWorkload(uid=pod.uid, workload_info=_workload(pod)))
+        log.info("sending pod to ztunnel", extra={"fields": _fields(pod, conn)})
+        response = self._wait(self._submit(conn, message, sent_fd, what), what)
+        if response.ack.error:
+            raise ZtunnelError(f"{what}: ztunnel refused it: {response.ack.error}")
+
+    def remove(self, uid: str) -> None:
+        with self._lock:
+            entry = self._pods.pop(uid, None)
+            conns = [c for c in self._conns if not c.closed]
+        if entry is not None:
+            os.close(entry.fd)
+        what = f"remove pod {uid} from ztunnel"
+        message = delete_request(uid)
+        requests: list[tuple[Connection, Request]] = []
+        for conn in conns:
+            with contextlib.suppress(ConnectionClosed):  # gone: its successor's snapshot omits it
+                requests.append((conn, conn.submit(message)))
+        errors: list[str] = []
+        for conn, request in requests:
+            try:
+                response = self._wait(request, what)
+            except ZtunnelNotConnected:
+                continue
+            except ZtunnelError as e:
+                errors.append(str(e))
+                continue
+            if response.ack.error:  # as Istio: logged; ztunnel no longer has the pod either way
+                log.warning("ztunnel answered DelWorkload with an error: %s", response.ack.error,
+                            extra={"fields": {"uid": uid, "conn": conn.id}})
+        if errors:
+            raise ZtunnelError("; ".join(errors))
+
+    # --- internals
+
+    def _latest(self) -> Connection | None:
+        for conn in reversed(self._conns):
+            if conn.greeted.is_set() and not conn.closed:
+                return conn
+        return None
+
+    def _submit(self, conn: Connection, message: zds_pb2.WorkloadRequest, fd: int | None,
+                what: str) -> Request:
+        try:
+            return conn.submit(message, fd)
+        except ConnectionClosed as e:
+            raise ZtunnelNotConnected(f"{what}: ztunnel disconnected; it gets the pod in the "
+                                      "snapshot when it reconnects") from e
+
+    def _wait(self, request: Request, what: str) -> zds_pb2.WorkloadResponse:
+        try:
+            return request.future.result(timeout=self._request_timeout)
+        except (FutureTimeout, CancelledError) as e:
+            request.future.cancel()  # not sent yet: never send it
+            raise ZtunnelError(f"{what}: no ack from ztunnel within "
+                               f"{self._request_timeout:g}s") from e
+        except (AckTimeout, ProtocolError) as e:
+            raise ZtunnelError(f"{what}: {e}") from e
+        except ConnectionClosed as e:
+            raise ZtunnelNotConnected(f"{what}: {e}; it gets the pod in the next snapshot") from e
+
+    def _snapshot(self) -> list[SnapshotItem]:
+        """What a newly connected ztunnel must hold: the source's pods and every added pod."""
+        source_pods = list(self._source()) if self._source is not None else []
+        items: dict[str, SnapshotItem] = {}
+        with self._lock:
+            for uid, entry in self._pods.items():
+                items[uid] = SnapshotItem(uid, _workload(entry.pod), os.dup(entry.fd))
+        for pod in source_pods:
+            if pod.uid not in items:
+                items[pod.uid] = SnapshotItem(pod.uid, _workload(pod), _open_or_none(pod))
+        return list(items.values())
+
+    def _accept_loop(self) -> None:
+        listener = self._listener
+        assert listener is not None
+        while not self._stopping.is_set():
+            try:
+                sock, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError as e:
+                if self._stopping.is_set():
+                    return
+                log.error("accept a ztunnel connection: %s", e)
+                time.sleep(ACCEPT_INTERVAL)
+                continue
+            self._open(sock)
+            time.sleep(ACCEPT_INTERVAL)
+
+    def _open(self, sock: socket.socket) -> None:
+        conn = Connection(sock, snapshot=self._snapshot, io_timeout=self._io_timeout,
+                          keepalive_interval=self._keepalive)
+        thread = threading.Thread(target=self._serve, args=(conn,), name=conn.id, daemon=True)
+        with self._lock:
+            self._conns.append(conn)
+            self._threads[conn] = thread
+            count = len(self._conns)
+        self._metrics.connected.set(count)
+        log.info("ztunnel connected", extra={"fields": {"conn": conn.id, "connections": count}})
+        thread.start()
+
+    def _serve(self, conn: Connection) -> None:
+        try:
+            conn.run()
+        finally:
+            with self._lock:
+                self._conns.remove(conn)
+                self._threads.pop(conn, None)
+                count = len(self._conns)
+            self._metrics.connected.set(count)
+            log.info("ztunnel connection ended",
+                     extra={"fields": {"conn": conn.id, "connections": count}})
+
+    def _remove_socket(self) -> None:
+        # Only our own socket: a newer agent may already have replaced it.
+        try:
+            if os.lstat(self.socket_path).st_ino == self._inode:
+                os.unlink(self.socket_path)
+        except FileNotFoundError:
+            pass
+
+
+def _workload(pod: AmbientPod) -> zds_pb2.WorkloadInfo:
+    return zds_pb2.WorkloadInfo(name=pod.name, namespace=pod.namespace,
+                                service_account=pod.service_account)
+
+
+def _fields(pod: AmbientPod, conn: Connection) -> dict[str, str]:
+    return {"uid": pod.uid, "pod": f"{pod.namespace}/{pod.name}", "conn": conn.id}
+
+
+def _open_or_none(pod: AmbientPod) -> int | None:
+    try:
+        return os.open(pod.netns_path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        log.warning("network namespace of a snapshot pod not found; sending KeepWorkload: %s",
+                    e.strerror or e, extra={"fields": {"uid": pod.uid, "netns": pod.netns_path}})
+        return None
+
+
+def _bind(sock: socket.socket, path: str) -> int:
+    """Bind `sock` at `path` with mode 0600, replacing a stale socket; returns the inode.
+    The caller listens only after this returns, so nothing connects while the mode is wider."""
+    temp = f"{path}.{os.getpid()}.tmp"
+    if len(os.fsencode(temp)) > MAX_SOCKET_PATH:
+        raise ZdsServerError(f"ZDS socket path {path} is too long for a Unix socket")
+    try:
+        os.makedirs(os.path.dirname(path) or ".", mode=RUN_DIR_MODE, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            mode = os.lstat(path).st_mode
+            if not stat.S_ISSOCK(mode):
+                raise ZdsServerError(f"ZDS socket {path}: a file that is not a socket is in the "
+                                     "way; refusing to replace it")
+            log.info("replacing stale ZDS socket", extra={"fields": {"socket": path}})
+        if os.path.lexists(temp):
+            os.unlink(temp)
+        sock.bind(temp)
+        os.chmod(temp, SOCKET_MODE)
+        os.replace(temp, path)
+        return os.lstat(path).st_ino
+    except OSError as e:
+        raise ZdsServerError(f"ZDS socket {path}: {e.strerror or e}") from e

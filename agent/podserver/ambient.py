@@ -1,0 +1,92 @@
+"""The ambient side of a CNI ADD/DEL (Istio: the plugin's isAmbientPod, then the agent's
+ReconcileCNIAddEvent): is this pod enrolled by ambient, and if so enroll it with the request's
+netns.
+
+Namespace lookup, as Istio's enableAmbientDetectionRetry: on, the lookup is retried and a failure
+fails the ADD (the runtime retries the sandbox); off, one attempt, and a failure means "not
+ambient" (the sidecar decision runs as without ambient).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from agent.ambient.enrollment import should_enroll
+from agent.ambient.mesh import NonRetryableAdd, ZtunnelPending
+from agent.ambient.selectors import EnablementSelector
+from agent.errors import AgentError
+
+log = logging.getLogger(__name__)
+
+
+class AmbientLookupError(AgentError):
+    """The pod's namespace could not be read and the detection retry demands an answer."""
+
+
+class NamespaceSource(Protocol):
+    def get_namespace(self, name: str, *, retry: bool = True) -> Mapping[str, Any] | None:
+        """The Namespace as API JSON; None when it does not exist; raises when lookup failed."""
+        ...
+
+
+class Mesh(Protocol):
+    def add(self, pod: Mapping[str, Any], netns_path: str = "") -> object: ...
+    def remove(self, pod: Mapping[str, Any], *, deleted: bool) -> None: ...
+
+
+@dataclass(frozen=True)
+class Verdict:
+    enroll: bool
+    reason: str
+
+
+class AmbientEnroller:
+    """decide / enroll / release for the pod server (agent.podserver.handlers)."""
+
+    def __init__(
+        self, *, namespaces: NamespaceSource, mesh: Mesh,
+        selectors: Sequence[EnablementSelector], exclude_namespaces: Collection[str],
+        system_namespace: str, detection_retry: bool,
+    ) -> None:
+        self._namespaces = namespaces
+        self._mesh = mesh
+        self._selectors = tuple(selectors)
+        self._exclude = tuple(exclude_namespaces)
+        self._system_ns = system_namespace
+        self._retry = detection_retry
+
+    def decide(self, pod: Mapping[str, Any]) -> Verdict:
+        meta = pod.get("metadata") or {}
+        ns_name = str(meta.get("namespace") or "default")
+        try:
+            namespace = self._namespaces.get_namespace(ns_name, retry=self._retry)
+            if namespace is None:
+                raise AmbientLookupError(f"namespace {ns_name} not found")
+        except Exception as e:
+            if self._retry:
+                raise AmbientLookupError(
+                    f"look up namespace {ns_name} for ambient detection: {e}") from e
+            log.warning("ambient detection failed; treating pod as not ambient",
+                        extra={"fields": {"pod": f"{ns_name}/{meta.get('name')}",
+                                          "error": str(e)}})
+            return Verdict(False, f"ambient detection failed ({e})")
+        decision = should_enroll(pod, namespace, self._selectors,
+                                 exclude_namespaces=self._exclude,
+                                 system_namespace=self._system_ns)
+        return Verdict(decision.enroll, decision.reason)
+
+    def enroll(self, pod: Mapping[str, Any], netns: str) -> str:
+        """Enroll with the request's netns; raises (a CNI error) when the pod is not captured
+        and handed to ztunnel."""
+        self._mesh.add(pod, netns)
+        return "enrolled in ambient (in-pod rules applied, ztunnel took the pod)"
+
+    def release(self, pod: Mapping[str, Any]) -> None:
+        self._mesh.remove(pod, deleted=True)
+
+
+__all__ = ["AmbientEnroller", "AmbientLookupError", "NonRetryableAdd", "Verdict",
+           "ZtunnelPending"]

@@ -1,0 +1,155 @@
+"""Program ambient mode's rules: `InpodRules` in a pod's namespace, `HostProbeRules` on the node.
+
+Both use sidecar mode's backends (agent.rules.apply): python-iptables, iptables-restore legacy
+or nft, and (in pods) native nftables; `auto` picks as for sidecar mode. Each table changes in
+one restore and only ambient's own chains and jumps are touched (agent.rules.ambient's
+ownership), so applying twice leaves one set and other software's rules stay.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from collections.abc import Collection, Iterable
+
+from agent.ambient.dataplane import PodRuleOptions
+from agent.errors import RedirectError
+from agent.rules import ambient_routes, backend_iptc, backend_nft, backend_restore
+from agent.rules.ambient import (
+    HOST_OWNERSHIP,
+    POD_OWNERSHIP,
+    PROBE_IPSET_V4,
+    PROBE_IPSET_V6,
+    host_rules,
+    pod_rules,
+)
+from agent.rules.ambient_ipset import AddressSets
+from agent.rules.apply import _empty, _variant, choose_backend
+from agent.rules.model import RuleSet
+from agent.rules.ownership import Ownership
+from agent.rules.probe import probe as probe_netns
+
+log = logging.getLogger(__name__)
+
+
+def _program(netns_path: str, ruleset: RuleSet | None, *, backend: str, owner: Ownership) -> str:
+    """Replace (or, with None, remove) our rules there; returns the backend used."""
+    seen = probe_netns(netns_path)
+    chosen = choose_backend(netns_path, backend, probe=seen)
+    if chosen == "python-iptables":
+        backend_iptc.apply(netns_path, ruleset, owner)
+    elif chosen == "nftables":
+        if owner is not POD_OWNERSHIP:
+            raise RedirectError("host probe rules need iptables (ipset, --socket-exists)")
+        backend_nft.apply(netns_path, ruleset)
+    else:
+        variant = _variant(chosen)
+        empty = _empty(seen, variant)
+        backend_restore.apply(netns_path, ruleset, variant, empty=empty, owner=owner)
+    return chosen
+
+
+def _present(netns_path: str, ruleset: RuleSet, *, backend: str, owner: Ownership) -> bool:
+    seen = probe_netns(netns_path)
+    chosen = choose_backend(netns_path, backend, probe=seen)
+    if chosen == "nftables":
+        return backend_nft.present(netns_path, ruleset)
+    variant = "legacy" if chosen == "python-iptables" else _variant(chosen)
+    return backend_restore.present(
+        netns_path, ruleset, variant, empty=_empty(seen, variant), owner=owner
+    )
+
+
+class InpodRules:
+    """Istio's in-pod redirection (CreateInpodRules / DeleteInpodRules), implements PodRules."""
+
+    def __init__(self, *, backend: str = "auto") -> None:
+        self.backend = backend
+
+    def apply(self, netns_path: str, options: PodRuleOptions) -> str:
+        # Routes first, as Istio does: the rules only work with them in place.
+        ambient_routes.apply_routes(netns_path, ipv6=options.ipv6)
+        chosen = _program(netns_path, pod_rules(options), backend=self.backend, owner=POD_OWNERSHIP)
+        log.info(
+            "applied ambient in-pod rules",
+            extra={"fields": {"netns": netns_path, "backend": chosen}},
+        )
+        return chosen
+
+    def remove(self, netns_path: str) -> None:
+        _program(netns_path, None, backend=self.backend, owner=POD_OWNERSHIP)
+        ambient_routes.remove_routes(netns_path)
+        log.info("removed ambient in-pod rules", extra={"fields": {"netns": netns_path}})
+
+    def present(self, netns_path: str, options: PodRuleOptions) -> bool:
+        return _present(
+            netns_path, pod_rules(options), backend=self.backend, owner=POD_OWNERSHIP
+        ) and ambient_routes.routes_present(netns_path, ipv6=options.ipv6)
+
+
+class HostProbeRules:
+    """The node-side probe SNAT (CreateHostRulesForHealthChecks) and the enrolled-IP sets.
+
+    `netns_path` is the node's own namespace in production (the agent runs on the host
+    network); tests give a namespace of their own.
+    """
+
+    def __init__(
+        self,
+        netns_path: str,
+        *,
+        ipv6: bool = True,
+        probe_snat: str = "169.254.7.127",
+        probe_snat_v6: str = "fd16:9254:7127:1337:ffff:ffff:ffff:ffff",
+        backend: str = "auto",
+    ) -> None:
+        self.netns_path = netns_path
+        self.backend = backend
+        self.ipv6 = ipv6
+        self.ruleset = host_rules(ipv6=ipv6, probe_snat=probe_snat, probe_snat_v6=probe_snat_v6)
+        self.sets = AddressSets(netns_path, v4=PROBE_IPSET_V4, v6=PROBE_IPSET_V6 if ipv6 else None)
+
+    def ensure(self) -> None:
+        self.sets.create()  # the rules name the sets: they must exist first
+        chosen = _program(self.netns_path, self.ruleset, backend=self.backend, owner=HOST_OWNERSHIP)
+        log.info(
+            "applied host probe rules",
+            extra={"fields": {"netns": self.netns_path, "backend": chosen}},
+        )
+
+    def present(self) -> bool:
+        return _present(self.netns_path, self.ruleset, backend=self.backend, owner=HOST_OWNERSHIP)
+
+    def add(self, uid: str, ips: Collection[str]) -> None:
+        self.sets.add((ip, uid) for ip in self._usable(ips))
+
+    def remove(self, uid: str, ips: Collection[str]) -> None:
+        """Only entries still carrying this pod's UID: a reused IP belongs to its new pod."""
+        current = self.sets.entries()
+        self.sets.delete(ip for ip in self._usable(ips) if current.get(ip) == uid)
+
+    def sync(self, pods: Iterable[tuple[str, Collection[str]]]) -> None:
+        want = {ip: uid for uid, ips in pods for ip in self._usable(ips)}
+        current = self.sets.entries()
+        self.sets.delete(ip for ip in current if ip not in want)
+        self.sets.add((ip, uid) for ip, uid in want.items() if current.get(ip) != uid)
+
+    def entries(self) -> dict[str, str]:
+        """ip -> pod UID, as the sets hold them now."""
+        return self.sets.entries()
+
+    def _usable(self, ips: Iterable[str]) -> list[str]:
+        """Canonical spelling (as the kernel lists them); IPv6 ones only when IPv6 is on."""
+        out = []
+        for ip in ips:
+            try:
+                addr = ipaddress.ip_address(ip)
+            except ValueError as e:
+                raise RedirectError(f"host probe set: bad pod IP {ip!r}") from e
+            if addr.version == 4 or self.ipv6:
+                out.append(str(addr))
+        return out
+
+    def remove_all(self) -> None:
+        _program(self.netns_path, None, backend=self.backend, owner=HOST_OWNERSHIP)
+        self.sets.destroy()  # only once no rule names them

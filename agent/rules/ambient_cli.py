@@ -1,0 +1,130 @@
+"""`istio-cni-agent rules --ambient pod|host [FLAGS]`: print ambient mode's rules.
+
+pod: Istio's in-pod redirection for the given options; host: the node-side probe SNAT rules.
+Settings not given as flags come from the agent's config file (`ambient.*`), as the agent would
+use them. Output is `iptables-restore` input, IPv4 tables then IPv6 tables.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import sys
+from typing import Final
+
+from agent.ambient.dataplane import PodRuleOptions
+from agent.config import DEFAULT_CONFIG_PATH, load_settings
+from agent.errors import ConfigError
+from agent.rules.ambient import host_rules, pod_rules
+from agent.rules.flags import parse_bool
+from agent.rules.render_restore import render
+
+USAGE: Final = """\
+usage: istio-cni-agent rules --ambient pod|host [--ipv6=true|false] [--redirect-dns=true|false]
+           [--ingress] [--virtual-interfaces=A,B] [--dns-proxy=enabled|disabled]
+           [--probe-snat=ADDR] [--probe-snat-v6=ADDR] [--config FILE]
+
+pod: the rules Istio programs inside an enrolled pod's network namespace; host: the node-side
+rules that SNAT kubelet's probes to enrolled pods. Defaults: the config file's ambient settings.
+"""
+
+VALUE_FLAGS: Final = (
+    "ambient",
+    "ipv6",
+    "redirect-dns",
+    "virtual-interfaces",
+    "dns-proxy",
+    "probe-snat",
+    "probe-snat-v6",
+    "config",
+)
+BOOL_FLAGS: Final = ("ingress",)
+
+
+def wants_ambient(argv: list[str]) -> bool:
+    return any(arg == "--ambient" or arg.startswith("--ambient=") for arg in argv)
+
+
+def parse(argv: list[str]) -> dict[str, str]:
+    """`--name=value`, `--name value`, and `--ingress` alone; unknown flags are errors."""
+    out: dict[str, str] = {}
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        if not arg.startswith("--"):
+            raise ConfigError(f"unexpected argument {arg!r}")
+        name, eq, value = arg[2:].partition("=")
+        if name in BOOL_FLAGS:
+            out[name] = value if eq else "true"
+        elif name in VALUE_FLAGS:
+            if not eq:
+                if not args:
+                    raise ConfigError(f"flag --{name} needs a value")
+                value = args.pop(0)
+            out[name] = value
+        else:
+            raise ConfigError(f"flag --{name}: unknown with --ambient")
+    return out
+
+
+def options_from_flags(flags: dict[str, str]) -> PodRuleOptions:
+    settings = load_settings(flags.get("config", DEFAULT_CONFIG_PATH)).ambient
+    dns_proxy = flags.get("dns-proxy") or None
+    if dns_proxy not in (None, "enabled", "disabled"):
+        raise ConfigError(
+            f"flag --dns-proxy: invalid value {dns_proxy!r}: want enabled or disabled"
+        )
+    interfaces = tuple(
+        i.strip() for i in flags.get("virtual-interfaces", "").split(",") if i.strip()
+    )
+    return PodRuleOptions(
+        ipv6=_bool(flags, "ipv6", settings.ipv6),
+        redirect_dns=_bool(flags, "redirect-dns", settings.dnsCapture),
+        dns_proxy="enabled" if dns_proxy == "enabled" else "disabled" if dns_proxy else None,
+        ingress=_bool(flags, "ingress", False),
+        virtual_interfaces=interfaces,
+        probe_snat=_address(flags, "probe-snat", settings.hostProbeSnatAddress, 4),
+        probe_snat_v6=_address(flags, "probe-snat-v6", settings.hostProbeSnatAddressV6, 6),
+    )
+
+
+def _bool(flags: dict[str, str], name: str, default: bool) -> bool:
+    if name not in flags:
+        return default
+    try:
+        return parse_bool(flags[name])
+    except ValueError as e:
+        raise ConfigError(f"flag --{name}: invalid value: {e}") from None
+
+
+def _address(flags: dict[str, str], name: str, default: str, version: int) -> str:
+    value = flags.get(name, default)
+    try:
+        ok = ipaddress.ip_address(value).version == version
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ConfigError(f"flag --{name}: invalid value {value!r}: want an IPv{version} address")
+    return value
+
+
+def main(command: str, argv: list[str]) -> int:
+    if any(arg in ("-h", "--help") for arg in argv):
+        sys.stdout.write(USAGE)
+        return 0
+    try:
+        flags = parse(argv)
+        target = flags.get("ambient", "")
+        if target not in ("pod", "host"):
+            raise ConfigError(f"flag --ambient: invalid value {target!r}: want pod or host")
+        options = options_from_flags(flags)
+    except (ConfigError, OSError) as e:
+        sys.stderr.write(f"istio-cni-agent {command}: {e}\n")
+        return 2
+    if target == "pod":
+        ruleset = pod_rules(options)
+    else:
+        ruleset = host_rules(
+            ipv6=options.ipv6, probe_snat=options.probe_snat, probe_snat_v6=options.probe_snat_v6
+        )
+    sys.stdout.write(render(ruleset))
+    return 0

@@ -1,0 +1,34 @@
+"""Istio's own binaries, the reference the differential tier compares our rules with.
+
+ci/setup-testbed builds `pilot-agent` (whose `istio-iptables` subcommand writes Istio's rules) and
+the `istio-cni` plugin from the Go module proxy at the istio.io/istio version pinned in
+ci/go/istio/go.mod, into $ISTIO_CNI_CACHE/istio/<version>/.
+"""
+
+from __future__ import annotations
+
+import re
+
+from testbed.parts import REPO_ROOT, SETUP_TESTBED, MissingPartError, Part, cache_dir
+
+ISTIO_MODULE = "istio.io/istio"
+
+
+def istio_version() -> str:
+    """The istio.io/istio version ci/go/istio/go.mod pins (a line of its require block)."""
+    gomod = REPO_ROOT / "ci" / "go" / "istio" / "go.mod"
+    found = re.search(r"^\s*istio\.io/istio (v\S+)", gomod.read_text(), re.MULTILINE)
+    if not found:
+        raise MissingPartError(f"{gomod}: no '{ISTIO_MODULE} vX' requirement")
+    return found.group(1)
+
+
+def pilot_agent() -> Part:
+    """Istio's pilot-agent: `pilot-agent istio-iptables --dry-run` prints Istio's rules."""
+    path = cache_dir() / "istio" / istio_version() / "pilot-agent"
+    return Part("pilot-agent", path, SETUP_TESTBED)
+
+
+def istio_cni() -> Part:
+    """Istio's CNI plugin (sidecar and ambient modes), for the pod-level differential."""
+    return Part("istio-cni", cache_dir() / "istio" / istio_version() / "istio-cni", SETUP_TESTBED)

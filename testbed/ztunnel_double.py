@@ -1,0 +1,437 @@
+"""A ztunnel TEST DOUBLE: ztunnel itself cannot run here, so this stands in for it on the ZDS
+socket. It is not ztunnel and proxies nothing.
+
+It speaks ztunnel's side of ZDS (connect, ZdsHello, an Ack for every request) with the messages
+generated from Istio's zds.proto, the same ones the agent uses, and keeps a table of workloads
+as ztunnel does: AddWorkload adds, DelWorkload removes, and SnapshotSent drops every workload the
+snapshot did not name (Add or Keep). For each AddWorkload it enters the network namespace whose
+descriptor came with the message (setns in a short-lived thread) and opens real listeners there
+on ztunnel's in-pod ports: TCP 15001 (outbound), 15006 (inbound), 15008 (HBONE), and DNS on
+127.0.0.1:15053 (TCP and UDP). The TCP listeners are transparent (IP_TRANSPARENT), as ztunnel's
+are, so TPROXY can deliver to them. Each listener records what it accepted (peer, local address,
+SO_ORIGINAL_DST) and answers `ztunnel-double|<uid>|<port>`, so a test proves that traffic was
+captured into this pod's "ztunnel". DelWorkload closes them.
+
+For failure cases it can refuse pods (Ack with an error), delay its acks, send an unasked
+message, say hello with another version, disconnect, and restart (a new process: empty table,
+listeners gone, then a fresh connection).
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import ctypes
+import ctypes.util
+import os
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar, cast
+
+from agent.ambient import zds_pb2
+
+OUTBOUND_PORT = 15001
+INBOUND_PORT = 15006
+HBONE_PORT = 15008
+DNS_PORT = 15053
+TCP_PORTS = (OUTBOUND_PORT, INBOUND_PORT, HBONE_PORT)
+
+CLONE_NEWNET = 0x40000000
+IP_TRANSPARENT = 19  # <linux/in.h>
+IPV6_TRANSPARENT = 75  # <linux/in6.h>
+SO_ORIGINAL_DST = 80  # <linux/netfilter_ipv4.h>
+POLL = 0.1  # how often listener threads look for close()
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """A connection a listener accepted."""
+
+    port: int
+    peer: str
+    local: str
+    original_dst: str | None
+    """SO_ORIGINAL_DST (IPv4, after a REDIRECT); None when the connection was not NATed."""
+
+
+@dataclass
+class Workload:
+    uid: str
+    name: str
+    namespace: str
+    service_account: str
+    netns_inode: int
+    """Inode of the namespace the agent's descriptor referred to (compare with the pod's)."""
+    accepted: list[Accepted] = field(default_factory=list)
+    dns: list[tuple[str, bytes]] = field(default_factory=list)
+    """(peer, payload) of each DNS datagram or TCP DNS connection's first read."""
+    sockets: list[socket.socket] = field(default_factory=list, repr=False)
+    threads: list[threading.Thread] = field(default_factory=list, repr=False)
+    closing: threading.Event = field(default_factory=threading.Event, repr=False)
+
+
+class ZtunnelDouble:
+    """The test double; use as a context manager so listeners and threads always go away."""
+
+    def __init__(self, socket_path: str, *, hello_version: int = zds_pb2.V1,
+                 dns: bool = True) -> None:
+        self.socket_path = socket_path
+        self.hello_version = hello_version
+        self.dns = dns
+        self.refuse: dict[str, str] = {}
+        """uid -> error text of the Ack for that pod's AddWorkload."""
+        self.ack_delay = 0.0
+        """Seconds to wait before each ack."""
+        self.requests: list[tuple[str, str, bool]] = []
+        """Every request received, in order: (kind, uid, came with a descriptor)."""
+        self.snapshots = 0
+        """SnapshotSent messages received (over all connections)."""
+        self.connections = 0
+        self.overlapped = 0
+        """Requests that arrived before the previous one was acked (ZDS allows one in flight)."""
+        self._workloads: dict[str, Workload] = {}
+        self._lock = threading.Condition()
+        self._sock: socket.socket | None = None
+        self._reader: threading.Thread | None = None
+        self._closing = threading.Event()
+        self._in_snapshot: set[str] | None = None
+
+    # --- what tests look at
+
+    def workloads(self) -> dict[str, Workload]:
+        with self._lock:
+            return dict(self._workloads)
+
+    @property
+    def connected(self) -> bool:
+        return self._reader is not None and self._reader.is_alive()
+
+    def wait_for(self, what: str, predicate: Callable[[ZtunnelDouble], T],
+                 timeout: float = 10.0) -> T:
+        """Wait until predicate(self) is truthy; fail naming `what` otherwise."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while True:
+                value = predicate(self)
+                if value:
+                    return value
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"ztunnel test double: timed out waiting for {what}; "
+                                         f"requests so far: {self.requests}")
+                self._lock.wait(min(left, POLL))
+
+    # --- lifecycle
+
+    def connect(self) -> None:
+        """Connect and say hello, as a starting ztunnel does."""
+        if self.connected:
+            raise RuntimeError("ztunnel test double is already connected")
+        self.disconnect()  # the socket of a connection the agent ended
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        try:
+            sock.connect(self.socket_path)
+            hello = zds_pb2.ZdsHello(version=cast("zds_pb2.Version", self.hello_version))
+            sock.send(hello.SerializeToString())
+        except BaseException:
+            sock.close()
+            raise
+        self._closing.clear()
+        with self._lock:
+            self._in_snapshot = set()
+            self.connections += 1
+        self._sock = sock
+        self._reader = threading.Thread(target=self._read_loop, args=(sock,),
+                                        name="ztunnel-double", daemon=True)
+        self._reader.start()
+
+    def disconnect(self) -> None:
+        """Drop the connection; the workloads stay, as in a ztunnel that lost its socket."""
+        sock, reader = self._sock, self._reader
+        self._sock = self._reader = None
+        self._closing.set()
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        if reader is not None:
+            reader.join(timeout=10)
+        if sock is not None:
+            sock.close()
+
+    def restart(self) -> None:
+        """A new ztunnel process: nothing of the old one's state, then a fresh connection."""
+        self.disconnect()
+        self._forget_all()
+        self.connect()
+
+    def close(self) -> None:
+        self.disconnect()
+        self._forget_all()
+
+    def __enter__(self) -> ZtunnelDouble:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def send_unasked(self) -> None:
+        """Send an Ack nobody asked for (a protocol error for the agent)."""
+        assert self._sock is not None, "not connected"
+        self._sock.send(zds_pb2.WorkloadResponse(ack=zds_pb2.Ack()).SerializeToString())
+
+    def wait_disconnected(self, timeout: float = 10.0) -> None:
+        """Wait until the agent closed the connection."""
+        reader = self._reader
+        if reader is not None:
+            reader.join(timeout)
+            if reader.is_alive():
+                raise AssertionError("ztunnel test double: the agent kept the connection open")
+
+    # --- the protocol
+
+    def _read_loop(self, sock: socket.socket) -> None:
+        try:
+            while True:
+                try:
+                    data, ancillary, _, _ = sock.recvmsg(1024, socket.CMSG_SPACE(4 * 4))
+                except OSError:
+                    return
+                fds = _fds(ancillary)
+                if not data:
+                    _close_all(fds)
+                    return
+                request = zds_pb2.WorkloadRequest()
+                request.ParseFromString(data)
+                error = self._handle(request, fds)
+                if self.ack_delay and self._closing.wait(self.ack_delay):
+                    return
+                if select.select([sock], [], [], 0)[0] and _pending_request(sock):
+                    self.overlapped += 1
+                ack = zds_pb2.WorkloadResponse(ack=zds_pb2.Ack(error=error))
+                try:
+                    sock.send(ack.SerializeToString())
+                except OSError:
+                    return
+        finally:
+            with self._lock:
+                self._lock.notify_all()
+
+    def _handle(self, request: zds_pb2.WorkloadRequest, fds: list[int]) -> str:
+        kind = request.WhichOneof("payload") or "none"
+        try:
+            if kind == "add":
+                uid = request.add.uid
+                self._record(kind, uid, fds)
+                return self._add(request.add, fds[0] if fds else None)
+            if kind == "keep":
+                self._record(kind, request.keep.uid, fds)
+                return ""
+            if kind == "del":
+                uid = getattr(request, "del").uid
+                self._record(kind, uid, fds)
+                self._forget(uid)
+                return ""
+            if kind == "snapshot_sent":
+                self._record(kind, "", fds)
+                self._end_snapshot()
+                return ""
+            self._record(kind, "", fds)
+            return f"unknown request {kind}"
+        finally:
+            _close_all(fds)
+            with self._lock:
+                self._lock.notify_all()
+
+    def _record(self, kind: str, uid: str, fds: list[int]) -> None:
+        with self._lock:
+            self.requests.append((kind, uid, bool(fds)))
+            if self._in_snapshot is not None and uid:
+                self._in_snapshot.add(uid)
+
+    def _add(self, add: zds_pb2.AddWorkload, fd: int | None) -> str:
+        if add.uid in self.refuse:
+            return self.refuse[add.uid]
+        if fd is None:
+            return f"AddWorkload for {add.uid} came without a network namespace"
+        inode = os.fstat(fd).st_ino
+        existing = self.workloads().get(add.uid)
+        if existing is not None and existing.netns_inode == inode:
+            return ""  # the same pod again (a snapshot after a reconnect): nothing to do
+        self._forget(add.uid)
+        info = add.workload_info
+        workload = Workload(add.uid, info.name, info.namespace, info.service_account, inode)
+        try:
+            workload.sockets = _in_netns(fd, lambda: _listeners(self.dns))
+        except OSError as e:
+            return f"cannot listen in the pod's network namespace: {e}"
+        for sock in workload.sockets:
+            thread = threading.Thread(target=_serve, args=(workload, sock), daemon=True,
+                                      name=f"ztunnel-double:{add.uid}")
+            workload.threads.append(thread)
+            thread.start()
+        with self._lock:
+            self._workloads[add.uid] = workload
+        return ""
+
+    def _end_snapshot(self) -> None:
+        with self._lock:
+            named, self._in_snapshot = self._in_snapshot or set(), None
+            stale = [uid for uid in self._workloads if uid not in named]
+            self.snapshots += 1
+        for uid in stale:
+            self._forget(uid)
+
+    def _forget(self, uid: str) -> None:
+        with self._lock:
+            workload = self._workloads.pop(uid, None)
+        if workload is not None:
+            _shut(workload)
+
+    def _forget_all(self) -> None:
+        with self._lock:
+            workloads, self._workloads = list(self._workloads.values()), {}
+        for workload in workloads:
+            _shut(workload)
+
+
+def _pending_request(sock: socket.socket) -> bool:
+    """Is a message (not the agent's hang-up) waiting to be read?"""
+    try:
+        return bool(sock.recv(1024, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except OSError:
+        return False
+
+
+def _fds(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
+    fds: list[int] = []
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            usable = len(data) - len(data) % 4
+            fds.extend(array.array("i", data[:usable]))
+    return fds
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _in_netns(fd: int, fn: Callable[[], T]) -> T:
+    """Run fn in a fresh thread moved into the namespace at fd (setns affects one thread only;
+    sockets it creates stay in that namespace after the thread ends)."""
+    result: list[T] = []
+    error: list[BaseException] = []
+
+    def body() -> None:
+        try:
+            if _libc.setns(fd, CLONE_NEWNET) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"setns: {os.strerror(err)}")
+            result.append(fn())
+        except BaseException as e:
+            error.append(e)
+
+    thread = threading.Thread(target=body, name="ztunnel-double-setns", daemon=True)
+    thread.start()
+    thread.join()
+    if error:
+        raise error[0]
+    return result[0]
+
+
+def _listeners(dns: bool) -> list[socket.socket]:
+    made: list[socket.socket] = []
+    try:
+        for port in TCP_PORTS:
+            made.append(_tcp(socket.AF_INET, "0.0.0.0", port))
+            with contextlib.suppress(OSError):  # a namespace without IPv6
+                made.append(_tcp(socket.AF_INET6, "::", port))
+        if dns:
+            made.append(_tcp(socket.AF_INET, "127.0.0.1", DNS_PORT, transparent=False))
+            udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            made.append(udp)
+            udp.bind(("127.0.0.1", DNS_PORT))
+    except BaseException:
+        for sock in made:
+            sock.close()
+        raise
+    for sock in made:
+        sock.settimeout(POLL)
+    return made
+
+
+def _tcp(family: int, host: str, port: int, *, transparent: bool = True) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        if transparent:
+            level, option = ((socket.SOL_IP, IP_TRANSPARENT) if family == socket.AF_INET
+                             else (socket.IPPROTO_IPV6, IPV6_TRANSPARENT))
+            sock.setsockopt(level, option, 1)
+        sock.bind((host, port))
+        sock.listen(64)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _serve(workload: Workload, sock: socket.socket) -> None:
+    port = sock.getsockname()[1]
+    while not workload.closing.is_set():
+        try:
+            if sock.type == socket.SOCK_DGRAM:
+                data, peer = sock.recvfrom(4096)
+                workload.dns.append((_addr(peer), data))
+                sock.sendto(data, peer)
+                continue
+            conn, peer = sock.accept()
+        except TimeoutError:
+            continue
+        except OSError:
+            return
+        with conn:
+            local = _addr(conn.getsockname())
+            if port == DNS_PORT:
+                conn.settimeout(1)
+                with contextlib.suppress(OSError):
+                    workload.dns.append((_addr(peer), conn.recv(4096)))
+            else:
+                workload.accepted.append(Accepted(port, _addr(peer), local, _original_dst(conn)))
+            with contextlib.suppress(OSError):
+                conn.sendall(f"ztunnel-double|{workload.uid}|{port}".encode())
+
+
+def _original_dst(conn: socket.socket) -> str | None:
+    if conn.family != socket.AF_INET:
+        return None
+    try:
+        raw = conn.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
+    except OSError:
+        return None
+    port = int.from_bytes(raw[2:4], "big")
+    return f"{socket.inet_ntoa(raw[4:8])}:{port}"
+
+
+def _addr(address: tuple[str, int] | tuple[str, int, int, int]) -> str:
+    host, port = address[0], address[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _shut(workload: Workload) -> None:
+    # Threads first: a socket closed under a thread's accept could have its number reused.
+    workload.closing.set()
+    for thread in workload.threads:
+        thread.join(timeout=5)
+    for sock in workload.sockets:
+        sock.close()

@@ -1,0 +1,282 @@
+"""Live enrollment on the real kube-apiserver with real pod netns, the real ambient rules and the
+ztunnel test double: labels enroll and release running pods (annotation through the API, rules
+in the netns, workload in ztunnel, IP in the node's probe set), an agent restart keeps pods
+captured without duplicate rules, a pod deleted while ztunnel is away is released, and a CNI ADD
+through the agent's real pod server enrolls an ambient pod.
+
+The "node" is a netns of the test (host probe rules go there, never into the machine's own).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from agent.ambient.dataplane import PodRuleOptions
+from agent.ambient.mesh import MeshDataplane, StatusAnnotator, netns_by_address, rule_options_for
+from agent.ambient.selectors import DEFAULT_ENABLEMENT_SELECTORS
+from agent.ambient.watch import AmbientWatch
+from agent.ambient.watch_service import AmbientService
+from agent.ambient.zds import ZdsServer
+from agent.config import AmbientSettings, Settings
+from agent.pods.cache import PodCache
+from agent.pods.namespaces import NamespaceCache
+from agent.podserver.ambient import AmbientEnroller
+from agent.podserver.service import PodService
+from agent.repair.addresses import netns_addresses
+from agent.rules.ambient_apply import HostProbeRules, InpodRules
+from plugin import wire
+from testbed import netns
+from testbed.kubepods import wait_for
+from testbed.node import NodePods
+from testbed.podnet import saved_rules
+from testbed.ztunnel_double import ZtunnelDouble
+from tests.podserver.helpers import call
+
+pytestmark = pytest.mark.ambient
+
+AMBIENT = {"istio.io/dataplane-mode": "ambient"}
+ANNOTATION = "ambient.istio.io/redirection"
+_ips = itertools.count(10)
+
+
+class Bed:
+    """One agent's ambient half (no install, no sidecar path) against the test bed."""
+
+    def __init__(self, core: Any, node: str, tmp: Path, node_netns: str) -> None:
+        self.core, self.node, self.tmp = core, node, tmp
+        self.settings = AmbientSettings(enabled=True, ztunnelSocketPath=str(tmp / "zds.sock"))
+        self.host = HostProbeRules(node_netns, ipv6=False)
+        self.service: AmbientService | None = None
+
+    def start(self) -> AmbientService:
+        pods = PodCache(self.core, self.node)
+        namespaces = NamespaceCache(self.core, self.node)
+        ztunnel = ZdsServer(self.settings.ztunnelSocketPath)
+        self.mesh = MeshDataplane(
+            pod_rules=InpodRules(), host_rules=self.host, ztunnel=ztunnel,
+            annotator=StatusAnnotator(self.core),
+            find_netns=netns_by_address(netns_dir="/run/netns", proc_dir="/proc",
+                                        read_addresses=netns_addresses),
+            options_for=rule_options_for(PodRuleOptions(ipv6=False)))
+        watch = AmbientWatch(pods=pods, namespaces=namespaces, mesh=self.mesh,
+                             selectors=DEFAULT_ENABLEMENT_SELECTORS,
+                             exclude_namespaces=["kube-system"], system_namespace="istio-system")
+        self.service = AmbientService(settings=self.settings, pods=pods, namespaces=namespaces,
+                                      mesh=self.mesh, ztunnel=ztunnel, watch=watch,
+                                      start_pod_cache=True)
+        self.service.start()
+        wait_for(self.service.ready, "ambient service ready (ZDS listening)", timeout=30)
+        return self.service
+
+    def stop(self) -> None:
+        if self.service is not None:
+            self.service.stop()
+            self.service = None
+
+
+@pytest.fixture
+def node_netns() -> Iterator[str]:
+    name = netns.unique_name("amb-node")
+    netns.add(name)
+    try:
+        yield f"/run/netns/{name}"
+    finally:
+        netns.delete(name)
+
+
+@pytest.fixture
+def bed(kube_core: Any, sim_node: str, tmp_path: Path, node_netns: str) -> Iterator[Bed]:
+    made = Bed(kube_core, sim_node, tmp_path, node_netns)
+    try:
+        yield made
+    finally:
+        made.stop()
+
+
+@pytest.fixture
+def ztunnel(bed: Bed) -> Iterator[ZtunnelDouble]:
+    with ZtunnelDouble(bed.settings.ztunnelSocketPath) as double:
+        yield double
+
+
+@pytest.fixture
+def namespace(kube_core: Any) -> Iterator[str]:
+    name = netns.unique_name("amb")
+    kube_core.create_namespace({"metadata": {"name": name}})
+    try:
+        yield name
+    finally:
+        try:
+            kube_core.delete_namespace(name)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+
+@pytest.fixture
+def pod_netns() -> Iterator[list[str]]:
+    made: list[str] = []
+    try:
+        yield made
+    finally:
+        for name in made:
+            netns.delete(name)
+
+
+def running_pod(node_pods: NodePods, pod_netns: list[str], namespace: str, name: str,
+                **options: Any) -> tuple[dict[str, Any], str]:
+    """An API pod reported Running with an IP that a real netns of ours holds."""
+    ip = f"10.77.{next(_ips)}.5"
+    ns_name = netns.unique_name("amb-pod")
+    netns.add(ns_name)
+    pod_netns.append(ns_name)
+    netns.ip("link", "add", "eth0", "type", "veth", "peer", "name", "peer0", netns=ns_name)
+    netns.ip("addr", "add", f"{ip}/24", "dev", "eth0", netns=ns_name)
+    netns.ip("link", "set", "eth0", "up", netns=ns_name)
+    node_pods.create(namespace, name, **options)
+    return node_pods.set_running(namespace, name, ip), ns_name
+
+
+def annotation(core: Any, namespace: str, name: str) -> str | None:
+    pod = core.read_namespaced_pod(name, namespace)
+    return (pod.metadata.annotations or {}).get(ANNOTATION)
+
+
+def label_namespace(core: Any, namespace: str, labels: Mapping[str, str | None]) -> None:
+    core.patch_namespace(namespace, {"metadata": {"labels": labels}})
+
+
+def rules_of(ns_name: str) -> list[str]:
+    """The pod's saved rules without comments and packet counters (they change by themselves)."""
+    return [re.sub(r"\[\d+:\d+\]", "", line) for line in saved_rules(ns_name).splitlines()
+            if not line.startswith("#")]
+
+
+def inpod_chains(ns_name: str) -> int:
+    """How many times ambient's chains are declared in the pod's saved rules (0: not captured)."""
+    saved = saved_rules(ns_name)
+    return saved.count(":ISTIO_OUTPUT ") + saved.count(":ISTIO_PRERT ")
+
+
+def test_namespace_label_enrolls_and_releases_running_pods(
+        bed: Bed, ztunnel: ZtunnelDouble, kube_core: Any, node_pods: NodePods,
+        pod_netns: list[str], namespace: str) -> None:
+    pod, ns_name = running_pod(node_pods, pod_netns, namespace, "web")
+    _opted_out, out_ns = running_pod(node_pods, pod_netns, namespace, "quiet",
+                                    labels={"istio.io/dataplane-mode": "none"})
+    bed.start()
+    ztunnel.connect()
+    uid, ip = pod["metadata"]["uid"], pod["status"]["podIP"]
+
+    label_namespace(kube_core, namespace, AMBIENT)
+    wait_for(lambda: annotation(kube_core, namespace, "web") == "enabled", "annotation enabled")
+    assert inpod_chains(ns_name) > 0
+    assert uid in ztunnel.workloads()
+    assert bed.host.entries().get(ip) == uid
+    assert annotation(kube_core, namespace, "quiet") is None and inpod_chains(out_ns) == 0
+
+    label_namespace(kube_core, namespace, {"istio.io/dataplane-mode": None})
+    wait_for(lambda: annotation(kube_core, namespace, "web") is None, "annotation removed")
+    assert inpod_chains(ns_name) == 0
+    ztunnel.wait_for("workload deleted", lambda z: uid not in z.workloads())
+    assert ip not in bed.host.entries()
+
+
+def test_pod_label_enrolls_and_opt_out_releases(
+        bed: Bed, ztunnel: ZtunnelDouble, kube_core: Any, node_pods: NodePods,
+        pod_netns: list[str], namespace: str) -> None:
+    _pod, ns_name = running_pod(node_pods, pod_netns, namespace, "web")
+    bed.start()
+    ztunnel.connect()
+    kube_core.patch_namespaced_pod("web", namespace, {"metadata": {"labels": AMBIENT}})
+    wait_for(lambda: annotation(kube_core, namespace, "web") == "enabled", "annotation enabled")
+    assert inpod_chains(ns_name) > 0
+    kube_core.patch_namespaced_pod(
+        "web", namespace, {"metadata": {"labels": {"istio.io/dataplane-mode": "none"}}})
+    wait_for(lambda: annotation(kube_core, namespace, "web") is None, "annotation removed")
+    assert inpod_chains(ns_name) == 0
+
+
+def test_agent_restart_keeps_pods_captured_without_duplicates(
+        bed: Bed, ztunnel: ZtunnelDouble, kube_core: Any, node_pods: NodePods,
+        pod_netns: list[str], namespace: str) -> None:
+    label_namespace(kube_core, namespace, AMBIENT)
+    pod, ns_name = running_pod(node_pods, pod_netns, namespace, "web")
+    uid = pod["metadata"]["uid"]
+    bed.start()  # a running pod of an ambient namespace is enrolled live at start
+    ztunnel.connect()
+    wait_for(lambda: annotation(kube_core, namespace, "web") == "enabled", "annotation enabled")
+    before = rules_of(ns_name)
+
+    bed.stop()  # a plain restart: pods stay enrolled
+    ztunnel.wait_disconnected()
+    assert inpod_chains(ns_name) > 0 and annotation(kube_core, namespace, "web") == "enabled"
+    service = bed.start()
+    ztunnel.connect()
+    assert service.reconciled is not None
+    assert service.reconciled.found == [uid] and service.reconciled.reapplied == []
+    ztunnel.wait_for("snapshot with the pod", lambda z: uid in z.workloads())
+    assert rules_of(ns_name) == before  # no duplicate, nothing rewritten
+
+
+def test_pod_deleted_while_ztunnel_is_away(
+        bed: Bed, ztunnel: ZtunnelDouble, kube_core: Any, node_pods: NodePods,
+        pod_netns: list[str], namespace: str) -> None:
+    label_namespace(kube_core, namespace, AMBIENT)
+    pod, _ = running_pod(node_pods, pod_netns, namespace, "web")
+    uid, ip = pod["metadata"]["uid"], pod["status"]["podIP"]
+    bed.start()
+    ztunnel.connect()
+    wait_for(lambda: annotation(kube_core, namespace, "web") == "enabled", "annotation enabled")
+    ztunnel.disconnect()
+    node_pods.delete(namespace, "web")
+    assert bed.service is not None
+    wait_for(lambda: bed.mesh.enrolled(uid) is None, "pod released from the enrolled set")
+    assert ip not in bed.host.entries()
+    ztunnel.connect()  # a fresh snapshot without the deleted pod
+    ztunnel.wait_for("snapshot", lambda z: z.snapshots >= 2)
+    assert uid not in ztunnel.workloads()
+
+
+def test_cni_add_of_ambient_pod_through_the_pod_server(
+        bed: Bed, ztunnel: ZtunnelDouble, kube_core: Any, sim_node: str, node_pods: NodePods,
+        pod_netns: list[str], namespace: str, tmp_path: Path) -> None:
+    label_namespace(kube_core, namespace, AMBIENT)
+    service = bed.start()
+    ztunnel.connect()
+    ns_name = netns.unique_name("amb-pod")
+    netns.add(ns_name)
+    pod_netns.append(ns_name)
+    pod = node_pods.create(namespace, "fresh")  # no IP yet: the ADD brings it
+    enroller = AmbientEnroller(
+        namespaces=NamespaceCache(kube_core, sim_node), mesh=bed.mesh,
+        selectors=DEFAULT_ENABLEMENT_SELECTORS, exclude_namespaces=["kube-system"],
+        system_namespace="istio-system", detection_retry=True)
+    settings = replace(Settings(), cniAgentRunDir=str(tmp_path / "run"))
+    server = PodService(settings, sim_node, lambda: None,  # type: ignore[arg-type,return-value]
+                        install_ready=lambda: True, ambient=enroller,
+                        cache=PodCache(kube_core, sim_node))
+    server.start()
+    try:
+        body = wire.encode(wire.cni_request(
+            command="ADD", container_id="c-fresh", netns=f"/run/netns/{ns_name}",
+            ifname="eth0", pod_name="fresh", pod_namespace=namespace, pod_uid="",
+            cni_version="1.0.0", prev_result={"ips": [{"address": "10.77.250.9/24"}]}))
+        status, reply = call(settings.socket_path, "POST", wire.COMMAND_PATHS["ADD"], body)
+        assert status == 200, reply
+        assert reply["result"] == wire.RESULT_REDIRECTED
+        assert annotation(kube_core, namespace, "fresh") == "enabled"
+        assert inpod_chains(ns_name) > 0
+        assert pod["metadata"]["uid"] in ztunnel.workloads()
+        assert bed.host.entries().get("10.77.250.9") == pod["metadata"]["uid"]
+        assert service.ready()
+    finally:
+        server.stop()

@@ -1,0 +1,191 @@
+"""MeshDataplane with named fakes of its parts: the order of Istio's node agent, rollback on each
+failure, the enrolled set as ztunnel's snapshot, and start-up reconcile."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent.ambient.dataplane import PodRuleOptions
+from agent.ambient.mesh import (
+    MeshDataplane,
+    MeshError,
+    NonRetryableAdd,
+    ZtunnelPending,
+    rule_options_for,
+)
+from tests.ambient.fakes import (
+    FakeAnnotator,
+    FakeHostProbeRules,
+    FakeNetnsFinder,
+    FakePodRules,
+    FakeZtunnelLink,
+    Journal,
+    pod,
+)
+
+
+class Parts:
+    def __init__(self, tmp_path: Path) -> None:
+        self.journal: Journal = []
+        self.rules = FakePodRules(self.journal)
+        self.host = FakeHostProbeRules(self.journal)
+        self.ztunnel = FakeZtunnelLink(self.journal)
+        self.annotator = FakeAnnotator(self.journal)
+        self.finder = FakeNetnsFinder(self.journal)
+        self.netns = tmp_path / "netns-1"
+        self.netns.touch()
+        self.mesh = MeshDataplane(
+            pod_rules=self.rules, host_rules=self.host, ztunnel=self.ztunnel,
+            annotator=self.annotator, find_netns=self.finder,
+            options_for=rule_options_for(PodRuleOptions()))
+
+
+@pytest.fixture
+def parts(tmp_path: Path) -> Parts:
+    return Parts(tmp_path)
+
+
+def test_add_runs_in_istios_order_and_enrolls(parts: Parts) -> None:
+    parts.mesh.add(pod(), str(parts.netns))
+    assert parts.journal == [
+        ("rules.apply", str(parts.netns)), ("ztunnel.add", "uid-1"),
+        ("host.add", "uid-1", "10.0.0.5"), ("annotate", "app/web-0", "enabled")]
+    assert [p.uid for p in parts.mesh.snapshot()] == ["uid-1"]
+    assert parts.ztunnel.workloads["uid-1"].service_account == "web"
+
+
+def test_rules_failure_is_not_retryable_and_leaves_nothing(parts: Parts) -> None:
+    parts.rules.fail_apply = True
+    with pytest.raises(NonRetryableAdd, match=r"app/web-0: in-pod rules"):
+        parts.mesh.add(pod(), str(parts.netns))
+    assert parts.mesh.snapshot() == []
+    assert ("ztunnel.add", "uid-1") not in parts.journal
+    assert parts.annotator.values == {} and parts.host.entries == {}
+
+
+def test_ztunnel_away_is_a_partial_add(parts: Parts) -> None:
+    parts.ztunnel.connected = False
+    with pytest.raises(ZtunnelPending, match="no ztunnel connection"):
+        parts.mesh.add(pod(), str(parts.netns))
+    # Rules stay, pod kept for the snapshot, annotation pending, host probe IPs not yet.
+    assert str(parts.netns) in parts.rules.programmed
+    assert parts.annotator.values == {"app/web-0": "pending"}
+    assert parts.host.entries == {}
+    assert [p.uid for p in parts.ztunnel.reconnect()] == ["uid-1"]
+
+
+def test_ztunnel_refusal_is_pending_too(parts: Parts) -> None:
+    parts.ztunnel.refuse = True
+    with pytest.raises(ZtunnelPending, match="netns gone"):
+        parts.mesh.add(pod(), str(parts.netns))
+    assert parts.annotator.values == {"app/web-0": "pending"}
+
+
+def test_host_probe_failure_raises_without_annotation(parts: Parts) -> None:
+    parts.host.fail_add = True
+    with pytest.raises(MeshError, match="host probe address set"):
+        parts.mesh.add(pod(), str(parts.netns))
+    assert parts.annotator.values == {}
+
+
+def test_add_of_running_pod_finds_its_netns(parts: Parts) -> None:
+    parts.finder.by_uid["uid-1"] = str(parts.netns)
+    parts.mesh.add(pod())
+    assert parts.journal[0] == ("find_netns", "uid-1")
+    assert parts.mesh.enrolled("uid-1") is not None
+
+
+def test_add_of_running_pod_without_netns_is_not_retryable(parts: Parts) -> None:
+    with pytest.raises(NonRetryableAdd, match=r"cannot find its network namespace.*10\.0\.0\.5"):
+        parts.mesh.add(pod())
+    assert parts.journal == [("find_netns", "uid-1")]
+
+
+def test_remove_of_live_pod_runs_in_istios_order(parts: Parts) -> None:
+    parts.mesh.add(pod(), str(parts.netns))
+    parts.journal.clear()
+    parts.mesh.remove(pod(), deleted=False)
+    assert parts.journal == [
+        ("host.remove", "uid-1"), ("rules.remove", str(parts.netns)),
+        ("ztunnel.remove", "uid-1"), ("annotate", "app/web-0", "None")]
+    assert parts.mesh.snapshot() == [] and parts.rules.programmed == {}
+
+
+def test_remove_of_deleted_pod_leaves_netns_and_ignores_annotation(parts: Parts) -> None:
+    parts.mesh.add(pod(), str(parts.netns))
+    parts.journal.clear()
+    parts.annotator.fail = True
+    parts.mesh.remove(pod(), deleted=True)
+    assert ("rules.remove", str(parts.netns)) not in parts.journal
+    assert ("ztunnel.remove", "uid-1") in parts.journal
+
+
+def test_remove_when_netns_is_gone_skips_rules(parts: Parts) -> None:
+    parts.mesh.add(pod(), str(parts.netns))
+    parts.netns.unlink()
+    parts.journal.clear()
+    parts.mesh.remove(pod(), deleted=False)
+    assert not any(step[0] == "rules.remove" for step in parts.journal)
+
+
+def test_failed_rule_removal_keeps_the_pod_for_the_retry(parts: Parts) -> None:
+    parts.mesh.add(pod(), str(parts.netns))
+    parts.rules.fail_remove = True
+    with pytest.raises(MeshError, match="remove in-pod rules"):
+        parts.mesh.remove(pod(), deleted=False)
+    assert parts.mesh.enrolled("uid-1") is not None
+    parts.rules.fail_remove = False
+    parts.mesh.remove(pod(), deleted=False)
+    assert parts.mesh.enrolled("uid-1") is None
+
+
+def test_annotation_failure_of_live_pod_raises(parts: Parts) -> None:
+    parts.mesh.add(pod(), str(parts.netns))
+    parts.annotator.fail = True
+    with pytest.raises(MeshError, match="annotate pod app/web-0"):
+        parts.mesh.remove(pod(), deleted=False)
+
+
+def test_reconcile_keeps_good_rules_and_reapplies_missing(parts: Parts, tmp_path: Path) -> None:
+    other = tmp_path / "netns-2"
+    other.touch()
+    parts.rules.programmed[str(parts.netns)] = PodRuleOptions()  # as a previous run left it
+    parts.finder.by_uid = {"uid-1": str(parts.netns), "uid-2": str(other)}
+    pods = [pod(), pod("web-1", uid="uid-2", ips=("10.0.0.6",)),
+            pod("web-2", uid="uid-3", ips=("10.0.0.7",))]
+    report = parts.mesh.reconcile(pods, reapply_rules=True)
+    assert report.found == ["uid-1", "uid-2"] and report.missing == ["uid-3"]
+    assert report.reapplied == ["uid-2"]
+    assert ("rules.apply", str(parts.netns)) not in parts.journal  # no duplicate writes
+    assert set(parts.host.entries) == {"uid-1", "uid-2", "uid-3"}
+    assert {p.uid for p in parts.mesh.snapshot()} == {"uid-1", "uid-2"}
+
+
+def test_reconcile_without_reapply_only_finds(parts: Parts) -> None:
+    parts.finder.by_uid = {"uid-1": str(parts.netns)}
+    report = parts.mesh.reconcile([pod()], reapply_rules=False)
+    assert report.found == ["uid-1"]
+    assert not any(step[0].startswith("rules.") for step in parts.journal)
+
+
+def test_reconcile_does_not_prune_while_an_ip_is_unknown(parts: Parts) -> None:
+    parts.host.entries = {"stale": {"10.9.9.9"}}
+    parts.mesh.reconcile([pod(ips=())], reapply_rules=False)
+    assert "stale" in parts.host.entries
+    parts.mesh.reconcile([pod()], reapply_rules=False)
+    assert set(parts.host.entries) == {"uid-1"}
+
+
+@pytest.mark.parametrize(("annotations", "expected"), [
+    ({}, PodRuleOptions()),
+    ({"ambient.istio.io/dns-capture": "false"}, PodRuleOptions(dns_proxy="disabled")),
+    ({"ambient.istio.io/dns-capture": "T"}, PodRuleOptions(dns_proxy="enabled")),
+    ({"ambient.istio.io/dns-capture": "yes"}, PodRuleOptions()),
+    ({"ambient.istio.io/bypass-inbound-capture": "true"}, PodRuleOptions(ingress=True)),
+    ({"istio.io/reroute-virtual-interfaces": " tun0, ,ppp0"},
+     PodRuleOptions(virtual_interfaces=("tun0", "ppp0"))),
+], ids=["none", "dns-off", "dns-on-go-bool", "dns-invalid-ignored", "ingress", "virt"])
+def test_pod_level_overrides(annotations: dict[str, str], expected: PodRuleOptions) -> None:
+    assert rule_options_for(PodRuleOptions())(pod(annotations=annotations)) == expected

@@ -1,0 +1,156 @@
+"""The pod server's CNI ADD/DEL for ambient pods (agent.podserver.handlers + ambient), with the
+real enrollment decisions and a MeshDataplane over named fakes: enroll with the request's netns
+and IPs, fail closed, enableAmbientDetectionRetry, sidecar pods unchanged, DEL releases."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from agent.ambient.dataplane import PodRuleOptions
+from agent.ambient.mesh import MeshDataplane, rule_options_for
+from agent.ambient.selectors import DEFAULT_ENABLEMENT_SELECTORS
+from agent.pods.cache import PodLookupError
+from agent.podserver.ambient import AmbientEnroller
+from agent.podserver.handlers import PodHandlers
+from agent.podserver.metrics import PluginMetrics
+from agent.podserver.sandboxes import SandboxStore
+from plugin import wire
+from tests.ambient.fakes import (
+    FakeAnnotator,
+    FakeHostProbeRules,
+    FakeNetnsFinder,
+    FakePodRules,
+    FakeZtunnelLink,
+    Journal,
+    namespace,
+    pod,
+)
+from tests.podserver.helpers import InMemoryPods, RealDecisions, make_pod
+
+AMBIENT = {"istio.io/dataplane-mode": "ambient"}
+
+
+class FakeNamespaces:
+    def __init__(self, *items: dict[str, Any]) -> None:
+        self.items = {n["metadata"]["name"]: n for n in items}
+        self.error: Exception | None = None
+        self.retries: list[bool] = []
+
+    def get_namespace(self, name: str, *, retry: bool = True) -> dict[str, Any] | None:
+        self.retries.append(retry)
+        if self.error is not None:
+            raise self.error
+        return self.items.get(name)
+
+
+class Rig:
+    def __init__(self, tmp_path: Path, *pods: dict[str, Any], retry: bool = False) -> None:
+        self.journal: Journal = []
+        self.rules = FakePodRules(self.journal)
+        self.ztunnel = FakeZtunnelLink(self.journal)
+        self.annotator = FakeAnnotator(self.journal)
+        self.mesh = MeshDataplane(
+            pod_rules=self.rules, host_rules=FakeHostProbeRules(self.journal),
+            ztunnel=self.ztunnel, annotator=self.annotator,
+            find_netns=FakeNetnsFinder(self.journal),
+            options_for=rule_options_for(PodRuleOptions()))
+        self.namespaces = FakeNamespaces(namespace("app", AMBIENT), namespace("plain"))
+        self.netns = tmp_path / "cni-1"
+        self.netns.touch()
+        self.redirector = RealDecisions()
+        self.handlers = PodHandlers(
+            pods=InMemoryPods(*pods), redirector=self.redirector, sandboxes=SandboxStore(),
+            readiness=lambda: None, metrics=PluginMetrics(CollectorRegistry()),
+            ambient=AmbientEnroller(
+                namespaces=self.namespaces, mesh=self.mesh,
+                selectors=DEFAULT_ENABLEMENT_SELECTORS, exclude_namespaces=["kube-system"],
+                system_namespace="istio-system", detection_retry=retry))
+
+    def body(self, command: str = "ADD", name: str = "web-0", ns: str = "app") -> bytes:
+        prev = {"cniVersion": "1.0.0", "ips": [{"address": "10.0.0.5/24"}]}
+        return wire.encode(wire.cni_request(
+            command=command, container_id="c1", netns=str(self.netns), ifname="eth0",
+            pod_name=name, pod_namespace=ns, pod_uid="", cni_version="1.0.0",
+            prev_result=prev))
+
+
+def new_pod(name: str = "web-0", ns: str = "app", **kw: Any) -> dict[str, Any]:
+    return pod(name, namespace=ns, ips=(), phase="Pending", **kw)  # no IP in the API yet
+
+
+def test_ambient_pod_is_enrolled_with_request_netns_and_ips(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, new_pod())
+    reply = rig.handlers.add(rig.body())
+    assert reply.status == 200, reply.body
+    assert reply.result == wire.RESULT_REDIRECTED and "ambient" in str(reply.body["reason"])
+    assert ("rules.apply", str(rig.netns)) in rig.journal
+    assert ("host.add", "uid-1", "10.0.0.5") in rig.journal
+    assert rig.ztunnel.workloads["uid-1"].ips == ("10.0.0.5",)
+    assert rig.annotator.values == {"app/web-0": "enabled"}
+    assert rig.redirector.applied == []  # no sidecar rules
+
+
+def test_rules_failure_fails_the_add(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, new_pod())
+    rig.rules.fail_apply = True
+    reply = rig.handlers.add(rig.body())
+    assert reply.status == 500 and "in-pod rules" in str(reply.body["msg"])
+    assert rig.mesh.snapshot() == []
+
+
+def test_ztunnel_away_fails_the_add_retryably(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, new_pod())
+    rig.ztunnel.connected = False
+    reply = rig.handlers.add(rig.body())
+    assert reply.status == 503 and reply.body["code"] == 11
+    assert rig.annotator.values == {"app/web-0": "pending"}
+
+
+def test_namespace_lookup_failure_without_retry_means_not_ambient(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, new_pod())
+    rig.namespaces.error = PodLookupError("get namespace app: API server answered 503")
+    reply = rig.handlers.add(rig.body())
+    assert reply.status == 200 and reply.result == wire.RESULT_SKIPPED  # sidecar decision
+    assert rig.namespaces.retries == [False] and rig.mesh.snapshot() == []
+
+
+def test_namespace_lookup_failure_with_retry_fails_closed(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, new_pod(), retry=True)
+    rig.namespaces.error = PodLookupError("get namespace app: API server answered 503")
+    reply = rig.handlers.add(rig.body())
+    assert reply.status == 503 and reply.body["code"] == 11
+    assert "ambient detection" in str(reply.body["msg"])
+    assert rig.namespaces.retries == [True]
+
+
+@pytest.mark.parametrize(("the_pod", "ns"), [
+    (new_pod(labels={"istio.io/dataplane-mode": "none"}), "app"),
+    (new_pod("web-0", "plain"), "plain"),
+], ids=["opt-out", "plain-namespace"])
+def test_not_ambient_pods_keep_the_sidecar_decision(
+        tmp_path: Path, the_pod: dict[str, Any], ns: str) -> None:
+    rig = Rig(tmp_path, the_pod)
+    reply = rig.handlers.add(rig.body(ns=ns))
+    assert reply.result == wire.RESULT_SKIPPED and rig.mesh.snapshot() == []
+
+
+def test_sidecar_pod_in_ambient_namespace_gets_sidecar_rules(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, make_pod())  # injected sidecar
+    reply = rig.handlers.add(rig.body())
+    assert reply.result == wire.RESULT_REDIRECTED
+    assert rig.redirector.applied == [(str(rig.netns), "web-0")] and rig.mesh.snapshot() == []
+
+
+def test_del_releases_the_enrolled_pod(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, new_pod())
+    rig.handlers.add(rig.body())
+    reply = rig.handlers.delete(rig.body("DEL"))
+    assert reply.status == 200 and "released" in str(reply.body["reason"])
+    assert ("host.remove", "uid-1") in rig.journal and ("ztunnel.remove", "uid-1") in rig.journal
+    assert ("rules.remove", str(rig.netns)) not in rig.journal  # the netns goes with the sandbox
+    assert rig.mesh.snapshot() == [] and json.dumps(rig.annotator.values) == '{"app/web-0": null}'

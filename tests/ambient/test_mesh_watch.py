@@ -1,0 +1,180 @@
+"""AmbientWatch (live enrollment) over named fakes: which mesh call each pod and namespace event
+leads to, the retry of failures, and no retry of Istio's non-retryable adds."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from agent.ambient.mesh import NonRetryableAdd
+from agent.ambient.selectors import DEFAULT_ENABLEMENT_SELECTORS
+from agent.ambient.watch import AmbientWatch, Event
+from tests.ambient.fakes import namespace, pod
+
+AMBIENT = {"istio.io/dataplane-mode": "ambient"}
+ENABLED = {"ambient.istio.io/redirection": "enabled"}
+
+
+class FakeStore:
+    def __init__(self) -> None:
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self.namespaces: dict[str, dict[str, Any]] = {}
+
+    def cached(self, ns: str, name: str) -> dict[str, Any] | None:
+        return self.pods.get((ns, name))
+
+    def list_pods(self) -> list[dict[str, Any]]:
+        return list(self.pods.values())
+
+    def cached_namespace(self, name: str) -> dict[str, Any] | None:
+        return self.namespaces.get(name)
+
+    def put(self, p: dict[str, Any]) -> dict[str, Any]:
+        self.pods[(p["metadata"]["namespace"], p["metadata"]["name"])] = p
+        return p
+
+
+class FakeMesh:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.failures = 0
+        self.non_retryable = False
+
+    def add(self, p: Any, netns_path: str = "") -> object:
+        self.calls.append(("add", p["metadata"]["name"]))
+        if self.non_retryable:
+            raise NonRetryableAdd("no netns")
+        if self.failures:
+            self.failures -= 1
+            raise RuntimeError("ztunnel away")
+        return None
+
+    def remove(self, p: Any, *, deleted: bool) -> None:
+        self.calls.append(("remove-deleted" if deleted else "remove", p["metadata"]["name"]))
+
+    def sync_host_probe(self, p: Any) -> None:
+        self.calls.append(("sync", p["metadata"]["name"]))
+
+
+def make(store: FakeStore, mesh: FakeMesh, events: list[str] | None = None) -> AmbientWatch:
+    return AmbientWatch(pods=store, namespaces=store, mesh=mesh,
+                        selectors=DEFAULT_ENABLEMENT_SELECTORS, exclude_namespaces=["kube-system"],
+                        system_namespace="istio-system",
+                        on_event=(events.append if events is not None else None))
+
+
+def test_namespace_label_enrolls_its_running_pods() -> None:
+    store, mesh = FakeStore(), FakeMesh()
+    store.namespaces["app"] = namespace(labels=AMBIENT)
+    store.put(pod())
+    store.put(pod("other", namespace="elsewhere", uid="uid-9"))
+    watch = make(store, mesh)
+    watch.handle(Event("namespace", "update", namespace(), namespace(labels=AMBIENT)))
+    assert watch.pending() == 1  # the namespace's pod, as an update
+    _drain(watch)
+    assert mesh.calls == [("add", "web-0")]
+
+
+def test_namespace_update_without_selector_change_does_nothing() -> None:
+    store, mesh = FakeStore(), FakeMesh()
+    store.put(pod())
+    watch = make(store, mesh)
+    watch.handle(Event("namespace", "update", namespace(labels={"a": "1"}),
+                       namespace(labels={"a": "2"})))
+    assert watch.pending() == 0
+
+
+def test_label_removed_releases_and_opt_out_releases() -> None:
+    store, mesh = FakeStore(), FakeMesh()
+    store.namespaces["app"] = namespace()
+    enrolled = store.put(pod(annotations=ENABLED))
+    watch = make(store, mesh)
+    watch.handle(Event("pod", "update", enrolled, enrolled))
+    store.namespaces["app"] = namespace(labels=AMBIENT)
+    opted_out = store.put(pod(annotations=ENABLED, labels={"istio.io/dataplane-mode": "none"}))
+    watch.handle(Event("pod", "update", enrolled, opted_out))
+    assert mesh.calls == [("remove", "web-0"), ("remove", "web-0")]
+
+
+def test_deleted_pod_is_released_from_the_event_even_without_namespace() -> None:
+    store, mesh = FakeStore(), FakeMesh()
+    watch = make(store, mesh)
+    watch.handle(Event("pod", "delete", pod(annotations=ENABLED), None))
+    watch.handle(Event("pod", "delete", pod("plain", uid="u2"), None))
+    assert mesh.calls == [("remove-deleted", "web-0")]
+
+
+def test_terminated_enrolled_pod_is_released_as_deleted() -> None:
+    store, mesh = FakeStore(), FakeMesh()
+    store.namespaces["app"] = namespace(labels=AMBIENT)
+    old = pod(annotations=ENABLED)
+    store.put(pod(annotations=ENABLED, phase="Succeeded"))
+    make(store, mesh).handle(Event("pod", "update", old, old))
+    assert mesh.calls == [("remove-deleted", "web-0")]
+
+
+def test_new_ips_of_enrolled_pod_sync_the_host_probe_set() -> None:
+    store, mesh = FakeStore(), FakeMesh()
+    store.namespaces["app"] = namespace(labels=AMBIENT)
+    old = pod(annotations=ENABLED, ips=("10.0.0.5",))
+    store.put(pod(annotations=ENABLED, ips=("10.0.0.8",)))
+    make(store, mesh).handle(Event("pod", "update", old, old))
+    assert mesh.calls == [("sync", "web-0")]
+
+
+def test_pod_adds_are_ignored_and_events_counted() -> None:
+    store, mesh, events = FakeStore(), FakeMesh(), list[str]()
+    watch = make(store, mesh, events)
+    watch.on_pod("add", None, pod())
+    assert watch.pending() == 0
+    store.namespaces["app"] = namespace(labels=AMBIENT)
+    store.put(pod())
+    watch.on_namespace("add", None, namespace(labels=AMBIENT))
+    _drain(watch)
+    assert events == ["add", "update"] and mesh.calls == [("add", "web-0")]
+
+
+def test_failed_add_is_retried_until_it_works() -> None:
+    store, mesh = FakeStore(), FakeMesh()
+    store.namespaces["app"] = namespace(labels=AMBIENT)
+    p = store.put(pod())
+    mesh.failures = 3
+    watch = make(store, mesh)
+    watch.start()
+    try:
+        watch.on_pod("update", p, p)
+        deadline = time.monotonic() + 5
+        while watch.processed < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        watch.stop()
+    assert mesh.calls == [("add", "web-0")] * 4 and watch.processed == 1
+
+
+def test_non_retryable_add_is_not_retried() -> None:
+    store, mesh = FakeStore(), FakeMesh()
+    store.namespaces["app"] = namespace(labels=AMBIENT)
+    p = store.put(pod())
+    mesh.non_retryable = True
+    watch = make(store, mesh)
+    watch.handle(Event("pod", "update", p, p))  # does not raise
+    assert watch.pending() == 0
+
+
+def test_excluded_namespace_and_ztunnel_pods_are_never_enrolled() -> None:
+    store, mesh = FakeStore(), FakeMesh()
+    store.namespaces["kube-system"] = namespace("kube-system", labels=AMBIENT)
+    store.namespaces["istio-system"] = namespace("istio-system", labels=AMBIENT)
+    a = store.put(pod("dns", namespace="kube-system", uid="u1"))
+    z = store.put(pod("zt", namespace="istio-system", uid="u2", labels={"app": "ztunnel"}))
+    watch = make(store, mesh)
+    watch.handle(Event("pod", "update", a, a))
+    watch.handle(Event("pod", "update", z, z))
+    assert mesh.calls == []
+
+
+def _drain(watch: AmbientWatch) -> None:
+    while watch.pending():
+        item = watch._next()  # the worker's own step, driven here
+        if item is not None:
+            watch.handle(item[2])
