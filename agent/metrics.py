@@ -24,6 +24,15 @@ CONFLICTS = Counter(
     "Heals that undid another writer's change to a CNI config file, by file.",
     ["file"],
 )
+INSTALL_READY_SINCE = Gauge(
+    "istio_cni_install_ready_timestamp_seconds",
+    "Unix time the install last became ready (0: never since the agent started).",
+)
+RULES_APPLY_FAILURES = Counter(
+    "istio_cni_rules_apply_failures",
+    "Failures to program a pod's redirect rules (plugin ADD and repair), by rule backend.",
+    ["backend"],
+)
 
 # Ambient mode (Istio's cni/pkg/nodeagent names).
 RECONCILE_EVENTS = Counter(

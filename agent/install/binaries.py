@@ -29,12 +29,14 @@ import stat
 from dataclasses import dataclass, field
 
 from agent.errors import InstallError
+from agent.install import killpoint
 from agent.install.atomic import (
     atomic_rename,
     atomic_write,
     fsync_dir,
     is_temp_name,
     remove_stale_temps,
+    remove_tree,
     temp_path,
 )
 from agent.install.ledger import ABSENT, WriteLedger
@@ -152,6 +154,11 @@ def _fsync_tree(path: str) -> None:
         fsync_dir(root)
 
 
+def _copy_file(src: str, dst: str) -> object:
+    killpoint.before("copy", dst)
+    return shutil.copy2(src, dst)
+
+
 def _install_tree(src: str, dst: str) -> bool:
     if os.path.islink(dst) or os.path.isfile(dst):
         raise InstallError(f"install plugin support dir {dst}: expected a directory")
@@ -159,13 +166,16 @@ def _install_tree(src: str, dst: str) -> bool:
         return False
     tmp = temp_path(dst)
     try:
-        shutil.copytree(src, tmp, symlinks=True)
+        killpoint.before("copy tree", tmp)
+        shutil.copytree(src, tmp, symlinks=True, copy_function=_copy_file)
         _fsync_tree(tmp)
         if os.path.isdir(dst):
             # Same hashed name, other content: a damaged copy. Swap it out, then drop it.
             old = temp_path(dst)
+            killpoint.before("rename", dst)
             os.rename(dst, old)
             atomic_rename(tmp, dst)
+            killpoint.before("remove tree", old)
             shutil.rmtree(old, ignore_errors=True)
         else:
             atomic_rename(tmp, dst)
@@ -185,8 +195,9 @@ def _prune_support_dirs(bin_dir: str, current: set[str]) -> list[str]:
     old.sort(key=lambda e: e.stat(follow_symlinks=False).st_mtime_ns, reverse=True)
     removed = []
     for entry in old[1:] if current else old:
-        shutil.rmtree(entry.path, ignore_errors=True)
-        removed.append(entry.name)
+        with contextlib.suppress(OSError):
+            remove_tree(entry.path)
+            removed.append(entry.name)
     if removed:
         log.info("removed support dirs of a former plugin version",
                  extra={"fields": {"dir": bin_dir, "names": ",".join(removed)}})
@@ -236,19 +247,27 @@ def binary_problems(
 def uninstall_binaries(
     source_dir: str, bin_dir: str, ledger: WriteLedger
 ) -> tuple[list[str], list[str]]:
-    """Remove our names and every old support dir; returns (removed, errors)."""
+    """Remove our names, every old support dir and the temps a killed install left; returns
+    (removed, errors)."""
+    removed, errors = [], []
+    try:
+        removed += [os.path.join(bin_dir, n) for n in remove_stale_temps(bin_dir)]
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        errors.append(str(_write_error("clean up", bin_dir, e)))
     names: set[str] = {"istio-cni"}
     with contextlib.suppress(InstallError):
         names |= set(source_entries(source_dir))
     with contextlib.suppress(OSError):
         names |= {n for n in os.listdir(bin_dir) if is_support_dir(n)}
-    removed, errors = [], []
     for name in sorted(names):
         path = os.path.join(bin_dir, name)
         try:
             if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path)
+                remove_tree(path)
             elif os.path.lexists(path):
+                killpoint.before("unlink", path)
                 os.unlink(path)
             else:
                 continue

@@ -30,6 +30,7 @@ from agent.install.atomic import (
     FileId,
     atomic_rename,
     atomic_write,
+    current_id,
     file_id,
     remove_file,
     remove_stale_temps,
@@ -39,6 +40,7 @@ from agent.install.entry import plugin_entry, standalone_entry
 from agent.install.ledger import WriteLedger
 from agent.install.plan import (
     ConfigPlan,
+    Interrupted,
     interrupted_conversions,
     plan_config,
     standalone_name,
@@ -160,10 +162,19 @@ class Installer:
             return
         except OSError as e:
             raise InstallError(f"clean up CNI conf dir {self.conf_dir}: {e.strerror}") from e
-        for src, dst in interrupted_conversions(self._names(), self.read):
-            log.info("finishing an interrupted .conf to .conflist conversion",
-                     extra={"fields": {"from": self._path(src), "to": self._path(dst)}})
-            self._guard(atomic_rename, self._path(src), self._path(dst))
+        for step in interrupted_conversions(self._names(), self.read):
+            self._finish(step)
+
+    def _finish(self, step: Interrupted) -> None:
+        """Complete a conversion a kill stopped: every runtime reads the .conf until then."""
+        src, dst = self._path(step.conf), self._path(step.conflist)
+        log.info("finishing an interrupted .conf to .conflist conversion",
+                 extra={"fields": {"from": src, "to": dst, "step": step.finish}})
+        if step.finish == "rename":
+            self._guard(atomic_rename, src, dst)
+        else:
+            self._guard(_remove, src)
+        self.ledger.record_removed(src)
 
     def _refuse_symlink(self, path: str) -> None:
         if os.path.islink(path):
@@ -182,18 +193,7 @@ class Installer:
         self._refuse_symlink(target)
         data = conflist.dumps(plan.config)
         if plan.convert_from is not None:
-            src = self._path(plan.convert_from)
-            self._refuse_symlink(src)
-            # The list goes into the .conf first and is then renamed: the runtime skips a .conf
-            # holding a list, so it never loads the old config while ours exists beside it
-            # (x.conf sorts before x.conflist); one rename then makes ours the only one.
-            self._write(src, data, expect=self._seen.get(plan.convert_from))
-            self._guard(atomic_rename, src, target)
-            self.ledger.record_removed(src)
-            self.ledger.record_written(target, data)
-            log.info("converted CNI config to a list", extra={"fields": {
-                "from": src, "to": target}})
-            return [src, target]
+            return self._convert(plan.convert_from, target, data)
         expect = self._seen.get(plan.target) if plan.target == plan.primary else None
         current = self.read(plan.target)
         own = self.owns_file
@@ -209,6 +209,34 @@ class Installer:
         self._write(target, data, expect=expect, own=own)
         log.info("wrote CNI config", extra={"fields": {"path": target, "primary": plan.primary}})
         return [target]
+
+    def _convert(self, name: str, target: str, data: bytes) -> list[str]:
+        """x.conf (one plugin) becomes x.conflist (the list with ours): the complete .conflist
+        first, then the .conf goes. In between both exist and every runtime still loads the
+        untouched x.conf (it sorts first and is valid), so no instant shows a file a runtime
+        rejects; a .conf holding a list, the former order's middle state, fails containerd's
+        whole config load. A kill in between is finished by the next install or uninstall
+        (plan.interrupted_conversions). The .conflist gets the .conf's mode."""
+        src = self._path(name)
+        self._refuse_symlink(src)
+        mode = self._mode_of(src)
+        try:
+            atomic_write(target, data, mode=mode if mode >= 0 else self.file_mode,
+                         keep_mode=False)
+        except OSError as e:
+            raise InstallError(f"write CNI config {target}: {e.strerror}") from e
+        self.ledger.record_written(target, data)
+        if current_id(src) != self._seen.get(name):
+            # The .conf changed since we read it: ours would drop that change. Take ours back
+            # (runtimes still read the .conf) and merge again.
+            self._guard(_remove, target)
+            self.ledger.record_removed(target)
+            raise TransientInstallError(
+                f"{src} changed while we turned it into a list; converting again")
+        self._guard(_remove, src)
+        self.ledger.record_removed(src)
+        log.info("converted CNI config to a list", extra={"fields": {"from": src, "to": target}})
+        return [src, target]
 
     def _write(
         self, path: str, data: bytes, *, expect: FileId | None, own: bool = False
@@ -264,13 +292,13 @@ class Installer:
 
     def uninstall(self) -> list[str]:
         """Remove everything of ours; returns what was removed, raises with every failure."""
+        errors = self._clean_for_uninstall()
         steps = list(self.undo)
         for step in self._discover():
             if step not in self.undo:
                 steps.append(step)
         steps.sort(key=lambda s: s.kind == "binaries")
         done: list[str] = []
-        errors: list[str] = []
         for step in steps:
             try:
                 done.extend(self._undo_step(step))
@@ -280,6 +308,19 @@ class Installer:
             raise InstallError("uninstall failed: " + "; ".join(errors))
         self.undo.clear()
         return done
+
+    def _clean_for_uninstall(self) -> list[str]:
+        """Temps a killed install left in the conf dir, and conversions it left half-done."""
+        errors: list[str] = []
+        try:
+            remove_stale_temps(self.conf_dir)
+            for step in interrupted_conversions(self._names(), self.read):
+                self._finish(step)
+        except FileNotFoundError:
+            pass
+        except (InstallError, OSError) as e:
+            errors.append(f"clean up {self.conf_dir}: {e}")
+        return errors
 
     def _discover(self) -> list[UndoStep]:
         steps = []

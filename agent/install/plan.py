@@ -105,20 +105,47 @@ def _sorted_before(owned: str, names: Collection[str], read: Reader) -> list[str
     return out
 
 
-def interrupted_conversions(names: Collection[str], read: Reader) -> list[tuple[str, str]]:
-    """(.conf, .conflist) pairs where a crash left our list in a .conf not yet renamed."""
-    pairs = []
+@dataclass(frozen=True)
+class Interrupted:
+    """A .conf to .conflist conversion a kill stopped half-way, and the step that finishes it."""
+
+    conf: str
+    """The single-plugin .conf/.json."""
+    conflist: str
+    """The .conflist it becomes."""
+    finish: str
+    """'unlink': the .conflist is complete, the .conf must go (this version's order);
+    'rename': the .conf holds our list, rename it (a former version wrote the list there)."""
+
+
+def interrupted_conversions(names: Collection[str], read: Reader) -> list[Interrupted]:
+    """Conversions a kill left half-done: the .conflist holding exactly the .conf's plugins plus
+    ours beside the .conf, or (former versions) our list inside a .conf."""
+    out = []
     for name in conflist.candidate_names(names):
         target = conflist.list_file_name(name)
-        if target == name or target in names:
+        if target == name:
             continue
-        data = read(name)
-        if data is None:
+        config = _load_or_none(name, read)
+        if config is None:
             continue
-        try:
-            config = conflist.load(data, source=name)
-        except InstallError:
+        if target not in names:
+            if not conflist.is_single(config) and conflist.count_ours(config) > 0:
+                out.append(Interrupted(name, target, "rename"))
             continue
-        if not conflist.is_single(config) and conflist.count_ours(config) > 0:
-            pairs.append((name, target))
-    return pairs
+        converted = _load_or_none(target, read)
+        if (conflist.is_single(config) and converted is not None
+                and not conflist.is_single(converted) and conflist.count_ours(converted) == 1
+                and conflist.remove(converted) == conflist.remove(conflist.as_list(config))):
+            out.append(Interrupted(name, target, "unlink"))
+    return out
+
+
+def _load_or_none(name: str, read: Reader) -> dict[str, Any] | None:
+    data = read(name)
+    if data is None:
+        return None
+    try:
+        return conflist.load(data, source=name)
+    except InstallError:
+        return None

@@ -237,6 +237,8 @@ class InstallWatcher:
         self._was_ready = self._was_ready or ready
         if ready != self._ready:
             log.info("install ready" if ready else "install not ready")
+            if ready:
+                metrics.INSTALL_READY_SINCE.set_to_current_time()
         self._ready = ready
         metrics.INSTALL_READY.set(1 if ready else 0)
 

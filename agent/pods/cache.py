@@ -27,6 +27,7 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from agent.errors import AgentError
+from agent.pods.metrics import CacheMetrics, default_cache_metrics
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,7 @@ class ListWatchCache:
         get_tries: int = 5,
         get_first_delay_seconds: float = 0.125,
         backoff_max_seconds: float = 30.0,
+        metrics: CacheMetrics | None = None,
     ) -> None:
         """`core` is a kubernetes CoreV1Api; the timing arguments exist so tests can be quick."""
         if not node_name:
@@ -91,6 +93,8 @@ class ListWatchCache:
         self._listeners: list[Listener] = []
         self.relists = 0
         """How many full lists were done (first one included); read by tests and logs."""
+        self._metrics = metrics or default_cache_metrics()
+        self._metrics.created(self.kind)
 
     def add_listener(self, listener: Listener) -> None:
         """Be told of every change from now on (add before start() to see the first list)."""
@@ -238,6 +242,7 @@ class ListWatchCache:
             self._pods = pods
             self._changed.notify_all()
         self.relists += 1
+        self._metrics.listed(self.kind, len(pods))
         self._next_resync = time.monotonic() + self._resync_seconds
         self._synced.set()
         log.info("%s cache listed", self.kind, extra={"fields": {
@@ -270,6 +275,7 @@ class ListWatchCache:
             version = resource_version
             for line in _lines(response):
                 version = self.apply_event(json.loads(line), version)
+            self._metrics.heard(self.kind)  # the server ended the watch: still in touch
             return version
         finally:
             with self._response_lock:
@@ -301,6 +307,7 @@ class ListWatchCache:
             self._notify([("delete", old or obj, None)])
         elif kind != "BOOKMARK":
             log.debug("ignored watch event", extra={"fields": {"type": kind}})
+        self._metrics.changed(self.kind, len(self._pods))
         return new_version
 
 

@@ -57,11 +57,19 @@ def failure(status: int, code: int, msg: str, details: str = "") -> Reply:
 
 
 class Refused(Exception):
-    """Ends a request early with `reply`."""
+    """Ends a request early with `reply`; `reason` labels istio_cni_pods_refused_total."""
 
-    def __init__(self, reply: Reply) -> None:
+    def __init__(self, reply: Reply, reason: str = "internal_error") -> None:
         super().__init__(reply.body.get("msg", ""))
         self.reply = reply
+        self.reason = reason
+
+
+# The step that failed, as the refusal reason of agent.podserver.metrics.REFUSAL_REASONS.
+STEP_REASONS = {"look up pod": "lookup_failed", "decide redirect": "decision_failed",
+                "apply redirect rules": "apply_failed",
+                "ambient detection": "ambient_detection_failed",
+                "ambient enrollment": "ambient_enrollment_failed"}
 
 
 class PodSource(Protocol):
@@ -179,7 +187,7 @@ def _sandbox_pod(sandbox: Sandbox) -> dict[str, Any]:
 
 
 def _bad(code: int, msg: str) -> Refused:
-    return Refused(failure(400, code, msg))
+    return Refused(failure(400, code, msg), "bad_request")
 
 
 class PodHandlers:
@@ -218,15 +226,18 @@ class PodHandlers:
 
     def _run(self, command: str, handler: Callable[[bytes], Reply], body: bytes) -> Reply:
         started = time.monotonic()
+        reason = "internal_error"
         try:
             reply = handler(body)
         except Refused as refused:
-            reply = refused.reply
+            reply, reason = refused.reply, refused.reason
         except Exception as e:  # a bug must still fail the sandbox, not pass it
             log.exception("plugin request failed", extra={"fields": {"command": command}})
             reply = failure(500, CODE_UNKNOWN, f"{command}: internal error in the agent", str(e))
         if self._metrics is not None:
             self._metrics.observe(command, reply.result, time.monotonic() - started)
+            if command == "add" and reply.status >= 400:
+                self._metrics.refused(reason)
         return reply
 
     def _add(self, body: bytes) -> Reply:
@@ -355,7 +366,7 @@ class PodHandlers:
             if req.pod_uid:
                 msg += f" with uid {req.pod_uid}"
             log.warning("pod not found", extra={"fields": self._fields(req)})
-            raise Refused(failure(503, CODE_TRY_AGAIN, msg + "; try again later"))
+            raise Refused(failure(503, CODE_TRY_AGAIN, msg + "; try again later"), "pod_not_found")
         return pod
 
     def _decide(self, req: CniRequest, pod: Mapping[str, Any]) -> Decision:
@@ -370,7 +381,8 @@ class PodHandlers:
     ) -> Refused:
         msg = f"pod {req.pod_ref}: {step} failed: {error}"
         log.error("%s failed", step, extra={"fields": {**self._fields(req), "error": str(error)}})
-        return Refused(failure(status, code, msg[:1024], f"{type(error).__name__}: {error}"))
+        return Refused(failure(status, code, msg[:1024], f"{type(error).__name__}: {error}"),
+                       STEP_REASONS.get(step, "internal_error"))
 
     def _remember(self, req: CniRequest, *, redirected: bool) -> None:
         self._sandboxes.put(Sandbox(req.container_id, req.ifname, req.pod_namespace,

@@ -9,6 +9,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from agent import metrics
 from agent.errors import RedirectError
 from agent.netns import run_in_netns
 from agent.rules import apply as rules_apply
@@ -52,10 +53,18 @@ class RulesRedirector:
             return rules_apply.apply_rules(
                 netns, config, backend=self._backend, probe=look.probe
             )
-        except RedirectError:
-            raise
         except Exception as e:
+            metrics.RULES_APPLY_FAILURES.labels(backend=self._chosen(netns, look)).inc()
+            if isinstance(e, RedirectError):
+                raise
             raise RedirectError(f"apply rules in {netns} (backend {self._backend}): {e}") from e
+
+    def _chosen(self, netns: str, look: NetnsLook) -> str:
+        """The backend an apply used (the metric's label): a bounded name, `auto` if unknown."""
+        try:
+            return rules_apply.choose_backend(netns, self._backend, probe=look.probe)
+        except Exception:  # an unknown configured backend, a namespace gone meanwhile
+            return "auto"
 
     def present(self, netns: str, pod: Mapping[str, Any]) -> bool:
         look = self._look(netns)

@@ -47,7 +47,7 @@ def apply_rules(
     if chosen == "python-iptables":
         backend_iptc.apply(netns_path, ruleset)
     elif chosen == "nftables":
-        backend_nft.apply(netns_path, ruleset)
+        backend_nft.apply_native(netns_path, config)  # Istio's native nftables rules
     else:
         variant = _variant(chosen)
         backend_restore.apply(netns_path, ruleset, variant, empty=_empty(seen, variant))
@@ -62,7 +62,7 @@ def remove_rules(netns_path: str, *, backend: str = "auto") -> None:
     if chosen == "python-iptables":
         backend_iptc.apply(netns_path, None)
     elif chosen == "nftables":
-        backend_nft.apply(netns_path, None)
+        backend_nft.remove_all(netns_path)
     else:
         backend_restore.apply(netns_path, None, _variant(chosen))
     routes.remove_routes(netns_path)
@@ -79,7 +79,7 @@ def rules_present(
     if chosen == "python-iptables":
         return backend_iptc.present(netns_path, ruleset)
     if chosen == "nftables":
-        return backend_nft.present(netns_path, ruleset)
+        return backend_nft.present_native(netns_path, config)
     variant = _variant(chosen)
     return backend_restore.present(netns_path, ruleset, variant, empty=_empty(seen, variant))
 

@@ -1,19 +1,86 @@
 """Apply rules as native nftables tables with one `nft -f` transaction inside the namespace.
 
-Our tables (`istio-proxy-*` in families ip and ip6) are declared, deleted and written anew in
-the same transaction, so the switch is atomic and applying twice leaves one copy; tables of
-other software are never named.
+Sidecar pods get Istio's native nftables rules (`apply_native`): the `inet istio-proxy-*`
+tables exactly as Istio's `--native-nftables` writes them, so `nft list ruleset` in the pod
+equals what Istio's own commands give. Ambient in-pod rules (`apply`) use `ip`/`ip6` tables.
+Either way our tables are declared, deleted and written anew in the same transaction, so the
+switch is atomic and applying twice leaves one copy; tables of other software are never named.
 """
 
 from __future__ import annotations
 
+import functools
+import re
+import subprocess
+
 from agent.errors import RedirectError
 from agent.netns import run_command
+from agent.rules.config import CaptureConfig
 from agent.rules.model import RuleSet
-from agent.rules.render_nft import TABLE_PREFIX, nft_family, render_table, table_name
+from agent.rules.native_nft import TABLE_ORDER
+from agent.rules.render_nft import (
+    TABLE_PREFIX,
+    nft_family,
+    render_native,
+    render_table,
+    table_name,
+)
 
 FAMILIES = (4, 6)
 TABLES = ("mangle", "nat", "raw")
+NATIVE_TABLES = tuple(f"inet {TABLE_PREFIX}{t}" for t in TABLE_ORDER)
+COUNTERS = re.compile(r"\bcounter packets \d+ bytes \d+")
+
+
+def native_script(config: CaptureConfig | None) -> str:
+    """Drop our inet tables (declared first so the delete is valid when absent), then Istio's
+    commands for `config`: tables Istio leaves out this time must not linger from last time."""
+    lines = [f"add table {t}\ndelete table {t}\n" for t in NATIVE_TABLES]
+    return "".join(lines) + (render_native(config) if config is not None else "")
+
+
+def remove_all(netns_path: str) -> None:
+    """Remove every table of ours, sidecar (inet) and ambient (ip, ip6), in one transaction."""
+    _nft(netns_path, ["-f", "-"], native_script(None) + script(None))
+
+
+def apply_native(netns_path: str, config: CaptureConfig | None) -> None:
+    """Program Istio's native nftables rules for a sidecar (None: remove them)."""
+    _nft(netns_path, ["-f", "-"], native_script(config))
+
+
+def list_native(netns_path: str) -> str:
+    """Our inet tables as `nft list` prints them, counters stripped, in Istio's table order."""
+    listed = _nft(netns_path, ["list", "tables", "inet"])
+    present = {line.split()[2] for line in listed.splitlines() if line.startswith("table inet ")}
+    out = [
+        _nft(netns_path, ["list", "table", *t.split()])
+        for t in NATIVE_TABLES
+        if t.split()[1] in present
+    ]
+    return COUNTERS.sub("counter", "".join(out))
+
+
+def present_native(netns_path: str, config: CaptureConfig) -> bool:
+    """Are exactly Istio's rules for `config` in our inet tables?"""
+    return normalize(list_native(netns_path)) == normalize(expected_listing(render_native(config)))
+
+
+@functools.lru_cache(maxsize=64)
+def expected_listing(commands: str) -> str:
+    """How nft lists `commands`: applied in a throwaway network namespace (nft rewrites rules
+    when it lists them, and only nft knows exactly how)."""
+    done = subprocess.run(
+        ["unshare", "--net", "--", "sh", "-c", "nft -f - && nft list ruleset"],
+        input=commands,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RedirectError(f"nft: cannot list the expected rules: {done.stderr.strip()[:500]}")
+    return COUNTERS.sub("counter", done.stdout)
 
 
 def script(ruleset: RuleSet | None) -> str:
@@ -66,4 +133,14 @@ def present(netns_path: str, ruleset: RuleSet) -> bool:
     return normalize(list_ours(netns_path)) == normalize("".join(want))
 
 
-__all__ = ["TABLE_PREFIX", "apply", "list_ours", "present", "script"]
+__all__ = [
+    "TABLE_PREFIX",
+    "apply",
+    "apply_native",
+    "list_native",
+    "list_ours",
+    "present",
+    "present_native",
+    "remove_all",
+    "script",
+]

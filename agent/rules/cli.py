@@ -94,17 +94,30 @@ def _run(argv: list[str], environ: Mapping[str, str]) -> int:
         servers = _dns_servers(values["dns-servers"], given="dns-servers" in parsed.given)
         request = request_from_flags(parsed, environ, ipv6=ipv6, dns_servers=servers)
         config, native = request.config, request.native_nftables
+    nft = fmt == "nft" or (fmt == "" and native)
     if config is None:
+        if nft and _cleanup_only(parsed):
+            from agent.rules.render_nft import native_cleanup
+
+            sys.stdout.write(native_cleanup())  # Istio's native mode deletes its tables
+            return 0
         sys.stderr.write("no rules: rule generation is switched off by the flags\n")
         return 0
-    ruleset = build(config)
-    if fmt == "nft" or (fmt == "" and native):
-        from agent.rules.render_nft import render as render_nft
+    if nft:
+        from agent.rules.render_nft import render_native
 
-        sys.stdout.write(render_nft(ruleset))
+        sys.stdout.write(render_native(config))
     else:
-        sys.stdout.write(render(ruleset))
+        sys.stdout.write(render(build(config)))
     return 0
+
+
+def _cleanup_only(parsed: ParsedFlags) -> bool:
+    """--cleanup-only without --skip-rule-apply (which wins: Istio then does nothing)."""
+    values = parsed.values
+    return "cleanup-only" in values and values["cleanup-only"] == "true" and (
+        values.get("skip-rule-apply") != "true"
+    )
 
 
 def _pod_config(pod: Mapping[str, Any], parsed: ParsedFlags) -> CaptureConfig:

@@ -1,6 +1,11 @@
-"""Render the rule model as native nftables (`nft -f` input).
+"""Render rules as native nftables (`nft -f` input).
 
-Each iptables table of each family becomes its own nftables table (`ip istio-proxy-nat`,
+Sidecar mode (`render_native`): Istio's own native nftables rules (agent.rules.native_nft) as the
+commands Istio's transaction prints, one a line: `add table inet istio-proxy-nat`, `flush table`,
+the chains that have rules, then each rule (`add rule`, or `insert rule ... index N`).
+
+Ambient in-pod rules (`render`, `render_table`): the rule model rendered table by table. Each
+iptables table of each family becomes its own nftables table (`ip istio-proxy-nat`,
 `ip6 istio-proxy-mangle`, ...) with base chains at the iptables priorities, so our rules never
 share a table with other software and can be replaced or removed as a whole. Expressions are
 written in the form `nft list` prints them, so a listing reads back equal to what we rendered.
@@ -10,7 +15,10 @@ from __future__ import annotations
 
 import ipaddress
 
+from agent.rules.config import CaptureConfig
 from agent.rules.model import BUILTIN_CHAINS, Family, Match, Rule, RuleSet, TableRules, Target
+from agent.rules.native_nft import BASE_CHAINS as NATIVE_BASE_CHAINS
+from agent.rules.native_nft import CHAINS, TABLE_ORDER, NftRule, build_native
 
 TABLE_PREFIX = "istio-proxy-"
 
@@ -23,6 +31,46 @@ BASE_CHAINS: dict[tuple[str, str], str] = {
     ("raw", "PREROUTING"): "type filter hook prerouting priority raw; policy accept;",
     ("raw", "OUTPUT"): "type filter hook output priority raw; policy accept;",
 }
+
+
+def render_native(config: CaptureConfig) -> str:
+    """Istio's native nftables commands for a sidecar's capture config."""
+    return native_commands(build_native(config))
+
+
+def native_commands(rules: list[NftRule]) -> str:
+    """The `nft -f` commands for Istio's rules, table by table, as Istio's transaction writes
+    them: a table (and each chain) only when it holds a rule."""
+    lines: list[str] = []
+    for table in TABLE_ORDER:
+        mine = [rule for rule in rules if rule.table == table]
+        if not mine:
+            continue
+        name = f"inet {TABLE_PREFIX}{table}"
+        lines += [f"add table {name}", f"flush table {name}"]
+        used = {rule.chain for rule in mine}
+        for chain in (c for c in CHAINS[table] if c in used):
+            base = NATIVE_BASE_CHAINS.get((table, chain))
+            lines.append(f"add chain {name} {chain}" + (f" {{ {base} }}" if base else ""))
+        count: dict[str, int] = {}
+        for rule in mine:
+            seen = count.get(rule.chain, 0)
+            # nft cannot insert at an index the chain does not have yet: Istio appends then.
+            if rule.index is not None and rule.index < seen:
+                lines.append(f"insert rule {name} {rule.chain} index {rule.index} {rule.expr}")
+            else:
+                lines.append(f"add rule {name} {rule.chain} {rule.expr}")
+            count[rule.chain] = seen + 1
+    return "".join(line + "\n" for line in lines)
+
+
+def native_cleanup() -> str:
+    """Istio's `--cleanup-only` in native mode: each table declared, then deleted."""
+    lines: list[str] = []
+    for table in TABLE_ORDER:
+        name = f"inet {TABLE_PREFIX}{table}"
+        lines += [f"add table {name}", f"delete table {name}"]
+    return "".join(line + "\n" for line in lines)
 
 
 def nft_family(family: Family) -> str:

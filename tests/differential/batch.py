@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -65,20 +66,87 @@ def run_ours(case: dict[str, Any]) -> dict[str, Any]:
     return {"rc": rc, "lines": out.getvalue().splitlines(), "error": err.getvalue().strip()}
 
 
+PROGRAMMED = "\tnftables rules programmed:"
+"""Istio's log line before the nftables transaction it ran (native mode ignores --dry-run:
+it programs this namespace, and logs what it ran)."""
+COUNTERS = re.compile(r"\bcounter packets \d+ bytes \d+")
+
+
+def _nft(args: list[str], stdin: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["nft", *args], input=stdin, capture_output=True, text=True,
+                          timeout=60, check=False)
+
+
+def _ruleset() -> str:
+    return COUNTERS.sub("counter", _nft(["list", "ruleset"]).stdout)
+
+
+def logged_transaction(output: str) -> list[str]:
+    """The commands Istio logged after "nftables rules programmed:" (up to its blank line)."""
+    lines = output.splitlines()
+    for i, line in enumerate(lines):
+        if line.endswith(PROGRAMMED):
+            rest = lines[i + 1:]
+            end = next((j for j, text in enumerate(rest) if not text.strip()), len(rest))
+            return rest[:end]
+    return []
+
+
+def run_istio_native(pilot_agent: str, case: dict[str, Any]) -> dict[str, Any]:
+    _nft(["flush", "ruleset"])
+    proc = subprocess.run(
+        [pilot_agent, "istio-iptables", *case["argv"]],
+        env={**BASE_ENV, **case["env"]}, capture_output=True, text=True, timeout=60, check=False,
+    )
+    output = proc.stdout + "\n" + proc.stderr
+    errors = [line for line in output.splitlines() if "error" in line.lower()]
+    return {"rc": proc.returncode, "lines": logged_transaction(output), "ruleset": _ruleset(),
+            "error": "\n".join(errors[-3:])}
+
+
+def run_ours_native(case: dict[str, Any]) -> dict[str, Any]:
+    """Our `rules` output, then applied with `nft -f` as our backend would: nft refusing it
+    counts as our failure (Istio fails there too, with the same rules)."""
+    result = run_ours(case)
+    _nft(["flush", "ruleset"])
+    if result["rc"] == 0 and result["lines"]:
+        done = _nft(["-f", "-"], "\n".join(result["lines"]) + "\n")
+        if done.returncode != 0:
+            result["rc"] = "nft"
+            result["error"] = done.stderr.strip()[-500:]
+    result["ruleset"] = _ruleset()
+    return result
+
+
 def main(spec_path: str, out_path: str) -> int:
+    if os.stat("/proc/self/ns/net").st_ino == os.stat(f"/proc/{os.getppid()}/ns/net").st_ino:
+        # It rewrites addresses, resolv.conf and (native mode) flushes the ruleset.
+        sys.stderr.write("differential batch: run me in a new network namespace (runner.py)\n")
+        return 2
     spec = json.loads(Path(spec_path).read_text())
     with tempfile.TemporaryDirectory(prefix="istio-diff-") as tmp:
         scratch = Path(tmp)
         set_up_host(spec["host"]["links"], spec["host"]["resolv_conf"], scratch)
         cases = spec["cases"]
+        if spec.get("native"):
+            # Both program this namespace: one case at a time, each from an empty ruleset.
+            istio = [run_istio_native(spec["pilot_agent"], case) for case in cases]
+            ours = [run_ours_native(case) for case in cases]
+            _write(out_path, cases, istio, ours)
+            return 0
         # Istio's runs are processes: overlap them; ours run in this process, one at a time.
         with ThreadPoolExecutor(max_workers=spec.get("workers", 3)) as pool:
             istio = list(pool.map(lambda c: run_istio(spec["pilot_agent"], c, scratch), cases))
         ours = [run_ours(case) for case in cases]
+    _write(out_path, cases, istio, ours)
+    return 0
+
+
+def _write(out_path: str, cases: list[dict[str, Any]], istio: list[dict[str, Any]],
+           ours: list[dict[str, Any]]) -> None:
     results = [{"index": c["index"], "istio": i, "ours": o}
                for c, i, o in zip(cases, istio, ours, strict=True)]
     Path(out_path).write_text(json.dumps(results))
-    return 0
 
 
 if __name__ == "__main__":

@@ -21,16 +21,18 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def run_cases(
-    pilot_agent: Path, hosts: list[Host], cases: list[Case], *, parallel: int = 2
+    pilot_agent: Path, hosts: list[Host], cases: list[Case], *, parallel: int = 2,
+    native: bool = False,
 ) -> dict[int, dict[str, Any]]:
-    """Results by case index: {"istio": {rc, lines, error}, "ours": {...}}."""
+    """Results by case index: {"istio": {rc, lines, error}, "ours": {...}}. `native`: the cases
+    are native-nftables ones; each side's rules are also applied and listed (`ruleset`)."""
     groups: dict[int, list[Case]] = {}
     for case in cases:
         groups.setdefault(case.host, []).append(case)
     with tempfile.TemporaryDirectory(prefix="istio-diff-run-") as tmp:
         def one(host_index: int) -> list[dict[str, Any]]:
             return _run_group(pilot_agent, hosts[host_index], groups[host_index], Path(tmp),
-                              host_index)
+                              host_index, native)
 
         with ThreadPoolExecutor(max_workers=parallel) as pool:
             batches = list(pool.map(one, sorted(groups)))
@@ -38,7 +40,7 @@ def run_cases(
 
 
 def _run_group(
-    pilot_agent: Path, host: Host, cases: list[Case], tmp: Path, host_index: int
+    pilot_agent: Path, host: Host, cases: list[Case], tmp: Path, host_index: int, native: bool
 ) -> list[dict[str, Any]]:
     spec = tmp / f"spec-{host_index}.json"
     out = tmp / f"out-{host_index}.json"
@@ -46,6 +48,7 @@ def _run_group(
         "pilot_agent": str(pilot_agent),
         "host": {"links": [list(link) for link in host.links], "resolv_conf": host.resolv_conf},
         "cases": [asdict(case) for case in cases],
+        "native": native,
     }))
     proc = subprocess.run(
         ["unshare", "--net", "--mount", "--", sys.executable, "-m", "tests.differential.batch",

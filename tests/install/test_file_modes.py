@@ -243,8 +243,7 @@ def test_every_file_has_its_final_mode_before_the_rename(
     write(node.conf_dir / "10-net.conf", SINGLE, 0o644)
     installer(node, cniConfGroupRead=True).install()
     assert ("istio-cni", 0o755) in seen
-    assert ("10-net.conf", 0o644) in seen  # the list is written into the .conf, then renamed
-    assert ("10-net.conflist", 0o644) in seen
+    assert ("10-net.conflist", 0o644) in seen  # the list gets the .conf's mode
     seen.clear()
     installer(node, chained=False, cniConfGroupRead=True).install()
     assert ("YYY-istio-cni.conf", 0o640) in seen

@@ -193,7 +193,7 @@ Order of precedence inside one layer does not exist: two spellings of one settin
 {{- /* Our names; Istio's chart uses the same ones for most settings. */ -}}
 {{- range $key, $default := $defaults -}}
 {{- if has $key (list "global" "platform") }}{{ continue }}{{ end -}}
-{{- if has $key (list "repair" "resourceQuota" "ambient") -}}
+{{- if has $key (list "repair" "resourceQuota" "ambient" "podMonitor" "prometheusRule" "dashboards") -}}
 {{- $given := index $v $key | default dict -}}
 {{- range $sub, $_ := $default -}}
 {{- $value := index $given $sub -}}

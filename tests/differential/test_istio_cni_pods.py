@@ -1,0 +1,177 @@
+"""Pod-level differential: Istio's own `istio-cni` plugin and ours, for the same random pods.
+
+For each random sidecar pod (annotations, proxy environment, security context) created in the
+test bed's API server: our chain (bridge + host-local + our istio-cni, which asks our agent,
+started from the chart) runs ADD in one pod namespace through cnitool; Istio's plugin binary
+(sidecar mode, reading the pod through a kubeconfig in its run dir as Istio's installer writes
+it: the API server, its CA and a ServiceAccount token) runs ADD in another namespace holding an
+address of the same family. The rules left in each (`iptables-save` of both variants, IPv4 and
+IPv6, counters stripped) must be equal; a pod neither captures leaves both empty.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import random
+import re
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from testbed.cni import Sandbox
+from testbed.istio_binaries import istio_cni
+from tests.integration.conftest import AGENT_NAMESPACE, MeshNode, mesh_node  # noqa: F401
+
+pytestmark = pytest.mark.differential
+
+PODS = 40
+SAVE_TOOLS = ("iptables-legacy-save", "ip6tables-legacy-save", "iptables-nft-save",
+              "ip6tables-nft-save")
+COUNTERS = re.compile(r"\[\d+:\d+\]")
+
+
+def random_pod(rng: random.Random) -> dict[str, Any]:
+    """Annotations, proxy env and security context, each drawn from values users write."""
+    annotations = {"sidecar.istio.io/status": '{"containers":["istio-proxy"]}'}
+    choices = {
+        "sidecar.istio.io/interceptionMode": ["REDIRECT", "TPROXY"],
+        "traffic.sidecar.istio.io/includeOutboundIPRanges": ["*", "10.0.0.0/8,172.16.0.0/12", ""],
+        "traffic.sidecar.istio.io/excludeOutboundIPRanges": ["1.1.1.1/32", "10.96.0.0/12"],
+        "traffic.sidecar.istio.io/includeInboundPorts": ["*", "8080,9090", ""],
+        "traffic.sidecar.istio.io/excludeInboundPorts": ["8081", "15020,9000"],
+        "traffic.sidecar.istio.io/includeOutboundPorts": ["3306", "5432,6379"],
+        "traffic.sidecar.istio.io/excludeOutboundPorts": ["443", "8443,9443"],
+        "traffic.sidecar.istio.io/excludeInterfaces": ["eth1", "net1,net2"],
+        "traffic.sidecar.istio.io/kubevirtInterfaces": ["net1"],
+        "sidecar.istio.io/inject": ["true", "false"],
+    }
+    for key, values in choices.items():
+        if rng.random() < 0.3:
+            annotations[key] = rng.choice(values)
+    env = [{"name": n, "value": rng.choice(["true", "false"])}
+           for n in ("ISTIO_META_DNS_CAPTURE", "INVALID_DROP") if rng.random() < 0.35]
+    proxy: dict[str, Any] = {"name": "istio-proxy", "image": "registry.invalid/proxyv2:1",
+                             "env": env}
+    security: dict[str, Any] = {}
+    if rng.random() < 0.4:
+        security["runAsUser"] = rng.choice([1337, 1000, 101])
+    if rng.random() < 0.3:
+        security["runAsGroup"] = rng.choice([1337, 2000])
+    if security:
+        proxy["securityContext"] = security
+    app: dict[str, Any] = {"name": "app", "image": "registry.invalid/app:1"}
+    if rng.random() < 0.5:
+        app["ports"] = [{"containerPort": rng.choice([8080, 9090, 3000])}]
+    return {"annotations": annotations, "containers": [app, proxy]}
+
+
+def rules(netns_name: str) -> str:
+    out = []
+    for tool in SAVE_TOOLS:
+        done = subprocess.run(["ip", "netns", "exec", netns_name, tool], capture_output=True,
+                              text=True, timeout=30, check=False)
+        assert done.returncode == 0, f"{tool} in {netns_name}: {done.stderr}"
+        out.append(f"# {tool}")
+        out += _non_empty_tables(done.stdout)
+    return "\n".join(out)
+
+
+def _non_empty_tables(save: str) -> list[str]:
+    """-save output, counters stripped, without tables that hold nothing: looking at a legacy
+    table (Istio's plugin does, to pick its backend) makes the kernel create it empty."""
+    kept: list[str] = []
+    table: list[str] = []
+    for line in save.splitlines():
+        if line.startswith("#"):
+            continue
+        table.append(COUNTERS.sub("[0:0]", line))
+        if line == "COMMIT":
+            chains = [t for t in table if t.startswith(":")]
+            if any(t.startswith("-A") for t in table) or any(
+                not t.endswith(" ACCEPT [0:0]") for t in chains
+            ):
+                kept += table
+            table = []
+    return kept
+
+
+def istio_kubeconfig(node: MeshNode, make_identity: Any, run_dir: Path) -> None:
+    """What Istio's installer writes for its plugin: <run dir>/istio-cni-kubeconfig."""
+    account = node.installed.daemonset["spec"]["template"]["spec"]["serviceAccountName"]
+    identity = make_identity(node.installed.namespace, account)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "istio-cni-kubeconfig").write_bytes(identity.kubeconfig.read_bytes())
+
+
+def istio_add(
+    binary: Path, sandbox: Sandbox, run_dir: Path, address: str, *, native_nftables: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """Istio's plugin ADD for the sandbox, chained after an interface holding `address`
+    (`native_nftables`: the key Istio's installer writes when its chart says nativeNftables)."""
+    ns = sandbox.netns_name
+    for cmd in ("link add eth0 type veth peer name peer0", f"addr add {address}/24 dev eth0",
+                "link set eth0 up"):
+        subprocess.run(["ip", "-n", ns, *cmd.split()], check=True)
+    conf = {
+        "cniVersion": "1.0.0", "name": "istio-reference", "type": "istio-cni",
+        "plugin_log_level": "debug", "cni_agent_run_dir": str(run_dir),
+        "exclude_namespaces": ["istio-system", "kube-system"],
+        "native_nftables": native_nftables,
+        "prevResult": {"cniVersion": "1.0.0", "interfaces": [{"name": "eth0",
+                       "sandbox": str(sandbox.netns_path)}],
+                       "ips": [{"address": f"{address}/24", "interface": 0}]},
+    }
+    env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+           "CNI_COMMAND": "ADD", "CNI_CONTAINERID": sandbox.infra_container_id,
+           "CNI_NETNS": str(sandbox.netns_path), "CNI_IFNAME": "eth0",
+           "CNI_ARGS": sandbox.cni_args(), "CNI_PATH": str(binary.parent)}
+    return subprocess.run([str(binary)], input=json.dumps(conf), env=env, capture_output=True,
+                          text=True, timeout=60, check=False)
+
+
+def compare_pods(
+    node: MeshNode, make_identity: Any, tmp_path: Path, *, listing: Callable[[str], str],
+    captured_by: str, native_nftables: bool = False,
+) -> None:
+    """PODS random pods through Istio's plugin and ours; `listing(netns name)` of each equal.
+    A pod counts as captured when Istio's listing holds `captured_by`."""
+    seed = int(os.environ.get("ISTIO_CNI_DIFF_SEED") or random.SystemRandom().randrange(2**32))
+    print(f"pod differential seed={seed} (replay: ISTIO_CNI_DIFF_SEED={seed})")
+    rng = random.Random(seed)
+    binary = istio_cni().require()
+    run_dir = tmp_path / "istio-run"
+    istio_kubeconfig(node, make_identity, run_dir)
+    start = time.monotonic()
+    failures, captured = [], 0
+    for i in range(PODS):
+        spec = random_pod(rng)
+        pod = node.pod("default", **spec)
+        meta = pod["metadata"]
+        ours = node.sandbox(pod)
+        result = node.cnitool("ADD", ours)
+        theirs = node.cni.new_sandbox(meta["name"], meta["namespace"], meta["uid"])
+        done = istio_add(binary, theirs, run_dir, f"10.251.0.{i + 2}",
+                         native_nftables=native_nftables)
+        assert done.returncode == 0, f"Istio's plugin ADD: {done.stdout} {done.stderr[-1500:]}"
+        assert result.ok, f"our ADD: {result.stdout} {result.stderr}"
+        want, got = listing(theirs.netns_name), listing(ours.netns_name)
+        captured += captured_by in want
+        if want != got:
+            diff = difflib.unified_diff(want.splitlines(), got.splitlines(), "istio", "ours",
+                                        lineterm="", n=1)
+            failures.append(f"pod {i} {json.dumps(spec)}\n" + "\n".join(diff))
+    elapsed = time.monotonic() - start
+    print(f"{PODS} pods in {elapsed:.1f}s, {captured} captured by Istio")
+    assert captured >= PODS // 3, "most random pods must be ones Istio captures"
+    assert not failures, f"{len(failures)} of {PODS} pods differ (seed {seed}):\n" + failures[0]
+
+
+def test_random_pods_get_istios_rules(mesh_node: MeshNode, make_identity: Any,  # noqa: F811
+                                      tmp_path: Path) -> None:
+    compare_pods(mesh_node, make_identity, tmp_path, listing=rules, captured_by="ISTIO_OUTPUT")
