@@ -1,6 +1,8 @@
 """The agent's settings: one typed, frozen object loaded from the chart's `config.yaml`.
 
-Every key is declared once, here, with its type, default and meaning. The chart's `values.yaml`,
+Every key is declared once, here, with its type, default and meaning; a check beyond the type
+(absolute path, port, address, ...) is named in the field's metadata, and the loader derives how
+to convert and check each key from those two. The chart's `values.yaml`,
 `values.schema.json` and ConfigMap template name the same keys; `tests/chart` loads the rendered
 ConfigMap through `load_settings` so the two cannot drift apart.
 """
@@ -13,10 +15,11 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, Literal, assert_never, get_args, get_origin, get_type_hints
 
 import yaml
 
+from agent import constants
 from agent.ambient.selectors import (
     DEFAULT_ENABLEMENT_SELECTORS,
     EnablementSelector,
@@ -32,6 +35,16 @@ MAX_CONFIG_BYTES = 1 << 20
 RepairMode = Literal["repair-in-place", "delete", "label"]
 RuleBackend = Literal["auto", "python-iptables", "iptables-legacy", "iptables-nft", "nftables"]
 UninstallOnStop = Literal["auto", "always", "never"]
+
+Check = Literal["abs_path", "file_name", "port", "ipv4", "ipv6", "namespace", "log_level"]
+"""A check beyond the field's type, named in the field's metadata (`{"check": ...}`)."""
+ABS_PATH: Mapping[str, Check] = {"check": "abs_path"}
+FILE_NAME: Mapping[str, Check] = {"check": "file_name"}
+PORT: Mapping[str, Check] = {"check": "port"}
+IPV4: Mapping[str, Check] = {"check": "ipv4"}
+IPV6: Mapping[str, Check] = {"check": "ipv6"}
+NAMESPACE: Mapping[str, Check] = {"check": "namespace"}
+LOG_LEVEL: Mapping[str, Check] = {"check": "log_level"}
 
 
 @dataclass(frozen=True)
@@ -73,14 +86,14 @@ class AmbientSettings:
     enableAmbientDetectionRetry: bool = False
     """Retry the pod/namespace lookup of a CNI ADD and fail it when the lookup keeps failing,
     instead of treating the pod as not ambient (ENABLE_AMBIENT_DETECTION_RETRY)."""
-    ztunnelSocketPath: str = "/var/run/ztunnel/ztunnel.sock"
+    ztunnelSocketPath: str = field(default="/var/run/ztunnel/ztunnel.sock", metadata=ABS_PATH)
     """Unix socket the agent serves for ztunnel (ZDS); same path on the node and in the pod
     (Istio's ZTUNNEL_UDS_ADDRESS)."""
-    systemNamespace: str = "istio-system"
+    systemNamespace: str = field(default="istio-system", metadata=NAMESPACE)
     """Namespace of the ztunnel pods (label app=ztunnel), never enrolled (SYSTEM_NAMESPACE)."""
-    hostProbeSnatAddress: str = "169.254.7.127"
+    hostProbeSnatAddress: str = field(default=constants.HOST_PROBE_SNAT_V4, metadata=IPV4)
     """IPv4 address kubelet's probes to ambient pods are SNATed to (HOST_PROBE_SNAT_IP)."""
-    hostProbeSnatAddressV6: str = "fd16:9254:7127:1337:ffff:ffff:ffff:ffff"
+    hostProbeSnatAddressV6: str = field(default=constants.HOST_PROBE_SNAT_V6, metadata=IPV6)
     """IPv6 address kubelet's probes to ambient pods are SNATed to (HOST_PROBE_SNAT_IPV6)."""
 
 
@@ -88,37 +101,37 @@ class AmbientSettings:
 class Settings:
     """The agent's configuration; field names are the `config.yaml` keys (camelCase)."""
 
-    cniBinDir: str = "/opt/cni/bin"
+    cniBinDir: str = field(default="/opt/cni/bin", metadata=ABS_PATH)
     """Node path of the CNI bin dir, as the container runtime sees it."""
-    cniConfDir: str = "/etc/cni/net.d"
+    cniConfDir: str = field(default="/etc/cni/net.d", metadata=ABS_PATH)
     """Node path of the CNI config dir."""
-    cniConfFileName: str = ""
+    cniConfFileName: str = field(default="", metadata=FILE_NAME)
     """Primary config to chain into (chained) or our file's name (standalone); empty = auto."""
     chained: bool = True
     """Chain into the primary conflist (true) or write a standalone config (false)."""
     istioOwnedCNIConfig: bool = False
     """Write a file that sorts first, holding the primary's plugins plus ours."""
-    istioOwnedCNIConfigFileName: str = "02-istio-cni.conflist"
+    istioOwnedCNIConfigFileName: str = field(default="02-istio-cni.conflist", metadata=FILE_NAME)
     """Name of that file; it must sort before the primary's."""
-    logLevel: str = "info"
+    logLevel: str = field(default="info", metadata=LOG_LEVEL)
     """A level (none, panic, fatal, error, warn, info, debug) or Istio's `scope:level,...` list."""
     logAsJson: bool = False
     """Agent and plugin log lines as JSON objects instead of key=value."""
     excludeNamespaces: tuple[str, ...] = ("istio-system", "kube-system")
     """Pods in these namespaces are never redirected."""
-    mountedCniBinDir: str = "/host/opt/cni/bin"
+    mountedCniBinDir: str = field(default="/host/opt/cni/bin", metadata=ABS_PATH)
     """Where the node's bin dir is mounted in the agent container."""
-    mountedCniConfDir: str = "/host/etc/cni/net.d"
+    mountedCniConfDir: str = field(default="/host/etc/cni/net.d", metadata=ABS_PATH)
     """Where the node's conf dir is mounted in the agent container."""
-    pluginSourceDir: str = "/opt/istio-cni/bin"
+    pluginSourceDir: str = field(default="/opt/istio-cni/bin", metadata=ABS_PATH)
     """Directory in the image holding the built plugin executables that install copies."""
-    cniAgentRunDir: str = "/var/run/istio-cni"
+    cniAgentRunDir: str = field(default="/var/run/istio-cni", metadata=ABS_PATH)
     """Node path of the agent's run dir, holding the plugin's Unix socket (same path in the pod)."""
-    hostProcDir: str = "/host/proc"
+    hostProcDir: str = field(default="/host/proc", metadata=ABS_PATH)
     """Where the node's /proc is mounted, to find pod network namespaces for repair."""
-    mountedNetnsDir: str = "/host/var/run/netns"
+    mountedNetnsDir: str = field(default="/host/var/run/netns", metadata=ABS_PATH)
     """Where the node's netns dir (runtime-named pod namespaces) is mounted, for repair."""
-    metricsPort: int = 15014
+    metricsPort: int = field(default=15014, metadata=PORT)
     """Port of /healthz, /readyz and /metrics (on the host network)."""
     metricsAddress: str = ""
     """Address that port listens on; empty = every address (probes hit the node IP)."""
@@ -146,16 +159,7 @@ class Settings:
 
     @property
     def socket_path(self) -> str:
-        return os.path.join(self.cniAgentRunDir, "pluginevent.sock")
-
-
-_ABSOLUTE_PATH_KEYS = frozenset(
-    {"cniBinDir", "cniConfDir", "mountedCniBinDir", "mountedCniConfDir", "pluginSourceDir",
-     "cniAgentRunDir", "hostProcDir", "mountedNetnsDir", "ztunnelSocketPath"}
-)
-_ADDRESS_KEYS = {"hostProbeSnatAddress": 4, "hostProbeSnatAddressV6": 6}
-_NESTED: dict[str, type] = {"RepairSettings": RepairSettings, "AmbientSettings": AmbientSettings}
-_FILE_NAME_KEYS = frozenset({"cniConfFileName", "istioOwnedCNIConfigFileName"})
+        return os.path.join(self.cniAgentRunDir, constants.SOCKET_NAME)
 
 
 def load_settings(path: str = DEFAULT_CONFIG_PATH) -> Settings:
@@ -195,6 +199,7 @@ def _convert_fields(
     cls: type, data: Mapping[str, Any], *, source: str, prefix: str
 ) -> dict[str, Any]:
     fields = {f.name: f for f in dataclasses.fields(cls)}
+    types = get_type_hints(cls)
     for key in data:
         if key not in fields:
             known = ", ".join(sorted(fields))
@@ -202,79 +207,94 @@ def _convert_fields(
     out: dict[str, Any] = {}
     for key, value in data.items():
         name = f"{prefix}{key}"
-        out[key] = _convert_value(fields[key].type, value, source=source, name=name)
+        converted = _convert_value(types[key], value, source=source, name=name)
+        check: Check | None = fields[key].metadata.get("check")
+        if check is not None:
+            _check(check, converted, source=source, name=name)
+        out[key] = converted
     return out
 
 
-def _convert_value(type_name: object, value: object, *, source: str, name: str) -> object:
-    def wrong(expected: str) -> ConfigError:
-        return ConfigError(
-            f"{source}: key {name} must be {expected}, got {type(value).__name__} {value!r}"
-        )
+def _wrong(source: str, name: str, value: object, expected: str) -> ConfigError:
+    return ConfigError(
+        f"{source}: key {name} must be {expected}, got {type(value).__name__} {value!r}"
+    )
 
-    nested = _NESTED.get(str(type_name))
-    if nested is not None:
+
+def _convert_value(kind: Any, value: object, *, source: str, name: str) -> object:
+    """`value` as the field's type `kind` (a resolved annotation), or ConfigError."""
+    def wrong(expected: str) -> ConfigError:
+        return _wrong(source, name, value, expected)
+
+    if isinstance(kind, type) and dataclasses.is_dataclass(kind):
         mapping = _as_mapping(value, source=source, where=f"key {name}")
-        return nested(**_convert_fields(nested, mapping, source=source, prefix=f"{name}."))
-    if type_name == "tuple[EnablementSelector, ...]":
+        return kind(**_convert_fields(kind, mapping, source=source, prefix=f"{name}."))
+    if kind == tuple[EnablementSelector, ...]:
         try:
             return parse_enablement_selectors(value)
         except SelectorError as e:
             raise ConfigError(f"{source}: key {name}{e.path}: {e.message}") from None
-    if type_name == "bool":
+    if get_origin(kind) is Literal:
+        allowed = get_args(kind)
+        if value not in allowed:
+            raise wrong("one of " + ", ".join(allowed))
+        return value
+    if kind is bool:
         if not isinstance(value, bool):
             raise wrong("true or false")
         return value
-    if type_name == "int":
+    if kind is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise wrong("an integer")
-        if name.endswith("Port") and not 1 <= value <= 65535:
-            raise wrong("a port number 1-65535")
-        if value < 0:
+        if value < 0:  # every count, limit and port of ours
             raise wrong("a non-negative integer")
         return value
-    if type_name == "tuple[str, ...]":
+    if kind == tuple[str, ...]:
         if value is None:
             return ()
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise wrong("a list of strings")
         return tuple(value)
-    literal = _LITERALS.get(str(type_name))
-    if literal is not None:
-        if value not in literal:
-            raise wrong("one of " + ", ".join(literal))
-        return value
-    if type_name == "str":
+    if kind is str:
         if not isinstance(value, str):
             raise wrong("a string")
-        leaf = name.rsplit(".", 1)[-1]
-        if leaf in _ABSOLUTE_PATH_KEYS and not os.path.isabs(value):
-            raise wrong("an absolute path")
-        if leaf in _FILE_NAME_KEYS and ("/" in value or value in (".", "..")):
-            raise wrong("a file name without '/'")
-        family = _ADDRESS_KEYS.get(leaf)
-        if family is not None:
+        return value
+    raise AssertionError(f"config field {name} has unsupported type {kind}")
+
+
+def _check(check: Check, value: Any, *, source: str, name: str) -> None:
+    """The field's metadata check on its converted value."""
+    def wrong(expected: str) -> ConfigError:
+        return _wrong(source, name, value, expected)
+
+    match check:
+        case "abs_path":
+            if not os.path.isabs(value):
+                raise wrong("an absolute path")
+        case "file_name":
+            if "/" in value or value in (".", ".."):
+                raise wrong("a file name without '/'")
+        case "port":
+            if not 1 <= value <= 65535:
+                raise wrong("a port number 1-65535")
+        case "ipv4" | "ipv6":
+            family = 4 if check == "ipv4" else 6
             try:
                 address = ipaddress.ip_address(value)
             except ValueError:
                 address = None
             if address is None or address.version != family:
                 raise wrong(f"an IPv{family} address")
-        if leaf == "systemNamespace" and not _DNS1123_LABEL.match(value):
-            raise wrong("a namespace name")
-        if leaf == "logLevel":
+        case "namespace":
+            if not _DNS1123_LABEL.match(value):
+                raise wrong("a namespace name")
+        case "log_level":
             try:
                 parse_log_levels(value)
             except ValueError as e:
                 raise ConfigError(f"{source}: key {name}: {e}") from None
-        return value
-    raise AssertionError(f"config field {name} has unsupported type {type_name}")
+        case _:
+            assert_never(check)
 
 
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-
-_LITERALS: dict[str, tuple[str, ...]] = {
-    "RepairMode": get_args(RepairMode),
-    "RuleBackend": get_args(RuleBackend),
-    "UninstallOnStop": get_args(UninstallOnStop),
-}

@@ -1,11 +1,20 @@
 """`istio-cni-agent run`: install, start the services, wait for SIGTERM, stop them, then
-uninstall or keep as the stop policy decides. Everything else lives in the modules it calls."""
+uninstall or keep as the stop policy decides. Everything else lives in the modules it calls.
+
+Start-up installs through the install watcher's own handler (`InstallWatcher.reconcile`), the
+one place that maps an install's outcome to metrics. A changed `config.yaml` reaches every
+service: the watcher reinstalls with it, then every other service is stopped and rebuilt from
+it (the pod server, repair, ambient, /readyz and /metrics), so the plugin's entry and the agent
+agree on the excluded namespaces. The chart also rolls the pods on a config change (checksum
+annotation); the reload covers the time until the new pod replaces this one. The environment
+(NODE_NAME, POD_NAME, POD_NAMESPACE) is read once, and one set of API clients serves all.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
-import os
+import queue
 import signal
 import sys
 import threading
@@ -13,10 +22,11 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Protocol
 
-from agent import metrics, plugin_log_file
+from agent import plugin_log_file
 from agent.ambient.watch_service import AmbientParts
 from agent.config import DEFAULT_CONFIG_PATH, Settings, load_settings
-from agent.errors import AgentError, ConfigError, InstallError, TransientInstallError
+from agent.downward import AgentPod
+from agent.errors import AgentError, ConfigError, InstallError
 from agent.http_server import HttpServer
 from agent.install import stop_policy
 from agent.install.commands import make_installer
@@ -44,35 +54,46 @@ class Service(Protocol):
 
 def build_services(
     settings: Settings, installer: Installer, *, config_path: str, node_name: str,
-    clients: KubeClients,
+    clients: KubeClients, watcher: InstallWatcher | None = None,
 ) -> list[Service]:
-    """The services of the agent, started in this order and stopped in reverse."""
-    watcher = InstallWatcher(installer, config_path=config_path)
+    """The services of the agent, started in this order and stopped in reverse: the install
+    watcher (built here unless given), then the node services."""
+    watcher = watcher or InstallWatcher(installer, config_path=config_path)
+    return [watcher, *node_services(settings, watcher, node_name=node_name, clients=clients)]
+
+
+def node_services(
+    settings: Settings, watcher: InstallWatcher, *, node_name: str, clients: KubeClients
+) -> list[Service]:
+    """Every service after the watcher: built from `settings`, rebuilt on a config change."""
+    # One redirector: the pod server and repair decide and program pods the same way.
+    redirector = RulesRedirector(exclude_namespaces=settings.excludeNamespaces,
+                                 backend=settings.ruleBackend)
     ambient = (AmbientParts(settings, node_name=node_name, core=clients.core)
                if settings.ambient.enabled else None)
     pods = PodService(settings, node_name, lambda: clients, install_ready=watcher.ready,
-                      ambient=ambient.enroller if ambient else None)
-    services: list[Service] = [watcher, pods]
+                      redirector=redirector, ambient=ambient.enroller if ambient else None)
+    services: list[Service] = [pods]
     if ambient is not None:
         # After the pod service (its pod cache feeds the watch); ready once ZDS listens.
         services.append(ambient.service(pods.pods))
     if settings.repair.enabled:
-        services.append(_repair_service(settings, node_name, pods, clients))
-    checks = [(type(s).__name__, _ready_of(s)) for s in services if hasattr(s, "ready")]
+        services.append(_repair_service(settings, node_name, pods, clients, redirector))
+    checks = [(type(s).__name__, _ready_of(s)) for s in (watcher, *services) if hasattr(s, "ready")]
     services.append(HttpServer(port=settings.metricsPort, host=settings.metricsAddress,
                                checks=checks))
     if settings.removeNotReadyTaint:
         # Ready as /readyz reports it: every check passes (plugin and config in place, socket).
         services.append(NodeTaintRemover(
             clients.core, node_name, is_ready=lambda: all(check() for _, check in checks)))
+    services.append(plugin_log_file.Forwarding(settings.cniAgentRunDir))  # an absent agent's
     return services
 
 
 def _repair_service(
-    settings: Settings, node_name: str, pods: PodService, clients: KubeClients
+    settings: Settings, node_name: str, pods: PodService, clients: KubeClients,
+    redirector: RulesRedirector,
 ) -> RepairService:
-    redirector = RulesRedirector(exclude_namespaces=settings.excludeNamespaces,
-                                 backend=settings.ruleBackend)
     return RepairService(
         settings=settings,
         node_name=node_name,
@@ -83,15 +104,6 @@ def _repair_service(
         rules_in_place=lambda pod, netns: redirector.present(netns, pod),
         read_addresses=netns_addresses,
     )
-
-
-def node_name_from_env() -> str:
-    """The node this agent serves, from the downward API (`spec.nodeName`)."""
-    name = os.environ.get("NODE_NAME", "")
-    if not name:
-        raise ConfigError("environment variable NODE_NAME is not set: the DaemonSet sets it "
-                          "from the downward API (fieldRef spec.nodeName)")
-    return name
 
 
 def _ready_of(service: Service) -> Callable[[], bool]:
@@ -115,18 +127,13 @@ def main(command: str, argv: list[str]) -> int:
 StopDecider = Callable[[Settings], stop_policy.StopDecision]
 
 
-def decide_from_cluster(settings: Settings) -> stop_policy.StopDecision:
-    """Ask the API server about our DaemonSet (unless the config forces the answer)."""
-    return stop_policy.decide_from_cluster(
-        settings.uninstallOnStop, pod_name=os.environ.get("POD_NAME", ""),
-        pod_namespace=os.environ.get("POD_NAMESPACE", ""),
-        node_name=os.environ.get("NODE_NAME", ""))
-
-
 def run(
-    settings: Settings, *, config_path: str, decide_on_stop: StopDecider = decide_from_cluster
+    settings: Settings, *, config_path: str, decide_on_stop: StopDecider | None = None
 ) -> int:
-    """Install, serve until SIGTERM/SIGINT, then uninstall or keep; the process's exit code."""
+    """Install, serve until SIGTERM/SIGINT, then uninstall or keep; the process's exit code.
+
+    `decide_on_stop` defaults to asking the API server about our DaemonSet.
+    """
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -135,43 +142,92 @@ def run(
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
+    pod = AgentPod.from_env()
     try:
-        node_name = node_name_from_env()
+        node_name = pod.require_node()
         clients = build_clients()
     except ConfigError as e:
         sys.stderr.write(f"istio-cni-agent run: {e}\n")
         return 1
-    installer = make_installer(settings)
     try:
-        installer.install()
-    except TransientInstallError as e:
-        metrics.INSTALLS.labels(result="waiting").inc()
-        log.info("not installed yet, watching: %s", e)
-    except InstallError as e:
-        metrics.INSTALLS.labels(result="failure").inc()
-        log.error("install failed at start", extra={"fields": {"error": str(e)}})
-        sys.stderr.write(f"istio-cni-agent run: install failed: {e}\n")
+        return _serve(settings, config_path=config_path, pod=pod, node_name=node_name,
+                      clients=clients, stop=stop, decide_on_stop=decide_on_stop)
+    finally:
+        clients.close()
+
+
+def _serve(
+    settings: Settings, *, config_path: str, pod: AgentPod, node_name: str,
+    clients: KubeClients, stop: threading.Event, decide_on_stop: StopDecider | None,
+) -> int:
+    installer = make_installer(settings, pod)
+    reloads: queue.Queue[Settings] = queue.Queue()
+    watcher = InstallWatcher(installer, config_path=config_path, on_settings=reloads.put)
+    first = watcher.reconcile("start")  # the watcher's own handler, run once before serving
+    if first.outcome == "failed":
+        sys.stderr.write(f"istio-cni-agent run: install failed: {first.error}\n")
         return 1
-    else:
-        metrics.INSTALLS.labels(result="success").inc()  # the start-up run counts too
-    services = build_services(settings, installer, config_path=config_path,
-                              node_name=node_name, clients=clients)
-    started: list[Service] = []
-    try:
-        for service in services:
-            service.start()
-            started.append(service)
-    except (OSError, AgentError) as e:
-        log.error("start failed", extra={"fields": {"service": type(service).__name__,
-                                                    "error": str(e)}})
-        sys.stderr.write(f"istio-cni-agent run: cannot start {type(service).__name__}: {e}\n")
-        _stop_all(started)
+    if first.outcome == "waiting":
+        log.info("not installed yet, watching: %s", first.error)
+    started = _start_all(build_services(settings, installer, config_path=config_path,
+                                        node_name=node_name, clients=clients, watcher=watcher))
+    if started is None:
         return 1
-    plugin_log_file.start_forwarding(settings.cniAgentRunDir, stop)  # lines of an absent agent
-    while not stop.wait(1.0):
-        pass
+    while not stop.is_set():
+        changed = _next_reload(reloads, stop)
+        if changed is None:
+            continue
+        # Every service follows the new settings: the watcher already reinstalled with them.
+        log.info("restarting the services with the changed config")
+        setup_logging(changed.log_levels, as_json=changed.logAsJson)
+        _stop_all(started[1:])
+        restarted = _start_all(node_services(changed, watcher, node_name=node_name,
+                                             clients=clients))
+        if restarted is None:
+            _stop_all(started[:1])
+            return 1
+        started = [watcher, *restarted]
     _stop_all(started)
-    return _finish(decide_on_stop(installer.settings), installer, started)
+    decide = decide_on_stop or _cluster_decider(pod, clients)
+    return _finish(decide(installer.settings), installer, started)
+
+
+def _next_reload(reloads: queue.Queue[Settings], stop: threading.Event) -> Settings | None:
+    """The latest changed settings within a second, or None (then look at `stop` again)."""
+    try:
+        latest = reloads.get(timeout=1.0)
+    except queue.Empty:
+        return None
+    while True:  # a burst of changes: only the last one counts
+        try:
+            latest = reloads.get_nowait()
+        except queue.Empty:
+            return None if stop.is_set() else latest
+
+
+def _cluster_decider(pod: AgentPod, clients: KubeClients) -> StopDecider:
+    """Ask the API server about our DaemonSet (unless the config forces the answer)."""
+    def decide(settings: Settings) -> stop_policy.StopDecision:
+        return stop_policy.decide_from_cluster(
+            settings.uninstallOnStop, pod_name=pod.pod_name, pod_namespace=pod.pod_namespace,
+            node_name=pod.node_name, clients=clients)
+    return decide
+
+
+def _start_all(services: Sequence[Service]) -> list[Service] | None:
+    """Start in order; on a failure stop those started and return None (the reason on stderr)."""
+    started: list[Service] = []
+    for service in services:
+        try:
+            service.start()
+        except (OSError, AgentError) as e:
+            name = type(service).__name__
+            log.error("start failed", extra={"fields": {"service": name, "error": str(e)}})
+            sys.stderr.write(f"istio-cni-agent run: cannot start {name}: {e}\n")
+            _stop_all(started)
+            return None
+        started.append(service)
+    return started
 
 
 def _stop_all(services: Sequence[Service]) -> None:

@@ -155,3 +155,22 @@ def start_forwarding(
     thread = threading.Thread(target=loop, name="plugin-log-file", daemon=True)
     thread.start()
     return thread
+
+
+class Forwarding:
+    """start_forwarding as a lifecycle service: the lines the plugin wrote while no agent ran."""
+
+    def __init__(self, run_dir: str) -> None:
+        self.run_dir = run_dir
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = start_forwarding(self.run_dir, self._stop)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None

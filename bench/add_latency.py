@@ -46,9 +46,10 @@ from typing import Any
 
 from agent.rules.apply import host_facts, rules_present
 from agent.rules.pod import capture_config_for_pod
-from testbed.controlplane import Binaries, ControlPlane, free_port
+from testbed.controlplane import Binaries, ControlPlane
 from testbed.daemon import DaemonAgent, NodeDirs, cleanup_host_root, start_daemon_agent
 from testbed.node import new_core, pod_manifest, register_node
+from testbed.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 NODE = "bench-node"

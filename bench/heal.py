@@ -15,12 +15,13 @@ import json
 import os
 import pathlib
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+from testbed.ports import free_port
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 LIST = {"cniVersion": "0.3.1", "name": "k8s-pod-network",
@@ -43,12 +44,6 @@ def _wait(condition: object, timeout: float = 10.0) -> float:
             raise SystemExit("not healed within 10 s")
         time.sleep(0.0002)
     return time.monotonic()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _break(kind: str, conf: pathlib.Path, plugin: pathlib.Path, gen: int) -> None:
@@ -89,7 +84,7 @@ def main() -> int:
         config.write_text(
             f"mountedCniBinDir: {root / 'bin'}\nmountedCniConfDir: {root / 'conf'}\n"
             f"pluginSourceDir: {root / 'src'}\nmetricsAddress: 127.0.0.1\n"
-            f"metricsPort: {_free_port()}\nuninstallOnStop: always\nlogLevel: warn\n"
+            f"metricsPort: {free_port()}\nuninstallOnStop: always\nlogLevel: warn\n"
             "conflictsPerMinuteWarning: 100000\n")
         env = {**os.environ, "PYTHONPATH": str(REPO), "POD_NAME": "bench",
                "POD_NAMESPACE": "istio-system"}

@@ -10,6 +10,7 @@ that finds something wrong raises StepError saying what; the runner names the st
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import textwrap
@@ -125,7 +126,8 @@ class Demo:
         began = time.monotonic()
         self.agent = install(self.helm, cluster, cluster.core(), image, logLevel="info")
         say = self.console.say
-        say(f"helm {self.helm.version()} install {RELEASE} charts/istio-cni -n {AGENT_NAMESPACE} "
+        say(f"helm {self.helm.reported_version()} install {RELEASE} charts/istio-cni "
+            f"-n {AGENT_NAMESPACE} "
             f"--set hub={image.hub},tag={image.tag},cniBinDir=...,cniConfDir=...")
         say(f"kubelet started the DaemonSet's pod; Ready (readiness probe passed) "
             f"{time.monotonic() - began:.1f} s after helm install. "
@@ -260,7 +262,7 @@ class Demo:
         if self.helm is not None:
             for release, namespace in list(self.helm.releases):
                 attempt(f"helm uninstall {release}",
-                        lambda r=release, n=namespace: self._helm().uninstall(r, namespace=n))
+                        functools.partial(self.helm.uninstall, release, namespace=namespace))
         if self.cluster is not None:
             attempt("the node and the control plane", self.cluster.stop)
         return errors

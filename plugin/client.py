@@ -13,7 +13,7 @@ from __future__ import annotations
 import _socket
 import time
 
-from plugin import wire
+from plugin import framing, wire
 from plugin.errors import INTERNAL, TRY_AGAIN_LATER, CniError
 
 TYPE_CHECKING = False  # not typing's: importing typing costs ~10 ms of start-up
@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import TypeVar
 
-    from plugin.wire import CniRequest, GcRequest, HttpResponse, LogRequest, Reply, StatusReply
+    from plugin.framing import HttpResponse
+    from plugin.wire import CniRequest, GcRequest, LogRequest, Reply, StatusReply
 
     T = TypeVar("T")
 
@@ -38,7 +39,7 @@ class AgentUnavailable(CniError):
 
 
 class AgentClient:
-    """Talks to the agent listening on `<run_dir>/pluginevent.sock`."""
+    """Talks to the agent listening on `wire.socket_path(run_dir)`."""
 
     def __init__(self, run_dir: str, *, timeout: float, limit: int = wire.MAX_BODY) -> None:
         self.path = wire.socket_path(run_dir)
@@ -85,8 +86,8 @@ class AgentClient:
 
             try:
                 sock.settimeout(max(deadline - time.monotonic(), 0.001))
-                sock.sendall(wire.http_request(method, path, body))
-                return wire.read_http_response(recv, limit=self.limit)
+                sock.sendall(framing.http_request(method, path, body))
+                return framing.read_http_response(recv, limit=self.limit)
             except TimeoutError as e:
                 raise AgentUnavailable(f"istio-cni agent did not answer within {total:g} s",
                                        where) from e

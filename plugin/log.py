@@ -8,8 +8,9 @@ The fallback file `<cni_agent_run_dir>/istio-cni.log` (Istio's name for its plug
 holds one JSON object per line: time, level, scope, msg and the line's fields. Each line is one
 `write` on an O_APPEND descriptor, so plugin runs at the same time never interleave parts of
 lines. Past MAX_FILE_BYTES the file is renamed to `istio-cni.log.1` (replacing an older one), so
-the two never hold much more than 2 MiB. The agent forwards both into its own log once it is
-back and removes them (agent/plugin_log_file.py). Nothing here ever fails the CNI command: a
+the two never hold much more than 2 MiB (each plugin run at the same time may add one line past
+the limit between its size check and its append). The agent forwards both into its own log once
+it is back and removes them (agent/plugin_log_file.py). Nothing here ever fails the CNI command: a
 missing or read-only run dir only loses the line.
 """
 

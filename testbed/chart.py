@@ -9,12 +9,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from testbed import kubepods
+from testbed.helm import CHART as CHART  # the one chart path; chart.CHART for callers
 from testbed.helm import Helm
 from testbed.images import Image
-from testbed.parts import REPO_ROOT
 from testbed.realnode import RealCluster
 
-CHART = REPO_ROOT / "charts" / "istio-cni"
 RELEASE = "istio-cni"
 AGENT_NAMESPACE = "kube-system"
 AGENT_SELECTOR = "app.kubernetes.io/name=istio-cni"

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import http.client
 import shutil
-import socket
 import ssl
 import time
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from typing import TypeVar
 
 from testbed import parts, pki
 from testbed.kubeconfig import write_kubeconfig
+from testbed.ports import free_port
 from testbed.process import Daemon, PartFailedError
 
 SERVICE_CIDR = "10.96.0.0/16"
@@ -37,13 +37,6 @@ CONTROLLERS = "serviceaccount,namespace,garbagecollector"
 NODE_CONTROLLERS = CONTROLLERS + ",daemonset,nodelifecycle,root-ca-cert-publisher"
 PORT_ATTEMPTS = 3
 T = TypeVar("T")
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True)

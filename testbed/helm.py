@@ -1,4 +1,6 @@
-"""Helm against the test bed's API server, with Helm's own state kept in a temp dir."""
+"""Helm, the one wrapper tests, the demo and the benchmarks use: `helm template` and `lint` for the
+chart tier (no cluster), install/upgrade/uninstall into the test bed's API server. Helm's own
+state is kept in a temp dir, never the user's home."""
 
 from __future__ import annotations
 
@@ -6,47 +8,91 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from testbed.parts import REPO_ROOT
+
+CHART = REPO_ROOT / "charts" / "istio-cni"
+RELEASE = "istio-cni"
+NAMESPACE = "kube-system"
+
 
 class HelmError(RuntimeError):
-    pass
+    """A Helm command exited non-zero; the message has the command line and Helm's output."""
+
+    def __init__(self, argv: Sequence[str], returncode: int, stdout: str, stderr: str) -> None:
+        super().__init__(f"{' '.join(argv)} failed ({returncode}):\n{stderr.strip()}\n{stdout}")
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
 
 
 @dataclass
 class Helm:
     binary: Path
-    kubeconfig: Path
     home: Path
     """Holds Helm's cache, config and data dirs: nothing is written to the user's home."""
+    kubeconfig: Path | None = None
+    """The API server to talk to; None for commands that need no cluster (template, lint)."""
+    version: str = ""
+    """The version ci/setup-helm installed it as (its cache dir name); empty when not known."""
     releases: list[tuple[str, str]] = field(default_factory=list)
     """(release, namespace) of every install that succeeded, for undoing them."""
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
         env.update(
-            KUBECONFIG=str(self.kubeconfig),
             HELM_CACHE_HOME=str(self.home / "cache"),
             HELM_CONFIG_HOME=str(self.home / "config"),
             HELM_DATA_HOME=str(self.home / "data"),
         )
+        if self.kubeconfig is not None:
+            env["KUBECONFIG"] = str(self.kubeconfig)
         return env
 
-    def run(self, *args: str, timeout: float = 300.0) -> str:
+    def call(self, *args: str, check: bool = True,
+             timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
+        """Run `helm ARGS`; with `check`, a non-zero exit raises HelmError."""
         argv = [str(self.binary), *args]
         proc = subprocess.run(
             argv, env=self.env(), capture_output=True, text=True, timeout=timeout, check=False
         )
-        if proc.returncode != 0:
-            raise HelmError(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stderr.strip()}")
-        return proc.stdout
+        if check and proc.returncode != 0:
+            raise HelmError(argv, proc.returncode, proc.stdout, proc.stderr)
+        return proc
 
-    def version(self) -> str:
+    def run(self, *args: str, timeout: float = 300.0) -> str:
+        """Run `helm ARGS` and return its stdout; a non-zero exit raises HelmError."""
+        return self.call(*args, timeout=timeout).stdout
+
+    def reported_version(self) -> str:
+        """What the binary says it is (`helm version`), e.g. v3.17.3."""
         return self.run("version", "--template", "{{.Version}}").strip()
+
+    def template(
+        self,
+        *,
+        values: Sequence[Path] = (),
+        sets: Sequence[str] = (),
+        chart: Path = CHART,
+        release: str = RELEASE,
+        namespace: str = NAMESPACE,
+        check: bool = True,
+    ) -> subprocess.CompletedProcess[str]:
+        """`helm template` of the chart (no cluster needed)."""
+        args = ["template", release, str(chart), "--namespace", namespace]
+        for v in values:
+            args += ["--values", str(v)]
+        for s in sets:
+            args += ["--set", s]
+        return self.call(*args, check=check)
+
+    def render(self, **kwargs: Any) -> list[dict[str, Any]]:
+        """The manifests `helm template` renders, as parsed documents."""
+        return [d for d in yaml.safe_load_all(self.template(**kwargs).stdout) if d]
 
     def install(
         self,

@@ -9,12 +9,13 @@ Envoy, so its own connections are not captured).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
+
+from testbed.wait import wait_for as wait_for  # kubepods.wait_for: callers use it by this name
 
 PROXY_UID = 1337
 APP = ["/usr/bin/python3", "/testbed/app.py"]
@@ -56,20 +57,6 @@ def escaped(line: str) -> bool:
     was redirected to the (not yet listening) proxy port inside the pod; unreachable or timed
     out means it went out of the pod, toward the node netns that has no route."""
     return "connect " in line and " error: " in line and "Connection refused" not in line
-
-
-def wait_for(condition: Callable[[], Any], what: str, timeout: float = 60.0,
-             interval: float = 0.2, on_timeout: Callable[[], str] | None = None) -> Any:
-    """Poll `condition` until it returns something truthy (which is returned)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            extra = f"\n{on_timeout()}" if on_timeout else ""
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}{extra}")
-        time.sleep(interval)
 
 
 @dataclass(frozen=True)

@@ -410,6 +410,12 @@ def _serve(workload: Workload, sock: socket.socket) -> None:
                 workload.accepted.append(Accepted(port, _addr(peer), local, _original_dst(conn)))
             with contextlib.suppress(OSError):
                 conn.sendall(f"ztunnel-double|{workload.uid}|{port}".encode())
+                # Read what the client sent until it is done (bounded): closing with unread
+                # data makes the kernel answer with a reset, and the client loses the reply.
+                conn.shutdown(socket.SHUT_WR)
+                conn.settimeout(1)
+                while conn.recv(4096):
+                    pass
 
 
 def _original_dst(conn: socket.socket) -> str | None:

@@ -14,6 +14,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     skipped = len(reporter.stats.get("skipped", [])) if reporter else 0
-    if skipped and session.exitstatus == 0:
+    if reporter is not None and skipped and session.exitstatus == 0:
         reporter.write_line(f"FAILED: {skipped} test(s) skipped; a missing part is a failure here")
         session.exitstatus = 1

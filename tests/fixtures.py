@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from testbed import parts
 from testbed.cni import CniNode

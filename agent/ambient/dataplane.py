@@ -16,6 +16,8 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from agent import constants
+
 DnsProxy = Literal["enabled", "disabled"]
 
 
@@ -33,8 +35,8 @@ class PodRuleOptions:
     """The pod is an ingress gateway in ambient (Istio's IngressMode)."""
     virtual_interfaces: tuple[str, ...] = ()
     """`istio.io/reroute-virtual-interfaces`: inbound on these is treated as outbound."""
-    probe_snat: str = "169.254.7.127"
-    probe_snat_v6: str = "fd16:9254:7127:1337:ffff:ffff:ffff:ffff"
+    probe_snat: str = constants.HOST_PROBE_SNAT_V4
+    probe_snat_v6: str = constants.HOST_PROBE_SNAT_V6
 
 
 @dataclass(frozen=True)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
 import threading
 from types import FrameType
 
 from agent.config import DEFAULT_CONFIG_PATH, Settings, load_settings
+from agent.downward import AgentPod
 from agent.errors import AgentError, TransientInstallError
 from agent.install.installer import Installer
 from agent.install.watcher import wait_installed
@@ -29,10 +29,9 @@ def _parser(command: str) -> argparse.ArgumentParser:
     return p
 
 
-def make_installer(settings: Settings) -> Installer:
-    """The installer for this agent pod (POD_NAME/POD_NAMESPACE from the downward API)."""
-    return Installer(settings, pod_name=os.environ.get("POD_NAME", ""),
-                     pod_namespace=os.environ.get("POD_NAMESPACE", ""))
+def make_installer(settings: Settings, pod: AgentPod) -> Installer:
+    """The installer for this agent pod (its name and namespace mark our config entry)."""
+    return Installer(settings, pod_name=pod.pod_name, pod_namespace=pod.pod_namespace)
 
 
 def main(command: str, argv: list[str]) -> int:
@@ -43,7 +42,7 @@ def main(command: str, argv: list[str]) -> int:
         sys.stderr.write(f"istio-cni-agent {command}: {e}\n")
         return 1
     setup_logging(settings.log_levels, as_json=settings.logAsJson)
-    installer = make_installer(settings)
+    installer = make_installer(settings, AgentPod.from_env())
     try:
         if command == "install":
             return _install(installer, args.timeout)

@@ -155,22 +155,29 @@ def _raw(response: Any) -> dict[str, Any]:
 
 
 def decide_from_cluster(
-    mode: str, *, pod_name: str, pod_namespace: str, node_name: str
+    mode: str, *, pod_name: str, pod_namespace: str, node_name: str, clients: Any = None
 ) -> StopDecision:
-    """The fetch part: ask the API server only when the mode leaves the choice to it."""
+    """The fetch part: ask the API server only when the mode leaves the choice to it.
+
+    `clients` (agent.kube.KubeClients) are the agent's own, left open; without them a set is
+    built for this one question and closed again.
+    """
     if mode in ("always", "never"):
         return decide(mode, None)
     if not pod_name or not pod_namespace:
         return decide(mode, None)
-    try:
-        from agent.kube import build_clients
+    own = clients is None
+    if own:
+        try:
+            from agent.kube import build_clients
 
-        clients = build_clients()
-    except Exception as e:  # no client config: keep
-        return decide(mode, ClusterState(error=str(e)[:200]))
+            clients = build_clients()
+        except Exception as e:  # no client config: keep
+            return decide(mode, ClusterState(error=str(e)[:200]))
     try:
         state = fetch_state(clients, pod_name=pod_name, pod_namespace=pod_namespace,
                             node_name=node_name)
     finally:
-        clients.close()
+        if own:
+            clients.close()
     return decide(mode, state)

@@ -1,7 +1,12 @@
 """Keep the plugin and our entry in place: watch the bin dir, the conf dir and the agent's config
 file, and re-install when something else removes or changes what we put there.
 
-Start-up runs through the same handler as a change. Events on paths still exactly as we left them
+Start-up runs through the same handler as a change (`reconcile`, the one place that maps an
+install's outcome to metrics); `istio-cni-agent run` calls it once before starting the other
+services, so a permanent failure at start ends the process. A changed config file reconfigures
+the installer and is handed to `on_settings`: the lifecycle restarts every other service with
+it, so the plugin's entry and the agent never disagree for long. Events on paths still exactly
+as we left them
 (same content hash) are our own writes and ignored; bursts are grouped (watchfiles debounce);
 the watch is re-armed when a watched directory is replaced, and everything is re-checked at a
 steady interval in case an event was missed.
@@ -16,11 +21,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Literal
 
 import watchfiles
 
 from agent import metrics
-from agent.config import load_settings
+from agent.config import Settings, load_settings
 from agent.errors import AgentError, InstallError, TransientInstallError
 from agent.install import conflist
 from agent.install.atomic import is_temp_name
@@ -46,15 +52,32 @@ class WatchTiming:
     """Interval of the "waiting for a primary CNI config" log line."""
 
 
+Outcome = Literal["in_place", "installed", "waiting", "failed"]
+
+
+@dataclass(frozen=True)
+class Reconciled:
+    """What one reconcile found and did."""
+
+    outcome: Outcome
+    """in_place: nothing to do; installed: (re)written; waiting: no primary CNI config yet;
+    failed: install failed (`error` says why)."""
+    error: str = ""
+
+
 class InstallWatcher:
     """Service: install at start, then keep installed until stopped. Ready while in place."""
 
     def __init__(
         self, installer: Installer, *, config_path: str | None = None,
         timing: WatchTiming | None = None,
+        on_settings: Callable[[Settings], None] | None = None,
     ) -> None:
+        """`on_settings` is called (on the watch thread) with each changed, valid config."""
         self.installer = installer
         self.config_path = config_path
+        self.on_settings = on_settings
+        self._reconciled = False
         self.timing = timing or WatchTiming()
         self.conflicts = ConflictTracker(installer.settings.conflictsPerMinuteWarning)
         self._config_hashes = HashCache()
@@ -86,8 +109,10 @@ class InstallWatcher:
     # -- loop -------------------------------------------------------------------------------
 
     def run(self, iterations: int | None = None) -> None:
-        """Reconcile now, then on every relevant change until stopped (or `iterations` events)."""
-        self._guarded(lambda: self.reconcile("start"))
+        """Reconcile now (unless start-up already did), then on every relevant change until
+        stopped (or `iterations` events)."""
+        if not self._reconciled:
+            self._guarded(lambda: self.reconcile("start"))
         count = 0
         while not self._stop.is_set():
             dirs = self._watched_dirs()
@@ -126,7 +151,7 @@ class InstallWatcher:
         if relevant or not changes:
             self.reconcile(relevant[0] if relevant else "recheck")
 
-    def _guarded(self, step: Callable[[], None]) -> None:
+    def _guarded(self, step: Callable[[], object]) -> None:
         """One failed round must not end the watch: log it, report not ready, go on."""
         try:
             step()
@@ -204,34 +229,38 @@ class InstallWatcher:
             log.info("config file changed; installing with the new settings",
                      extra={"fields": {"path": self.config_path}})
             self.installer.reconfigure(settings)
+            if self.on_settings is not None:
+                self.on_settings(settings)
         return True
 
     # -- one reconcile ----------------------------------------------------------------------
 
-    def reconcile(self, reason: str) -> None:
+    def reconcile(self, reason: str) -> Reconciled:
         """Check; when something is missing or different, install and count the heal."""
+        self._reconciled = True
         problems = self.installer.problems()
         if not problems:
             self._set_ready(True)
-            return
+            return Reconciled("in_place")
         self._set_ready(False)
         try:
             report = self.installer.install()
         except TransientInstallError as e:
             metrics.INSTALLS.labels(result="waiting").inc()
             self._log_waiting(str(e))
-            return
+            return Reconciled("waiting", str(e))
         except InstallError as e:
             metrics.INSTALLS.labels(result="failure").inc()
             if str(e) != self._last_error:
                 log.error("install failed", extra={"fields": {"error": str(e), "cause": reason}})
             self._last_error = str(e)
-            return
+            return Reconciled("failed", str(e))
         self._last_error = ""
         metrics.INSTALLS.labels(result="success").inc()
         if self._was_ready and report.changed:  # a first install is not a heal
             self._count_heal(report.changed, problems, reason)
         self._set_ready(not self.installer.problems())
+        return Reconciled("installed")
 
     def _set_ready(self, ready: bool) -> None:
         self._was_ready = self._was_ready or ready

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from agent import constants
 from agent.ambient.dataplane import PodRuleOptions
 from agent.rules.model import Family, Match, Rule, RuleSet, TableName, Target, group_tables
 from agent.rules.ownership import Ownership, jumps_into
@@ -30,10 +31,10 @@ ROUTE_TABLE = "100"
 """Istio's RouteTableInbound: `local default dev lo` for packets with the TPROXY mark."""
 RULE_PRIORITY = "32764"
 
-ZTUNNEL_OUTBOUND_PORT = "15001"
-ZTUNNEL_INBOUND_PLAINTEXT_PORT = "15006"
-ZTUNNEL_INBOUND_PORT = "15008"
-DNS_CAPTURE_PORT = "15053"
+ZTUNNEL_OUTBOUND_PORT = constants.ZTUNNEL_OUTBOUND_PORT
+ZTUNNEL_INBOUND_PLAINTEXT_PORT = constants.ZTUNNEL_INBOUND_PLAINTEXT_PORT
+ZTUNNEL_INBOUND_PORT = constants.ZTUNNEL_INBOUND_PORT
+DNS_CAPTURE_PORT = constants.ZTUNNEL_DNS_PORT
 
 PROBE_IPSET = "istio-inpod-probes"
 PROBE_IPSET_V4 = f"{PROBE_IPSET}-v4"

@@ -12,6 +12,7 @@ import ipaddress
 import logging
 from collections.abc import Collection, Iterable
 
+from agent import constants
 from agent.ambient.dataplane import PodRuleOptions
 from agent.errors import RedirectError
 from agent.rules import ambient_routes, backend_iptc, backend_nft, backend_restore
@@ -99,8 +100,8 @@ class HostProbeRules:
         netns_path: str,
         *,
         ipv6: bool = True,
-        probe_snat: str = "169.254.7.127",
-        probe_snat_v6: str = "fd16:9254:7127:1337:ffff:ffff:ffff:ffff",
+        probe_snat: str = constants.HOST_PROBE_SNAT_V4,
+        probe_snat_v6: str = constants.HOST_PROBE_SNAT_V6,
         backend: str = "auto",
     ) -> None:
         self.netns_path = netns_path

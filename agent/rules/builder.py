@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from agent import constants
 from agent.rules.config import (
     WILDCARD,
     CaptureConfig,
@@ -20,12 +21,11 @@ from agent.rules.config import (
 from agent.rules.model import Family, Match, Rule, RuleSet, TableName, Target, group_tables
 
 DNS_PORT = "53"
-AGENT_DNS_PORT = "15053"
-OUTBOUND_MARK = "1338"
-"""Mark on proxy-to-app packets over lo in TPROXY mode (Istio's OutboundMark)."""
-INBOUND_PASSTHROUGH_V4 = "127.0.0.6/32"
-INBOUND_PASSTHROUGH_V6 = "::6/128"
-LOOPBACK_V6 = "::1/128"
+AGENT_DNS_PORT = constants.AGENT_DNS_PORT
+OUTBOUND_MARK = constants.OUTBOUND_MARK
+INBOUND_PASSTHROUGH_V4 = constants.INBOUND_PASSTHROUGH_V4
+INBOUND_PASSTHROUGH_V6 = constants.INBOUND_PASSTHROUGH_V6
+LOOPBACK_V6 = constants.LOOPBACK_V6
 
 # Chain names (Istio's).
 INBOUND = "ISTIO_INBOUND"

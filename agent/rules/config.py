@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from agent import constants
+
 WILDCARD: Literal["*"] = "*"
 """The `*` of Istio's list settings: all ports / all addresses / all groups."""
 
@@ -26,21 +28,21 @@ MAX_OWNER_GROUPS_INCLUDE = 64
 class CaptureConfig:
     """One pod's capture settings (Istio's `istio-iptables` configuration)."""
 
-    proxy_port: str = "15001"
+    proxy_port: str = constants.PROXY_OUTBOUND_PORT
     """ProxyPort: Envoy's outbound listener (ISTIO_REDIRECT target)."""
-    inbound_capture_port: str = "15006"
+    inbound_capture_port: str = constants.PROXY_INBOUND_CAPTURE_PORT
     """InboundCapturePort: where inbound TCP is redirected or TPROXYed."""
-    inbound_tunnel_port: str = "15008"
+    inbound_tunnel_port: str = constants.PROXY_INBOUND_TUNNEL_PORT
     """InboundTunnelPort: HBONE port, never captured inbound."""
-    proxy_uids: tuple[str, ...] = ("1337",)
+    proxy_uids: tuple[str, ...] = (constants.PROXY_ID,)
     """ProxyUID: UIDs whose traffic is the proxy's own (never captured)."""
-    proxy_gids: tuple[str, ...] = ("1337",)
+    proxy_gids: tuple[str, ...] = (constants.PROXY_ID,)
     """ProxyGID: GIDs whose traffic is the proxy's own."""
     interception_mode: InterceptionMode = "REDIRECT"
     """InboundInterceptionMode: REDIRECT (nat) or TPROXY (mangle, keeps the destination)."""
-    tproxy_mark: str = "1337"
+    tproxy_mark: str = constants.TPROXY_MARK
     """InboundTProxyMark: fwmark of TPROXYed packets."""
-    tproxy_route_table: str = "133"
+    tproxy_route_table: str = constants.TPROXY_ROUTE_TABLE
     """InboundTProxyRouteTable: policy routing table for TPROXY."""
     inbound_ports_include: tuple[str, ...] | Wildcard = ()
     """InboundPortsInclude: inbound ports to capture; `*` all; empty none."""
@@ -62,7 +64,7 @@ class CaptureConfig:
     reroute_virtual_interfaces: tuple[str, ...] = ()
     """RerouteVirtualInterfaces (kubevirt): NICs whose inbound traffic is treated as outbound."""
     redirect_dns: bool = False
-    """RedirectDNS: send DNS (port 53) to the agent's resolver on 15053."""
+    """RedirectDNS: send DNS (port 53) to the agent's DNS proxy (AGENT_DNS_PORT)."""
     capture_all_dns: bool = False
     """CaptureAllDNS: with redirect_dns, all port-53 traffic, not only the listed servers."""
     dns_servers_v4: tuple[str, ...] = ()

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
+from agent import constants
 from agent.errors import ConfigError
 from agent.rules import config as cfg
 from agent.rules.config import WILDCARD, CaptureConfig
@@ -40,9 +41,11 @@ def _env(name: str) -> tuple[str, ...]:
 
 
 FLAGS: tuple[Flag, ...] = (
-    Flag("envoy-port", "p", (), "str", "15001"),
-    Flag("inbound-capture-port", "z", _env("inbound-capture-port"), "str", "15006"),
-    Flag("inbound-tunnel-port", "e", _env("inbound-tunnel-port"), "str", "15008"),
+    Flag("envoy-port", "p", (), "str", constants.PROXY_OUTBOUND_PORT),
+    Flag("inbound-capture-port", "z", _env("inbound-capture-port"), "str",
+         constants.PROXY_INBOUND_CAPTURE_PORT),
+    Flag("inbound-tunnel-port", "e", _env("inbound-tunnel-port"), "str",
+         constants.PROXY_INBOUND_TUNNEL_PORT),
     Flag("proxy-uid", "u", _env("proxy-uid"), "str", ""),
     Flag("proxy-gid", "g", _env("proxy-gid"), "str", ""),
     Flag(
@@ -62,16 +65,18 @@ FLAGS: tuple[Flag, ...] = (
         "",
     ),
     Flag("kube-virt-interfaces", "k", _env("kube-virt-interfaces"), "str", ""),
-    Flag("istio-inbound-tproxy-mark", "t", _env("istio-inbound-tproxy-mark"), "str", "1337"),
+    Flag("istio-inbound-tproxy-mark", "t", _env("istio-inbound-tproxy-mark"), "str",
+         constants.TPROXY_MARK),
     Flag(
         "istio-inbound-tproxy-route-table",
         "r",
         _env("istio-inbound-tproxy-route-table"),
         "str",
-        "133",
+        constants.TPROXY_ROUTE_TABLE,
     ),
     Flag("dry-run", "n", _env("dry-run"), "bool", "false"),
-    Flag("iptables-probe-port", None, _env("iptables-probe-port"), "uint16", "15002"),
+    Flag("iptables-probe-port", None, _env("iptables-probe-port"), "uint16",
+         constants.IPTABLES_PROBE_PORT),
     Flag("probe-timeout", None, _env("probe-timeout"), "duration", "5s"),
     Flag("skip-rule-apply", None, _env("skip-rule-apply"), "bool", "false"),
     Flag("run-validation", None, _env("run-validation"), "bool", "false"),
@@ -353,4 +358,4 @@ def _envoy_uid(environ: Mapping[str, str]) -> str:
     try:
         return str(pwd.getpwnam(environ.get("ENVOY_USER", "istio-proxy")).pw_uid)
     except KeyError:
-        return "1337"
+        return constants.PROXY_ID

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, assert_never
 
 Family = Literal[4, 6]
 TableName = Literal["mangle", "nat", "raw"]
@@ -106,7 +106,13 @@ class RuleSet:
     v6: tuple[TableRules, ...] = field(default=())
 
     def family(self, family: Family) -> tuple[TableRules, ...]:
-        return self.v4 if family == 4 else self.v6
+        match family:
+            case 4:
+                return self.v4
+            case 6:
+                return self.v6
+            case _:
+                assert_never(family)
 
 
 def group_tables(rules: Sequence[Rule]) -> tuple[TableRules, ...]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from agent import constants
 from agent.rules.config import WILDCARD, CaptureConfig, cidr_is_loopback, is_ipv4_cidr
 
 NftTable = Literal["nat", "mangle", "raw"]
@@ -41,9 +42,12 @@ CHAINS: dict[NftTable, tuple[str, ...]] = {
 }
 """Each table's chains in the order Istio declares them (only those with rules are created)."""
 
-OUTBOUND_MARK = "1338"
-AGENT_DNS = ":15053"
-LOOP6 = "::1/128"
+OUTBOUND_MARK = constants.OUTBOUND_MARK
+AGENT_DNS_PORT = constants.AGENT_DNS_PORT
+AGENT_DNS = ":" + AGENT_DNS_PORT
+PASSTHROUGH_V4 = constants.INBOUND_PASSTHROUGH_V4
+PASSTHROUGH_V6 = constants.INBOUND_PASSTHROUGH_V6
+LOOP6 = constants.LOOPBACK_V6
 
 
 @dataclass(frozen=True)
@@ -100,8 +104,8 @@ def build_native(config: CaptureConfig) -> list[NftRule]:
     for port in config.outbound_ports_exclude:
         r.add("nat", OUTPUT_CHAIN, "tcp dport", port, "counter", "return")
         r.add("nat", OUTPUT_CHAIN, "udp dport", port, "counter", "return")
-    r.add("nat", OUTPUT_CHAIN, "oifname", "lo", "ip saddr", "127.0.0.6/32", "counter", "return")
-    r.add("nat", OUTPUT_CHAIN, "oifname", "lo", "ip6 saddr", "::6/128", "counter", "return",
+    r.add("nat", OUTPUT_CHAIN, "oifname", "lo", "ip saddr", PASSTHROUGH_V4, "counter", "return")
+    r.add("nat", OUTPUT_CHAIN, "oifname", "lo", "ip6 saddr", PASSTHROUGH_V6, "counter", "return",
           v6=True)
     _proxy_owners(r, config, loop4, dns=dns, keep_loopback=keep_loopback)
     _owner_groups(r, config)
@@ -224,7 +228,7 @@ def _dns(r: _Rules, config: CaptureConfig) -> None:
     for key, value in owners:
         r.add("raw", OUTPUT_DNS, "udp dport", "53", "meta", key, value, "counter", "ct", "zone",
               "set", "1")
-        r.add("raw", OUTPUT_DNS, "udp sport", "15053", "meta", key, value, "counter", "ct",
+        r.add("raw", OUTPUT_DNS, "udp sport", AGENT_DNS_PORT, "meta", key, value, "counter", "ct",
               "zone", "set", "2")
     if all_dns:
         r.add("raw", PREROUTING, "counter", "jump", INBOUND)
@@ -275,8 +279,8 @@ def _tproxy_marks(r: _Rules, config: CaptureConfig, loop4: str) -> None:
           "ct", "mark")
     r.insert("mangle", INBOUND, 0, "meta l4proto tcp", "mark", mark, "counter", "return")
     r.insert("mangle", INBOUND, 1, "iifname", "lo", "meta l4proto tcp", "ip saddr",
-             "127.0.0.6/32", "counter", "return")
-    r.insert("mangle", INBOUND, 1, "iifname", "lo", "meta l4proto tcp", "ip6 saddr", "::6/128",
+             PASSTHROUGH_V4, "counter", "return")
+    r.insert("mangle", INBOUND, 1, "iifname", "lo", "meta l4proto tcp", "ip6 saddr", PASSTHROUGH_V6,
              "counter", "return", v6=True)
     r.insert("mangle", INBOUND, 2, "iifname", "lo", "meta l4proto tcp", "mark", "!=",
              OUTBOUND_MARK, "counter", "return")

@@ -1,72 +1,130 @@
 """Which rules in a namespace are ours, so apply and remove never touch other software's rules.
 
 Our chains are the `ISTIO_*` chains. In the built-in chains we own the jumps into them and the
-few rule shapes Istio writes there directly: interface short-circuits (`-i/-o IFACE -j RETURN`)
-and the TPROXY mark bookkeeping in mangle.
+few rule shapes Istio writes there directly (`BuiltinShape`): interface short-circuits
+(`-i/-o IFACE -j RETURN`) and the TPROXY mark bookkeeping in mangle. A rule read back from the
+kernel, as an iptables-save line or a python-iptables object, is first reduced to a
+`BuiltinRule`; one function decides for both forms.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, assert_never, get_args
 
 from agent.rules.model import BUILTIN_CHAINS, is_our_chain
 
 OUR_TABLES = ("mangle", "nat", "raw")
 
+BuiltinShape = Literal["iface_return", "mark_connmark", "lo_owner_mark", "lo_mark_return"]
+"""The rules Istio writes straight into built-in chains (besides jumps into its own chains)."""
+BUILTIN_SHAPES: tuple[BuiltinShape, ...] = get_args(BuiltinShape)
+_ANY_PROTOCOL = ("", "ip", "all", "0")
+_ANY_ADDRESS = ("", "0.0.0.0/0.0.0.0", "::/0")
+
+
+@dataclass(frozen=True)
+class BuiltinRule:
+    """What ownership looks at in a kernel rule; a negated value keeps its leading `!`."""
+
+    table: str
+    target: str
+    protocol: str = ""
+    in_interface: str = ""
+    out_interface: str = ""
+    src: str = ""
+    dst: str = ""
+    modules: tuple[str, ...] = ()
+    """The `-m` match modules, in order."""
+
+    @property
+    def any_address(self) -> bool:
+        return self.src in _ANY_ADDRESS and self.dst in _ANY_ADDRESS
+
+
+def has_shape(shape: BuiltinShape, r: BuiltinRule) -> bool:
+    match shape:
+        case "iface_return":  # -i/-o IFACE -j RETURN
+            ifaces = [i for i in (r.in_interface, r.out_interface) if i]
+            return (r.target == "RETURN" and r.table in ("nat", "mangle") and len(ifaces) == 1
+                    and not ifaces[0].startswith("!")
+                    and r.protocol in _ANY_PROTOCOL and r.any_address and not r.modules)
+        case "mark_connmark":  # mangle: -p tcp -m mark|connmark --mark M -j CONNMARK ...
+            return (r.target == "CONNMARK" and r.table == "mangle" and r.protocol == "tcp"
+                    and not r.in_interface and not r.out_interface and r.any_address
+                    and r.modules[:1] in (("mark",), ("connmark",)))
+        case "lo_owner_mark":  # mangle: ... -o lo -p tcp -m owner ... -j MARK
+            return (r.target == "MARK" and r.table == "mangle" and r.protocol == "tcp"
+                    and r.out_interface == "lo" and "owner" in r.modules)
+        case "lo_mark_return":  # mangle: -o lo -p tcp -m mark --mark M -j RETURN
+            return (r.target == "RETURN" and r.table == "mangle" and r.protocol == "tcp"
+                    and r.out_interface == "lo" and not r.in_interface and r.any_address
+                    and r.modules[:1] == ("mark",))
+        case _:
+            assert_never(shape)
+
+
+def is_our_builtin_rule(rule: BuiltinRule) -> bool:
+    """A rule in a built-in chain that sidecar mode owns."""
+    return is_our_chain(rule.target) or any(has_shape(s, rule) for s in BUILTIN_SHAPES)
+
+
+_SAVE_FIELDS = {"-p": "protocol", "-i": "in_interface", "-o": "out_interface", "-s": "src",
+                "-d": "dst"}
+
+
+def save_line_rule(table: str, line: str) -> BuiltinRule:
+    """An `-A CHAIN ...` line of iptables-save as a BuiltinRule."""
+    words = line.split()[2:]
+    fields: dict[str, str] = {}
+    modules: list[str] = []
+    target = ""
+    negate = False
+    at = 0
+    while at < len(words):
+        word = words[at]
+        value = words[at + 1] if at + 1 < len(words) else ""
+        if word == "!":
+            negate = True
+            at += 1
+            continue
+        if word in _SAVE_FIELDS:
+            fields[_SAVE_FIELDS[word]] = ("!" if negate else "") + value
+            at += 1
+        elif word == "-m":
+            modules.append(value)
+            at += 1
+        elif word == "-j":
+            target = value
+            break
+        negate = False
+        at += 1
+    return BuiltinRule(table=table, target=target, modules=tuple(modules), **fields)
+
+
+def iptc_rule_view(table: str, rule: Any) -> BuiltinRule:
+    """A python-iptables rule as a BuiltinRule."""
+    return BuiltinRule(
+        table=table,
+        target=rule.target.name if rule.target is not None else "",
+        protocol=rule.protocol or "",
+        in_interface=rule.in_interface or "",
+        out_interface=rule.out_interface or "",
+        src=rule.src or "",
+        dst=rule.dst or "",
+        modules=tuple(m.name for m in rule.matches),
+    )
+
 
 def is_our_save_line(table: str, line: str) -> bool:
     """`line` is an `-A CHAIN ...` line of iptables-save in a built-in chain."""
-    words = line.split()
-    if "-j" not in words:
-        return False
-    at = words.index("-j")
-    target = words[at + 1] if at + 1 < len(words) else ""
-    body = words[2:at]
-    if is_our_chain(target):
-        return True
-    if (
-        target == "RETURN"
-        and table in ("nat", "mangle")
-        and len(body) == 2
-        and body[0]
-        in (
-            "-i",
-            "-o",
-        )
-    ):
-        return True
-    if table != "mangle":
-        return False
-    text = " ".join(body)
-    if target == "CONNMARK":
-        return text.startswith("-p tcp -m mark --mark ") or text.startswith(
-            "-p tcp -m connmark --mark "
-        )
-    if target == "MARK":
-        return "-o lo -p tcp -m owner" in text
-    return target == "RETURN" and text.startswith("-o lo -p tcp -m mark --mark ")
+    return is_our_builtin_rule(save_line_rule(table, line))
 
 
 def is_our_iptc_rule(table: str, rule: Any) -> bool:
     """The same test for a python-iptables rule in a built-in chain."""
-    target = rule.target.name if rule.target is not None else ""
-    if is_our_chain(target):
-        return True
-    matches = [m.name for m in rule.matches]
-    ifaces = [i for i in (rule.in_interface, rule.out_interface) if i]
-    any_addr = ("0.0.0.0/0.0.0.0", "::/0")
-    plain = rule.src in any_addr and rule.dst in any_addr and rule.protocol in ("ip", "all", "0")
-    if target == "RETURN" and table in ("nat", "mangle") and not matches and plain:
-        return len(ifaces) == 1
-    if table != "mangle" or rule.protocol != "tcp":
-        return False
-    if target == "CONNMARK":
-        return matches in (["mark"], ["connmark"])
-    if target == "MARK":
-        return rule.out_interface == "lo" and "owner" in matches
-    return target == "RETURN" and rule.out_interface == "lo" and matches == ["mark"]
+    return is_our_builtin_rule(iptc_rule_view(table, rule))
 
 
 def builtin(chain: str) -> bool:

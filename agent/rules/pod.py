@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from agent import constants
 from agent.errors import InvalidAnnotationError
 from agent.rules import config as cfg
 from agent.rules import hostfacts
@@ -31,7 +32,7 @@ T = TypeVar("T")
 
 PROXY_CONTAINER = "istio-proxy"
 INIT_CONTAINER = "istio-init"
-DEFAULT_PROXY_ID = "1337"
+DEFAULT_PROXY_ID = constants.PROXY_ID
 
 INJECT = "sidecar.istio.io/inject"
 STATUS = "sidecar.istio.io/status"
@@ -51,9 +52,8 @@ DUAL_STACK_ENV = "ISTIO_DUAL_STACK"
 INVALID_DROP_ENV = "INVALID_DROP"
 DISABLE_ENVOY_ENV = "DISABLE_ENVOY"
 
-PROXY_STATUS_PORT = "15020"
-ALWAYS_EXCLUDED_INBOUND = ("15020", "15021", "15090")
-"""Status, health and Prometheus ports of the proxy: Istio always exempts them inbound."""
+PROXY_STATUS_PORT = constants.PROXY_STATUS_PORT
+ALWAYS_EXCLUDED_INBOUND = constants.ALWAYS_EXCLUDED_INBOUND
 
 INTERFACE_NAME = re.compile(r"[a-zA-Z][a-zA-Z0-9_.\-]*")
 """Istio's interface-name check (pkg/util/net ValidateInterfaceNames), at most 15 characters."""
@@ -127,7 +127,6 @@ def capture_config_for_pod(
     env = proxy_env(proxy)
     security = _mapping(proxy.get("securityContext"))
     exclude_in = _annotation(a, EXCLUDE_INBOUND_PORTS, PROXY_STATUS_PORT, _trimmed_port_list)
-    exclude_in += tuple(p for p in ALWAYS_EXCLUDED_INBOUND if p not in exclude_in)
     reroute_key = (
         REROUTE_VIRTUAL_INTERFACES if REROUTE_VIRTUAL_INTERFACES in a else KUBEVIRT_INTERFACES
     )
@@ -260,8 +259,12 @@ def _mode(value: str) -> cfg.InterceptionMode:
 
 
 def _trimmed_port_list(value: str) -> tuple[str, ...]:
-    """excludeInboundPorts: Istio trims the whole value before it adds its own ports."""
-    return _port_list(value.strip())
+    """excludeInboundPorts: Istio trims the whole value, appends its own ports, then drops
+    repeats of an item as written (`9000,9000`: one rule; `9000, 9000`: two)."""
+    text = value.strip()
+    ports = [*_port_list(text), *ALWAYS_EXCLUDED_INBOUND]
+    written = [*(text.split(",") if text else []), *ALWAYS_EXCLUDED_INBOUND]
+    return tuple(port for i, port in enumerate(ports) if written[i] not in written[:i])
 
 
 def _port_list(value: str) -> tuple[str, ...]:
@@ -280,8 +283,7 @@ def _port_list(value: str) -> tuple[str, ...]:
         port = item.strip()
         if not (port.isascii() and port.isdigit()) or int(port) > 65535:
             raise ValueError(f"port {item!r} is not a number 0-65535")
-        if port not in ports:
-            ports.append(port)
+        ports.append(port)  # repeats too: Istio writes a rule for each
     return tuple(ports)
 
 

@@ -7,7 +7,7 @@ rule built here is the rule `iptables-restore` would build from our text; negati
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, assert_never
 
 from agent.rules.model import Match, Rule, Target
 
@@ -32,39 +32,40 @@ def _neg(m: Match) -> str:
 
 
 def _apply_match(r: Any, m: Match, proto: str) -> None:
-    if m.kind == "proto":
-        r.protocol = _neg(m)
-    elif m.kind == "in":
-        r.in_interface = _neg(m)
-    elif m.kind == "out":
-        r.out_interface = _neg(m)
-    elif m.kind == "src":
-        r.src = _neg(m)
-    elif m.kind == "dst":
-        r.dst = _neg(m)
-    elif m.kind in ("dport", "sport"):
-        match = _match(r, proto)
-        setattr(match, m.kind, _neg(m))
-    elif m.kind == "dports":
-        r.create_match("multiport").dports = _neg(m)
-    elif m.kind == "uid":
-        r.create_match("owner").uid_owner = _neg(m)
-    elif m.kind == "gid":
-        r.create_match("owner").gid_owner = _neg(m)
-    elif m.kind == "ctstate":
-        r.create_match("conntrack").ctstate = _neg(m)
-    elif m.kind == "mark":
-        r.create_match("mark").mark = _neg(m)
-    elif m.kind == "connmark":
-        r.create_match("connmark").mark = _neg(m)
-    elif m.kind == "module":
-        _match(r, m.value)
-    elif m.kind == "socket_exists":
-        r.create_match("owner").socket_exists = "!" if m.negate else ""
-    elif m.kind == "match_set":
-        r.create_match("set").match_set = m.value.split()
-    else:
-        raise AssertionError(f"unknown match kind {m.kind}")
+    kind = m.kind
+    match kind:
+        case "proto":
+            r.protocol = _neg(m)
+        case "in":
+            r.in_interface = _neg(m)
+        case "out":
+            r.out_interface = _neg(m)
+        case "src":
+            r.src = _neg(m)
+        case "dst":
+            r.dst = _neg(m)
+        case "dport" | "sport":
+            setattr(_match(r, proto), kind, _neg(m))
+        case "dports":
+            r.create_match("multiport").dports = _neg(m)
+        case "uid":
+            r.create_match("owner").uid_owner = _neg(m)
+        case "gid":
+            r.create_match("owner").gid_owner = _neg(m)
+        case "ctstate":
+            r.create_match("conntrack").ctstate = _neg(m)
+        case "mark":
+            r.create_match("mark").mark = _neg(m)
+        case "connmark":
+            r.create_match("connmark").mark = _neg(m)
+        case "module":
+            _match(r, m.value)
+        case "socket_exists":
+            r.create_match("owner").socket_exists = "!" if m.negate else ""
+        case "match_set":
+            r.create_match("set").match_set = m.value.split()
+        case _:
+            assert_never(kind)
 
 
 def _match(r: Any, proto: str) -> Any:
@@ -76,29 +77,31 @@ def _match(r: Any, proto: str) -> Any:
 
 
 def _apply_target(r: Any, t: Target) -> None:
-    if t.kind == "jump":
-        r.create_target(t.value)
-    elif t.kind == "redirect":
-        r.create_target("REDIRECT").to_ports = t.value
-    elif t.kind == "tproxy":
-        target = r.create_target("TPROXY")
-        target.tproxy_mark = f"{t.mark}/0xffffffff"
-        target.on_port = t.value
-    elif t.kind == "set_mark":
-        r.create_target("MARK").set_mark = t.value
-    elif t.kind == "save_mark":
-        r.create_target("CONNMARK").save_mark = ""
-    elif t.kind == "restore_mark":
-        target = r.create_target("CONNMARK")
-        target.restore_mark = ""
-        if t.mark:
-            target.nfmask = t.mark
-            target.ctmask = t.mark
-    elif t.kind == "ct_zone":
-        r.create_target("CT").zone = t.value
-    elif t.kind == "connmark_set":
-        r.create_target("CONNMARK").set_xmark = t.value
-    elif t.kind == "snat":
-        r.create_target("SNAT").to_source = t.value
-    else:
-        raise AssertionError(f"unknown target kind {t.kind}")
+    kind = t.kind
+    match kind:
+        case "jump":
+            r.create_target(t.value)
+        case "redirect":
+            r.create_target("REDIRECT").to_ports = t.value
+        case "tproxy":
+            target = r.create_target("TPROXY")
+            target.tproxy_mark = f"{t.mark}/0xffffffff"
+            target.on_port = t.value
+        case "set_mark":
+            r.create_target("MARK").set_mark = t.value
+        case "save_mark":
+            r.create_target("CONNMARK").save_mark = ""
+        case "restore_mark":
+            target = r.create_target("CONNMARK")
+            target.restore_mark = ""
+            if t.mark:
+                target.nfmask = t.mark
+                target.ctmask = t.mark
+        case "ct_zone":
+            r.create_target("CT").zone = t.value
+        case "connmark_set":
+            r.create_target("CONNMARK").set_xmark = t.value
+        case "snat":
+            r.create_target("SNAT").to_source = t.value
+        case _:
+            assert_never(kind)

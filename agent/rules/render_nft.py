@@ -14,6 +14,7 @@ written in the form `nft list` prints them, so a listing reads back equal to wha
 from __future__ import annotations
 
 import ipaddress
+from typing import assert_never
 
 from agent.rules.config import CaptureConfig
 from agent.rules.model import BUILTIN_CHAINS, Family, Match, Rule, RuleSet, TableRules, Target
@@ -117,11 +118,15 @@ def rule_expr(rule: Rule, *, family: Family) -> str:
     for m in rule.matches:
         if m.kind == "proto" and has_port:
             continue  # `tcp dport` implies the protocol; nft lists it without
-        if m.kind == "module":
-            continue  # `-m tcp` alone: the protocol match says it all
-        words.append(_match(m, proto, family))
+        expr = _match(m, proto, family)
+        if expr:
+            words.append(expr)
     words.append(_target(rule.target, family))
     return " ".join(words)
+
+
+class UnsupportedRule(ValueError):
+    """A rule-model kind this renderer has no nftables form for (the message names it)."""
 
 
 def _op(m: Match) -> str:
@@ -149,55 +154,69 @@ def _masked(key: str, m: Match) -> str:
 
 
 def _match(m: Match, proto: str, family: Family) -> str:
+    """The nft expression of one match; empty when another match already says it."""
     ip = "ip" if family == 4 else "ip6"
-    if m.kind == "proto":
-        return f"meta l4proto {_op(m)}{m.value.strip()}"
-    if m.kind == "in":
-        return f'iifname {_op(m)}"{m.value.strip()}"'
-    if m.kind == "out":
-        return f'oifname {_op(m)}"{m.value.strip()}"'
-    if m.kind == "src":
-        return f"{ip} saddr {_op(m)}{_addr(m.value.strip())}"
-    if m.kind == "dst":
-        return f"{ip} daddr {_op(m)}{_addr(m.value.strip())}"
-    if m.kind in ("dport", "sport"):
-        return f"{proto} {m.kind} {_op(m)}{m.value.strip()}"
-    if m.kind == "dports":
-        ports = ", ".join(m.value.strip().split(","))
-        return f"{proto} dport {_op(m)}{{ {ports} }}"
-    if m.kind == "uid":
-        return f"meta skuid {_op(m)}{m.value.strip()}"
-    if m.kind == "gid":
-        return f"meta skgid {_op(m)}{m.value.strip()}"
-    if m.kind == "ctstate":
-        states = ",".join(sorted(s.lower() for s in m.value.strip().split(",")))
-        return f"ct state {_op(m)}{states}"
-    if m.kind == "mark":
-        return _masked("meta mark", m)
-    if m.kind == "connmark":
-        return _masked("ct mark", m)
-    raise AssertionError(f"unknown match kind {m.kind}")
+    kind = m.kind
+    match kind:
+        case "proto":
+            return f"meta l4proto {_op(m)}{m.value.strip()}"
+        case "in":
+            return f'iifname {_op(m)}"{m.value.strip()}"'
+        case "out":
+            return f'oifname {_op(m)}"{m.value.strip()}"'
+        case "src":
+            return f"{ip} saddr {_op(m)}{_addr(m.value.strip())}"
+        case "dst":
+            return f"{ip} daddr {_op(m)}{_addr(m.value.strip())}"
+        case "dport" | "sport":
+            return f"{proto} {kind} {_op(m)}{m.value.strip()}"
+        case "dports":
+            ports = ", ".join(m.value.strip().split(","))
+            return f"{proto} dport {_op(m)}{{ {ports} }}"
+        case "uid":
+            return f"meta skuid {_op(m)}{m.value.strip()}"
+        case "gid":
+            return f"meta skgid {_op(m)}{m.value.strip()}"
+        case "ctstate":
+            states = ",".join(sorted(s.lower() for s in m.value.strip().split(",")))
+            return f"ct state {_op(m)}{states}"
+        case "mark":
+            return _masked("meta mark", m)
+        case "connmark":
+            return _masked("ct mark", m)
+        case "module":
+            return ""  # `-m tcp` alone: the protocol match says it all
+        case "socket_exists" | "match_set":
+            # Only the node-side ambient rules use these, and they are applied with iptables.
+            raise UnsupportedRule(f"nftables renderer: no form for match {kind} {m.value!r}")
+        case _:
+            assert_never(kind)
 
 
 def _target(t: Target, family: Family) -> str:
-    if t.kind == "jump":
-        verdicts = {"RETURN": "return", "ACCEPT": "accept", "DROP": "drop"}
-        return verdicts.get(t.value, f"jump {t.value}")
-    if t.kind == "redirect":
-        return f"redirect to :{t.value}"
-    if t.kind == "tproxy":
-        return f"meta mark set {_hex(t.mark)} tproxy to :{t.value} accept"
-    if t.kind == "set_mark":
-        return f"meta mark set {_hex(t.value)}"
-    if t.kind == "save_mark":
-        return "ct mark set meta mark"
-    if t.kind == "restore_mark":
-        return "meta mark set ct mark"
-    if t.kind == "ct_zone":
-        return f"ct zone set {t.value}"
-    if t.kind == "connmark_set":
-        value, _, mask = t.value.partition("/")
-        # (ct & ~M) ^ V, listed by nft as one mask that keeps V's bits, then V
-        keep = (0xFFFFFFFF ^ int(mask or "0xffffffff", 0)) | int(value, 0)
-        return f"ct mark set ct mark & {keep:#010x} | {_hex(value)}"
-    raise AssertionError(f"unknown target kind {t.kind}")
+    kind = t.kind
+    match kind:
+        case "jump":
+            verdicts = {"RETURN": "return", "ACCEPT": "accept", "DROP": "drop"}
+            return verdicts.get(t.value, f"jump {t.value}")
+        case "redirect":
+            return f"redirect to :{t.value}"
+        case "tproxy":
+            return f"meta mark set {_hex(t.mark)} tproxy to :{t.value} accept"
+        case "set_mark":
+            return f"meta mark set {_hex(t.value)}"
+        case "save_mark":
+            return "ct mark set meta mark"
+        case "restore_mark":
+            return "meta mark set ct mark"
+        case "ct_zone":
+            return f"ct zone set {t.value}"
+        case "connmark_set":
+            value, _, mask = t.value.partition("/")
+            # (ct & ~M) ^ V, listed by nft as one mask that keeps V's bits, then V
+            keep = (0xFFFFFFFF ^ int(mask or "0xffffffff", 0)) | int(value, 0)
+            return f"ct mark set ct mark & {keep:#010x} | {_hex(value)}"
+        case "snat":
+            raise UnsupportedRule(f"nftables renderer: no form for target snat {t.value!r}")
+        case _:
+            assert_never(kind)

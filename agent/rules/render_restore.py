@@ -7,6 +7,8 @@ operations (`-A`/`-I`) in order, `COMMIT`; IPv4 tables then IPv6 tables.
 
 from __future__ import annotations
 
+from typing import assert_never
+
 from agent.rules.model import Match, Rule, RuleSet, TableRules, Target
 
 
@@ -40,54 +42,60 @@ def rule_spec(rule: Rule) -> list[str]:
 
 def match_words(m: Match) -> list[str]:
     neg = ["!"] if m.negate else []
-    if m.kind == "proto":
-        return [*neg, "-p", m.value]
-    if m.kind in ("in", "out", "src", "dst"):
-        flag = {"in": "-i", "out": "-o", "src": "-s", "dst": "-d"}[m.kind]
-        return [*neg, flag, m.value]
-    if m.kind == "dport":
-        return [*neg, "--dport", m.value]
-    if m.kind == "sport":
-        return [*neg, "--sport", m.value]
-    if m.kind == "dports":
-        return ["-m", "multiport", *neg, "--dports", m.value]
-    if m.kind == "uid":
-        return ["-m", "owner", *neg, "--uid-owner", m.value]
-    if m.kind == "gid":
-        return ["-m", "owner", *neg, "--gid-owner", m.value]
-    if m.kind == "ctstate":
-        return ["-m", "conntrack", *neg, "--ctstate", m.value]
-    if m.kind == "mark":
-        return ["-m", "mark", *neg, "--mark", m.value]
-    if m.kind == "connmark":
-        return ["-m", "connmark", *neg, "--mark", m.value]
-    if m.kind == "module":
-        return ["-m", m.value]
-    if m.kind == "socket_exists":
-        return ["-m", "owner", *neg, "--socket-exists"]
-    if m.kind == "match_set":
-        return ["-m", "set", *neg, "--match-set", *m.value.split()]
-    raise AssertionError(f"unknown match kind {m.kind}")
+    kind = m.kind
+    match kind:
+        case "proto":
+            return [*neg, "-p", m.value]
+        case "in" | "out" | "src" | "dst":
+            flag = {"in": "-i", "out": "-o", "src": "-s", "dst": "-d"}[kind]
+            return [*neg, flag, m.value]
+        case "dport":
+            return [*neg, "--dport", m.value]
+        case "sport":
+            return [*neg, "--sport", m.value]
+        case "dports":
+            return ["-m", "multiport", *neg, "--dports", m.value]
+        case "uid":
+            return ["-m", "owner", *neg, "--uid-owner", m.value]
+        case "gid":
+            return ["-m", "owner", *neg, "--gid-owner", m.value]
+        case "ctstate":
+            return ["-m", "conntrack", *neg, "--ctstate", m.value]
+        case "mark":
+            return ["-m", "mark", *neg, "--mark", m.value]
+        case "connmark":
+            return ["-m", "connmark", *neg, "--mark", m.value]
+        case "module":
+            return ["-m", m.value]
+        case "socket_exists":
+            return ["-m", "owner", *neg, "--socket-exists"]
+        case "match_set":
+            return ["-m", "set", *neg, "--match-set", *m.value.split()]
+        case _:
+            assert_never(kind)
 
 
 def target_words(t: Target) -> list[str]:
-    if t.kind == "jump":
-        return ["-j", t.value]
-    if t.kind == "redirect":
-        return ["-j", "REDIRECT", t.spelling or "--to-ports", t.value]
-    if t.kind == "tproxy":
-        return ["-j", "TPROXY", "--tproxy-mark", f"{t.mark}/0xffffffff", "--on-port", t.value]
-    if t.kind == "set_mark":
-        return ["-j", "MARK", "--set-mark", t.value]
-    if t.kind == "save_mark":
-        return ["-j", "CONNMARK", "--save-mark"]
-    if t.kind == "restore_mark":
-        masks = ["--nfmask", t.mark, "--ctmask", t.mark] if t.mark else []
-        return ["-j", "CONNMARK", "--restore-mark", *masks]
-    if t.kind == "ct_zone":
-        return ["-j", "CT", "--zone", t.value]
-    if t.kind == "connmark_set":
-        return ["-j", "CONNMARK", "--set-xmark", t.value]
-    if t.kind == "snat":
-        return ["-j", "SNAT", "--to-source", t.value]
-    raise AssertionError(f"unknown target kind {t.kind}")
+    kind = t.kind
+    match kind:
+        case "jump":
+            return ["-j", t.value]
+        case "redirect":
+            return ["-j", "REDIRECT", t.spelling or "--to-ports", t.value]
+        case "tproxy":
+            return ["-j", "TPROXY", "--tproxy-mark", f"{t.mark}/0xffffffff", "--on-port", t.value]
+        case "set_mark":
+            return ["-j", "MARK", "--set-mark", t.value]
+        case "save_mark":
+            return ["-j", "CONNMARK", "--save-mark"]
+        case "restore_mark":
+            masks = ["--nfmask", t.mark, "--ctmask", t.mark] if t.mark else []
+            return ["-j", "CONNMARK", "--restore-mark", *masks]
+        case "ct_zone":
+            return ["-j", "CT", "--zone", t.value]
+        case "connmark_set":
+            return ["-j", "CONNMARK", "--set-xmark", t.value]
+        case "snat":
+            return ["-j", "SNAT", "--to-source", t.value]
+        case _:
+            assert_never(kind)

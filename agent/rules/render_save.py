@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import grp
 import ipaddress
+from typing import Literal, assert_never
 
 from agent.rules.model import Family, Match, Rule, TableRules, Target
 
@@ -27,25 +28,35 @@ def save_tables(
     return out
 
 
+BasicKind = Literal["src", "dst", "in", "out", "proto"]
+BASIC_ORDER: tuple[BasicKind, ...] = ("src", "dst", "in", "out", "proto")
+"""The matches iptables-save prints first, in this order, whatever order they were added in."""
+BASIC_FLAGS: dict[BasicKind, str] = {"src": "-s", "dst": "-d", "in": "-i", "out": "-o",
+                                      "proto": "-p"}
+
+
 def save_line(rule: Rule, *, family: Family) -> str:
     head: list[str] = [f"-A {rule.chain}"]
-    order = ("src", "dst", "in", "out", "proto")
-    for kind in order:
-        for m in rule.matches:
-            if m.kind == kind:
-                head.append(_basic(m, family))
+    for basic in BASIC_ORDER:
+        head.extend(_basic(m, basic, family) for m in rule.matches if m.kind == basic)
     proto = next((m.value for m in rule.matches if m.kind == "proto"), "")
     loaded: set[str] = set()  # protocol matches already named: `--dport` joins them
     for m in rule.matches:
-        if m.kind == "module":
-            loaded.add(m.value)
-            head.append(f"-m {m.value}")
-        elif m.kind in ("dport", "sport") and proto in loaded:
-            head.append(f"{_neg(m)}--{m.kind} {m.value}")
-        elif m.kind not in order:
-            if m.kind in ("dport", "sport"):
-                loaded.add(proto)
-            head.append(_extension(m, proto))
+        kind = m.kind
+        match kind:
+            case "src" | "dst" | "in" | "out" | "proto":
+                pass  # printed above
+            case "module":
+                loaded.add(m.value)
+                head.append(f"-m {m.value}")
+            case "dport" | "sport":
+                if proto in loaded:
+                    head.append(f"{_neg(m)}--{kind} {m.value}")
+                else:
+                    loaded.add(proto)
+                    head.append(f"-m {proto} {_neg(m)}--{kind} {m.value.strip()}")
+            case _:
+                head.append(_extension(m, kind))
     head.append(_target(rule.target, family))
     return " ".join(head)
 
@@ -54,59 +65,66 @@ def _neg(m: Match) -> str:
     return "! " if m.negate else ""
 
 
-def _basic(m: Match, family: Family) -> str:
-    flag = {"src": "-s", "dst": "-d", "in": "-i", "out": "-o", "proto": "-p"}[m.kind]
+def _basic(m: Match, kind: BasicKind, family: Family) -> str:
     value = m.value.strip()
-    if m.kind in ("src", "dst"):
+    if kind in ("src", "dst"):
         net = ipaddress.ip_network(value, strict=False)
         value = f"{net.network_address}/{net.prefixlen}"
-    return f"{_neg(m)}{flag} {value}"
+    return f"{_neg(m)}{BASIC_FLAGS[kind]} {value}"
 
 
-def _extension(m: Match, proto: str) -> str:
-    if m.kind in ("dport", "sport"):
-        return f"-m {proto} {_neg(m)}--{m.kind} {m.value.strip()}"
-    if m.kind == "dports":
-        return f"-m multiport {_neg(m)}--dports {m.value.strip()}"
-    if m.kind == "uid":
-        return f"-m owner {_neg(m)}--uid-owner {m.value.strip()}"
-    if m.kind == "gid":
-        return f"-m owner {_neg(m)}--gid-owner {_gid(m.value.strip())}"
-    if m.kind == "ctstate":
-        return f"-m conntrack {_neg(m)}--ctstate {m.value.strip()}"
-    if m.kind == "mark":
-        return f"-m mark {_neg(m)}--mark {_hex(m.value.strip())}"
-    if m.kind == "connmark":
-        return f"-m connmark {_neg(m)}--mark {_hex(m.value)}"
-    if m.kind == "socket_exists":
-        return f"-m owner {_neg(m)}--socket-exists"
-    if m.kind == "match_set":
-        return f"-m set {_neg(m)}--match-set {m.value}"
-    raise AssertionError(f"unknown match kind {m.kind}")
+ExtensionKind = Literal[
+    "dports", "uid", "gid", "ctstate", "mark", "connmark", "socket_exists", "match_set"
+]
+
+
+def _extension(m: Match, kind: ExtensionKind) -> str:
+    match kind:
+        case "dports":
+            return f"-m multiport {_neg(m)}--dports {m.value.strip()}"
+        case "uid":
+            return f"-m owner {_neg(m)}--uid-owner {m.value.strip()}"
+        case "gid":
+            return f"-m owner {_neg(m)}--gid-owner {_gid(m.value.strip())}"
+        case "ctstate":
+            return f"-m conntrack {_neg(m)}--ctstate {m.value.strip()}"
+        case "mark":
+            return f"-m mark {_neg(m)}--mark {_hex(m.value.strip())}"
+        case "connmark":
+            return f"-m connmark {_neg(m)}--mark {_hex(m.value)}"
+        case "socket_exists":
+            return f"-m owner {_neg(m)}--socket-exists"
+        case "match_set":
+            return f"-m set {_neg(m)}--match-set {m.value}"
+        case _:
+            assert_never(kind)
 
 
 def _target(t: Target, family: Family) -> str:
-    if t.kind == "jump":
-        return f"-j {t.value}"
-    if t.kind == "redirect":
-        return f"-j REDIRECT --to-ports {t.value}"
-    if t.kind == "tproxy":
-        on_ip = "0.0.0.0" if family == 4 else "::"
-        mark = f"{_hex(t.mark)}/0xffffffff"
-        return f"-j TPROXY --on-port {t.value} --on-ip {on_ip} --tproxy-mark {mark}"
-    if t.kind == "set_mark":
-        return f"-j MARK --set-xmark {_hex(t.value)}/0xffffffff"
-    if t.kind == "save_mark":
-        return "-j CONNMARK --save-mark --nfmask 0xffffffff --ctmask 0xffffffff"
-    if t.kind == "restore_mark":
-        return "-j CONNMARK --restore-mark --nfmask 0xffffffff --ctmask 0xffffffff"
-    if t.kind == "ct_zone":
-        return f"-j CT --zone {t.value}"
-    if t.kind == "connmark_set":
-        return f"-j CONNMARK --set-xmark {_hex(t.value)}"
-    if t.kind == "snat":
-        return f"-j SNAT --to-source {t.value}"
-    raise AssertionError(f"unknown target kind {t.kind}")
+    kind = t.kind
+    match kind:
+        case "jump":
+            return f"-j {t.value}"
+        case "redirect":
+            return f"-j REDIRECT --to-ports {t.value}"
+        case "tproxy":
+            on_ip = "0.0.0.0" if family == 4 else "::"
+            mark = f"{_hex(t.mark)}/0xffffffff"
+            return f"-j TPROXY --on-port {t.value} --on-ip {on_ip} --tproxy-mark {mark}"
+        case "set_mark":
+            return f"-j MARK --set-xmark {_hex(t.value)}/0xffffffff"
+        case "save_mark":
+            return "-j CONNMARK --save-mark --nfmask 0xffffffff --ctmask 0xffffffff"
+        case "restore_mark":
+            return "-j CONNMARK --restore-mark --nfmask 0xffffffff --ctmask 0xffffffff"
+        case "ct_zone":
+            return f"-j CT --zone {t.value}"
+        case "connmark_set":
+            return f"-j CONNMARK --set-xmark {_hex(t.value)}"
+        case "snat":
+            return f"-j SNAT --to-source {t.value}"
+        case _:
+            assert_never(kind)
 
 
 def _hex(value: str) -> str:

@@ -7,6 +7,7 @@ in that table deliver them to the local socket. With IPv6, Istio's inbound passt
 
 from __future__ import annotations
 
+from agent import constants
 from agent.errors import RedirectError
 from agent.netns import run_command
 from agent.rules.config import CaptureConfig
@@ -41,7 +42,10 @@ def apply_routes(netns_path: str, config: CaptureConfig) -> None:
         _ip(netns_path, fam, "route", "replace", "local", "default", "dev", "lo", "table", table)
 
 
-def remove_routes(netns_path: str, *, mark: str = "1337", table: str = "133") -> None:
+def remove_routes(
+    netns_path: str, *, mark: str = constants.TPROXY_MARK,
+    table: str = constants.TPROXY_ROUTE_TABLE,
+) -> None:
     """Undo apply_routes for the given TPROXY mark and table (Istio's defaults)."""
     for fam in ("-4", "-6"):
         while _ip(netns_path, fam, "rule", "del", "fwmark", mark, "lookup", table, check=False):

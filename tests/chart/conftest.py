@@ -6,77 +6,18 @@ A missing binary fails the test (never skips) with a message naming ci/setup-hel
 from __future__ import annotations
 
 import os
-import subprocess
-from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-CHART = REPO_ROOT / "charts" / "istio-cni"
+from testbed.helm import Helm
+from testbed.parts import REPO_ROOT, cache_dir
+
 EXAMPLES = REPO_ROOT / "values-examples"
 HELM_VERSIONS = ("3.17.3", "4.1.4")
 PLATFORMS = tuple(sorted(p.stem for p in EXAMPLES.glob("*.yaml")))
-RELEASE = "istio-cni"
-NAMESPACE = "kube-system"
-
-
-def cache_dir() -> Path:
-    """The directory ci/lib.sh calls $CACHE_DIR."""
-    if env := os.environ.get("ISTIO_CNI_CACHE"):
-        return Path(env)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "istio-cni"
-
-
-class HelmFailed(Exception):
-    def __init__(self, argv: Sequence[str], returncode: int, stdout: str, stderr: str) -> None:
-        super().__init__(f"{' '.join(argv)} exited {returncode}:\n{stderr}{stdout}")
-        self.stdout, self.stderr = stdout, stderr
-
-
-@dataclass(frozen=True)
-class Helm:
-    binary: Path
-    version: str
-    home: Path
-    """Helm's cache/config/data dirs: nothing is written to the user's home."""
-
-    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        env = dict(os.environ)
-        env.update(
-            HELM_CACHE_HOME=str(self.home / "cache"),
-            HELM_CONFIG_HOME=str(self.home / "config"),
-            HELM_DATA_HOME=str(self.home / "data"),
-        )
-        argv = [str(self.binary), *args]
-        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
-        if check and proc.returncode != 0:
-            raise HelmFailed(argv, proc.returncode, proc.stdout, proc.stderr)
-        return proc
-
-    def template(
-        self,
-        *,
-        values: Sequence[Path] = (),
-        sets: Sequence[str] = (),
-        chart: Path = CHART,
-        release: str = RELEASE,
-        namespace: str = NAMESPACE,
-        check: bool = True,
-    ) -> subprocess.CompletedProcess[str]:
-        args = ["template", release, str(chart), "--namespace", namespace]
-        for v in values:
-            args += ["--values", str(v)]
-        for s in sets:
-            args += ["--set", s]
-        return self.run(*args, check=check)
-
-    def render(self, **kwargs: Any) -> list[dict[str, Any]]:
-        """The manifests `helm template` renders, as parsed documents."""
-        return [d for d in yaml.safe_load_all(self.template(**kwargs).stdout) if d]
 
 
 @pytest.fixture(params=HELM_VERSIONS, ids=[f"helm{v.split('.')[0]}" for v in HELM_VERSIONS])

@@ -14,16 +14,8 @@ import yaml
 
 from agent.ambient.selectors import DEFAULT_ENABLEMENT_SELECTORS
 from agent.config import AmbientSettings, Settings, settings_from_mapping
-from tests.chart.conftest import (
-    CHART,
-    PLATFORMS,
-    Helm,
-    agent_config,
-    host_paths,
-    mounts,
-    only,
-    platform_values,
-)
+from testbed.helm import CHART, Helm
+from tests.chart.conftest import PLATFORMS, agent_config, host_paths, mounts, only, platform_values
 from tests.chart.test_bad_values import names_value
 from tests.chart.test_docs import helm4, notes  # noqa: F401  (fixture)
 from tests.chart.test_rbac import grants
@@ -347,7 +339,7 @@ def test_ambient_on_every_platform_preset(helm: Helm, platform: str) -> None:
 
 
 def test_ambient_manifests_lint_clean_and_are_valid_kubernetes(helm: Helm, tmp_path: Path) -> None:
-    out = helm.run("lint", "--strict", str(CHART), "--set", "ambient.enabled=true").stdout
+    out = helm.run("lint", "--strict", str(CHART), "--set", "ambient.enabled=true")
     assert "0 chart(s) failed" in out and "[WARNING]" not in out, out
     rendered = tmp_path / "manifests.yaml"
     rendered.write_text(helm.template(sets=["profile=ambient"]).stdout)

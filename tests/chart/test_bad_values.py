@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.chart.conftest import CHART, Helm
+from testbed.helm import CHART, Helm
 
 pytestmark = pytest.mark.chart
 
@@ -54,7 +54,7 @@ def test_helm_template_rejects_bad_value_naming_it(helm: Helm, setting: str, pat
 
 @pytest.mark.parametrize(("setting", "path"), BAD_VALUES[:6])
 def test_helm_lint_rejects_bad_value_naming_it(helm: Helm, setting: str, path: str) -> None:
-    proc = helm.run("lint", "--strict", str(CHART), "--set", setting, check=False)
+    proc = helm.call("lint", "--strict", str(CHART), "--set", setting, check=False)
     assert proc.returncode != 0
     assert names_value(proc.stdout + proc.stderr, path), proc.stdout + proc.stderr
 
@@ -62,11 +62,11 @@ def test_helm_lint_rejects_bad_value_naming_it(helm: Helm, setting: str, path: s
 @pytest.mark.parametrize(("setting", "path"), BAD_VALUES[:6])
 def test_helm_install_rejects_bad_value_naming_it(helm: Helm, setting: str, path: str) -> None:
     # Helm 4 validates a client-side dry run without a cluster; Helm 3 would first dial one, so
-    # it runs against the real API server in tests/cluster instead.
+    # it runs against the real API server in tests/testbed instead.
     if helm.version.startswith("3."):
         proc = helm.template(sets=[setting], check=False)
     else:
-        proc = helm.run("install", "istio-cni", str(CHART), "--namespace", "kube-system",
+        proc = helm.call("install", "istio-cni", str(CHART), "--namespace", "kube-system",
                         "--dry-run=client", "--set", setting, check=False)
     assert proc.returncode != 0
     assert names_value(proc.stderr, path), proc.stderr

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from agent.config import AmbientSettings, RepairSettings, Settings, load_settings
-from tests.chart.conftest import PLATFORMS, Helm, agent_config, agent_container, only
+from testbed.helm import Helm
+from tests.chart.conftest import PLATFORMS, agent_config, agent_container, only
 from tests.chart.conftest import platform_values as values_of
 
 pytestmark = pytest.mark.chart

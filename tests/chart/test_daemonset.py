@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from tests.chart.conftest import Helm, agent_container, host_paths, mounts, only
+from testbed.helm import Helm
+from tests.chart.conftest import agent_container, host_paths, mounts, only
 
 pytestmark = pytest.mark.chart
 

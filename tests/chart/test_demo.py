@@ -7,7 +7,7 @@ import subprocess
 import pytest
 import yaml
 
-from tests.chart.conftest import REPO_ROOT
+from testbed.parts import REPO_ROOT
 
 pytestmark = pytest.mark.chart
 

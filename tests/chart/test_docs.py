@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.chart.conftest import CHART, EXAMPLES, REPO_ROOT, Helm, cache_dir
+from testbed.helm import CHART, Helm
+from testbed.parts import REPO_ROOT, cache_dir
+from tests.chart.conftest import EXAMPLES
 
 pytestmark = pytest.mark.chart
 
@@ -91,7 +93,7 @@ def notes(helm: Helm, *sets: str) -> str:
     args = ["install", "istio-cni", str(CHART), "--namespace", "kube-system", "--dry-run=client"]
     for s in sets:
         args += ["--set", s]
-    out = helm.run(*args).stdout
+    out = helm.run(*args)
     return out[out.index("NOTES:"):]
 
 

@@ -26,7 +26,9 @@ import yaml
 
 from agent.ambient.selectors import EnablementSelector, parse_enablement_selectors
 from agent.config import settings_from_mapping
-from tests.chart.conftest import CHART, REPO_ROOT, Helm, agent_config, mounts, of_kind, only
+from testbed.helm import CHART, Helm
+from testbed.parts import REPO_ROOT
+from tests.chart.conftest import agent_config, mounts, of_kind, only
 from tests.chart.test_rbac import grants
 
 pytestmark = pytest.mark.chart
@@ -49,7 +51,7 @@ def render(helm: Helm, chart: Path, sets: list[str], values: list[Path],
         args += ["--values", str(v)]
     for s in [*BASE, *sets]:
         args += ["--set", s]
-    return [d for d in yaml.safe_load_all(helm.run(*args).stdout) if d]
+    return [d for d in yaml.safe_load_all(helm.run(*args)) if d]
 
 
 def repair_of(enabled: bool, repair: bool, delete: bool, label: bool) -> str:

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from agent.config import settings_from_mapping
-from tests.chart.conftest import Helm, agent_config, agent_container, of_kind, only
+from testbed.helm import Helm
+from tests.chart.conftest import agent_config, agent_container, of_kind, only
 from tests.chart.test_bad_values import names_value
 from tests.chart.test_docs import helm4, notes  # noqa: F401  (fixture)
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
+from testbed.helm import Helm
 from tests.chart.conftest import (
     EXAMPLES,
     PLATFORMS,
-    Helm,
     agent_config,
     agent_container,
     host_paths,

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from tests.chart.conftest import Helm, of_kind, only
+from testbed.helm import Helm
+from tests.chart.conftest import of_kind, only
 
 pytestmark = pytest.mark.chart
 

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.chart.conftest import PLATFORMS, REPO_ROOT, Helm, platform_values
+from testbed.helm import Helm
+from testbed.parts import REPO_ROOT
+from tests.chart.conftest import PLATFORMS, platform_values
 
 pytestmark = pytest.mark.chart
 
@@ -26,7 +28,7 @@ def test_every_platform_of_the_issue_has_a_values_file() -> None:
 
 
 def test_helm_binary_is_the_version_setup_helm_pinned(helm: Helm) -> None:
-    reported = helm.run("version", "--template", "{{.Version}}").stdout.strip()
+    reported = helm.run("version", "--template", "{{.Version}}").strip()
     assert reported == f"v{helm.version}"
 
 
@@ -35,7 +37,7 @@ def test_lint_strict_is_clean(helm: Helm, preset: str) -> None:
     args = ["lint", "--strict", str(REPO_ROOT / "charts" / "istio-cni")]
     for f in platform_values(preset):
         args += ["--values", str(f)]
-    out = helm.run(*args).stdout
+    out = helm.run(*args)
     assert "0 chart(s) failed" in out
     assert "[WARNING]" not in out and "[ERROR]" not in out, out
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.chart.conftest import HELM_VERSIONS, REPO_ROOT, cache_dir
+from testbed.parts import REPO_ROOT, cache_dir
+from tests.chart.conftest import HELM_VERSIONS
 
 pytestmark = pytest.mark.chart
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.chart.conftest import CHART, Helm, agent_container, of_kind
+from testbed.helm import CHART, Helm
+from tests.chart.conftest import agent_container, of_kind
 
 pytestmark = pytest.mark.chart
 

@@ -7,19 +7,18 @@ from __future__ import annotations
 import contextlib
 import secrets
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from testbed.cni import CniNode
-from testbed.controlplane import free_port
 from testbed.daemon import REPO_ROOT, DaemonAgent, NodeDirs, cleanup_host_root, start_daemon_agent
 from testbed.helm import Helm
+from testbed.ports import free_port
 
 CHART = REPO_ROOT / "charts" / "istio-cni"
 RELEASE = "istio-cni"
@@ -166,15 +165,6 @@ def chart_on_node(kube_core: Any, kube_config: str, sim_node: str, cni_node: Cni
                 print(f"--- agent log {agent.log_path} ---\n{agent.logs()[-30000:]}")
         harness.close()
         api.close()
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def helm_binary(binaries: dict[str, Path], major: str) -> Path:

@@ -29,7 +29,8 @@ from testbed.daemon import DaemonAgent
 from testbed.helm import Helm
 from testbed.node import NodePods, new_core
 from testbed.podnet import connect, has_istio_rules, pod_ip, proxy_in
-from tests.e2e.harness import RELEASE, ChartOnNode, wait_for
+from testbed.wait import wait_for
+from tests.e2e.harness import RELEASE, ChartOnNode
 from tests.e2e.scrape import metric_value
 
 pytestmark = [pytest.mark.e2e, pytest.mark.chart, pytest.mark.cluster, pytest.mark.netns]

@@ -12,7 +12,8 @@ from testbed.cni import CniNode
 from testbed.helm import Helm
 from testbed.node import NodePods
 from testbed.podnet import has_istio_rules
-from tests.e2e.harness import RELEASE, ChartOnNode, helm_binary, wait_for
+from testbed.wait import wait_for
+from tests.e2e.harness import RELEASE, ChartOnNode, helm_binary
 
 pytestmark = [pytest.mark.e2e, pytest.mark.chart, pytest.mark.cluster, pytest.mark.netns]
 

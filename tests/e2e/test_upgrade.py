@@ -19,7 +19,8 @@ from testbed.cni import CniNode
 from testbed.helm import Helm
 from testbed.node import NodePods
 from testbed.podnet import call_plugin, connect, has_istio_rules, proxy_in
-from tests.e2e.harness import ChartOnNode, helm_binary, wait_for
+from testbed.wait import wait_for
+from tests.e2e.harness import ChartOnNode, helm_binary
 
 pytestmark = [pytest.mark.e2e, pytest.mark.chart, pytest.mark.cluster, pytest.mark.netns]
 

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from agent.config import Settings
-from testbed.controlplane import free_port
+from testbed.ports import free_port
 from tests.conformance_data import CONFORMANCE_DIR
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]

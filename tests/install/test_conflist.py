@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import pytest
 
@@ -15,7 +16,7 @@ LIST = {"cniVersion": "1.0.0", "name": "net", "plugins": [{"type": "ptp"}, {"typ
 ENTRY = {"name": "istio-cni", "type": "istio-cni", "plugin_log_level": "info"}
 
 
-def _reader(files: Mapping[str, object]) -> conflist.Callable[[str], bytes | None]:
+def _reader(files: Mapping[str, object]) -> Callable[[str], bytes | None]:
     def read(name: str) -> bytes | None:
         value = files.get(name)
         if value is None:
@@ -58,7 +59,7 @@ def test_resolve_named(names: set[str], wanted: str, expected: str | None) -> No
 
 
 def test_insert_keeps_order_and_appends_last() -> None:
-    existing = {"name": "n", "cniVersion": "0.3.1", "zeta": 1, "plugins": [
+    existing: dict[str, Any] = {"name": "n", "cniVersion": "0.3.1", "zeta": 1, "plugins": [
         {"type": "calico", "z": 1, "a": 2}, {"type": "istio-cni", "old": True},
         {"type": "portmap"}, {"type": "istio-cni"}]}
     result = conflist.insert(existing, ENTRY)

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from agent.install import conflist
-from tests.install.conftest import Node, agent_command, agent_env, free_port, http_get
+from testbed.ports import free_port
+from tests.install.conftest import Node, agent_command, agent_env, http_get
 
 LIST = {"cniVersion": "0.4.0", "name": "net", "plugins": [{"type": "ptp"}, {"type": "portmap"}]}
 NODE = {"metadata": {"name": "node-1", "labels": {"pool": "a"}}}

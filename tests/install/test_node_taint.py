@@ -26,6 +26,7 @@ from agent.node_taint import (
     removal_patch,
     without_key,
 )
+from testbed.wait import wait_for
 
 FAST = TaintTiming(ready_poll_seconds=0.01, initial_backoff_seconds=0.01,
                    max_backoff_seconds=0.05)
@@ -68,15 +69,6 @@ class FakeCore:
             if op["op"] == "replace":
                 self.taints = copy.deepcopy(op["value"])
         return _Response(b"{}")
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.005)
-    return condition()
 
 
 @pytest.fixture

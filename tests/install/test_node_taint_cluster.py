@@ -22,7 +22,8 @@ from kubernetes.client.exceptions import ApiException
 
 from agent.kube import KubeClients, build_clients
 from agent.node_taint import TAINT_KEY, NodeTaintRemover, TaintChanged, TaintTiming, remove_taint
-from testbed.controlplane import free_port
+from testbed.ports import free_port
+from testbed.wait import wait_for
 from tests.install.conftest import Node, agent_command, agent_env, http_get
 
 pytestmark = pytest.mark.cluster
@@ -71,16 +72,6 @@ def taints_of(core: Any, name: str) -> list[dict[str, Any]]:
 
 def keys(taints: list[dict[str, Any]]) -> list[tuple[str, str]]:
     return [(t["key"], t["effect"]) for t in taints]
-
-
-def _wait_for(get: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = get()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 # -- one removal ----------------------------------------------------------------------------
@@ -216,11 +207,11 @@ def test_agent_removes_the_taint_once_ready(
 ) -> None:
     name = make_node([OURS, OTHER])
     a = agent(name, kube_config, removeNotReadyTaint=True)
-    _wait_for(lambda: _ready(a.port), "the agent to be ready")
-    _wait_for(lambda: TAINT_KEY not in [t["key"] for t in taints_of(clients.core, name)],
+    wait_for(lambda: _ready(a.port), "the agent to be ready")
+    wait_for(lambda: TAINT_KEY not in [t["key"] for t in taints_of(clients.core, name)],
               "the taint to be removed")
     assert (OTHER["key"], "NoSchedule") in keys(taints_of(clients.core, name))
-    _wait_for(lambda: "removed the not-ready taint from the node" in a.log(), "the log line")
+    wait_for(lambda: "removed the not-ready taint from the node" in a.log(), "the log line")
     assert a.process.poll() is None
 
 
@@ -230,7 +221,7 @@ def test_agent_with_the_setting_off_never_touches_the_node(
 ) -> None:
     name = make_node([OURS, OTHER])
     a = agent(name, kube_config, removeNotReadyTaint=False)
-    _wait_for(lambda: _ready(a.port), "the agent to be ready")
+    wait_for(lambda: _ready(a.port), "the agent to be ready")
     time.sleep(2.0)  # what an enabled agent needs many times over (see the test above)
     after = keys(taints_of(clients.core, name))
     assert (TAINT_KEY, "NoSchedule") in after and (OTHER["key"], "NoSchedule") in after
@@ -249,8 +240,8 @@ def test_agent_without_rbac_stays_ready_and_keeps_trying(
     identity = make_identity(namespace, "no-rbac")
     name = make_node([OURS])
     a = agent(name, str(identity.kubeconfig), removeNotReadyTaint=True)
-    _wait_for(lambda: _ready(a.port), "the agent to be ready")
-    _wait_for(lambda: a.log().count("cannot remove the not-ready taint yet") >= 2,
+    wait_for(lambda: _ready(a.port), "the agent to be ready")
+    wait_for(lambda: a.log().count("cannot remove the not-ready taint yet") >= 2,
               "two retries")
     assert "HTTP 403" in a.log()
     assert _ready(a.port) and a.process.poll() is None

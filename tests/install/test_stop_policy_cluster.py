@@ -10,32 +10,23 @@ import json
 import os
 import signal
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from agent.install import conflist
 from agent.install.stop_policy import decide, fetch_state
 from agent.kube import KubeClients, build_clients
-from tests.install.conftest import Node, agent_command, agent_env, free_port, http_get
+from testbed.ports import free_port
+from testbed.wait import wait_for
+from tests.install.conftest import Node, agent_command, agent_env, http_get
 
 pytestmark = pytest.mark.cluster
 
 HOLD = "test.istio-cni.io/hold"
 LIST = {"cniVersion": "0.4.0", "name": "net", "plugins": [{"type": "ptp"}]}
-
-
-def _wait_for(get: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = get()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture
@@ -102,7 +93,7 @@ def agent_pod(
         except ApiException as e:
             if e.status != 404:
                 raise
-        _wait_for(lambda: not clients.core.list_namespaced_pod(namespace).items,
+        wait_for(lambda: not clients.core.list_namespaced_pod(namespace).items,
                   "the pod to be gone")
 
 
@@ -132,7 +123,7 @@ def test_decision_follows_the_daemonset(
 
     clients.apps.patch_namespaced_daemon_set(
         "istio-cni-node", namespace, {"metadata": {"finalizers": None}})
-    _wait_for(lambda: decide("auto", state()).reason == "DaemonSet is gone",
+    wait_for(lambda: decide("auto", state()).reason == "DaemonSet is gone",
               "the DaemonSet to be gone")
     assert decide("never", state()).uninstall is False
 
@@ -152,7 +143,7 @@ def test_run_on_sigterm_asks_the_api_server(
         agent = subprocess.Popen(agent_command("run", "--config", str(config)), env=env,
                                  stdout=log, stderr=log)
     try:
-        _wait_for(lambda: _ready(port), "the agent to be ready", timeout=30)
+        wait_for(lambda: _ready(port), "the agent to be ready", timeout=30)
         if daemonset_deleted:
             clients.apps.delete_namespaced_daemon_set("istio-cni-node", namespace)
         agent.send_signal(signal.SIGTERM)

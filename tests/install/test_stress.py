@@ -18,7 +18,8 @@ from typing import Any
 from agent.config import Settings
 from agent.install import conflist
 from agent.install.installer import Installer
-from tests.install.conftest import Node, agent_command, agent_env, free_port, write_plugin
+from testbed.ports import free_port
+from tests.install.conftest import Node, agent_command, agent_env, write_plugin
 
 LIST = {"cniVersion": "0.4.0", "name": "net",
         "plugins": [{"type": "ptp", "ipam": {"type": "host-local"}}, {"type": "portmap"}]}

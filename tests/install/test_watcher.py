@@ -18,18 +18,10 @@ from agent.install import conflist
 from agent.install.atomic import atomic_write
 from agent.install.installer import Installer
 from agent.install.watcher import InstallWatcher, WatchTiming
+from testbed.wait import wait_for
 from tests.install.conftest import Node
 
 LIST = {"cniVersion": "0.4.0", "name": "net", "plugins": [{"type": "ptp"}, {"type": "portmap"}]}
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.005)
-    return condition()
 
 
 class Running:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.harness import wait_for
+from testbed.wait import wait_for
 from tests.integration.conftest import MeshNode
 
 pytestmark = [pytest.mark.cluster, pytest.mark.netns, pytest.mark.chart]

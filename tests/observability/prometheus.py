@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from testbed.controlplane import free_port
+from testbed.ports import free_port
 from tests.observability.promtool import binary
 
 

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.chart.conftest import Helm, HelmFailed, helm, of_kind, only  # noqa: F401 (fixture)
+from testbed.helm import Helm, HelmError
+from tests.chart.conftest import helm, of_kind, only  # noqa: F401 (fixture)
 from tests.observability.promtool import ALERTS, DASHBOARD
 
 pytestmark = pytest.mark.chart
@@ -93,6 +94,6 @@ def test_dashboard_config_map_has_the_sidecar_label_and_the_dashboard(
 def test_schema_rejects_bad_values_naming_them(
     helm: Helm, value: str, named: str,  # noqa: F811
 ) -> None:
-    with pytest.raises(HelmFailed) as failed:
+    with pytest.raises(HelmError) as failed:
         helm.template(sets=[value])
     assert named in failed.value.stderr

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from plugin import errors, wire
+from plugin import errors, framing, wire
 from plugin.client import AgentClient, AgentUnavailable
 from plugin.errors import CniError
 from tests.plugin.helpers import AgentTestDouble, Answer
@@ -42,7 +42,7 @@ def test_read_stops_at_the_limit() -> None:
         calls.append(n)
         return chunks.pop(0) if chunks else b""
 
-    response = wire.read_http_response(recv, limit=wire.MAX_BODY)
+    response = framing.read_http_response(recv, limit=wire.MAX_BODY)
     assert response.truncated and len(response.body) == wire.MAX_BODY
     assert len(calls) <= wire.MAX_BODY // 65536 + 2  # never read the rest
 

@@ -39,7 +39,7 @@ def same(a: tuple[str, Any], b: tuple[str, Any]) -> bool:
     return a[0] == b[0] and (a[0] != "ok" or json.dumps(a[1]) == json.dumps(b[1]))
 
 
-@pytest.mark.parametrize("doc", DOCUMENTS + INVALID + BYTES)
+@pytest.mark.parametrize("doc", [*DOCUMENTS, *INVALID, *BYTES])
 def test_loads_matches_json(doc: str | bytes) -> None:
     assert same(outcome(fastjson.loads, doc), outcome(json.loads, doc))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from plugin import wire
+from plugin import framing, wire
 
 
 def test_cni_request_round_trip() -> None:
@@ -55,7 +55,7 @@ def test_replies() -> None:
 
 
 def test_http_request_is_plain_http11() -> None:
-    raw = wire.http_request("POST", "/v1/cni/add", b"{}")
+    raw = framing.http_request("POST", "/v1/cni/add", b"{}")
     assert raw.startswith(b"POST /v1/cni/add HTTP/1.1\r\n")
     assert b"Content-Length: 2\r\n" in raw and raw.endswith(b"\r\n\r\n{}")
 
@@ -68,12 +68,12 @@ def _feed(data: bytes, size: int = 7):  # type: ignore[no-untyped-def]
 def test_chunked_response() -> None:
     data = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
             b"5\r\nhello\r\n6;x=y\r\n world\r\n0\r\n\r\n")
-    response = wire.read_http_response(_feed(data))
+    response = framing.read_http_response(_feed(data))
     assert (response.status, response.body, response.truncated) == (200, b"hello world", False)
 
 
 def test_response_without_length_reads_to_eof() -> None:
-    response = wire.read_http_response(_feed(b"HTTP/1.0 503 No\r\n\r\n{\"ready\": false}"))
+    response = framing.read_http_response(_feed(b"HTTP/1.0 503 No\r\n\r\n{\"ready\": false}"))
     assert response.status == 503 and response.body == b'{"ready": false}'
 
 
@@ -81,4 +81,4 @@ def test_response_without_length_reads_to_eof() -> None:
                          ids=["empty", "no-head-end", "no-status", "status-not-number"])
 def test_malformed_responses(data: bytes) -> None:
     with pytest.raises(wire.WireError):
-        wire.read_http_response(_feed(data))
+        framing.read_http_response(_feed(data))

@@ -12,6 +12,7 @@ import http.client
 import json
 import logging
 import socket
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -181,3 +182,33 @@ def call(path: str, method: str, url: str, body: bytes | None = None) -> tuple[i
         return response.status, json.loads(response.read())
     finally:
         conn.close()
+
+
+class ObservedCore:
+    """The real CoreV1Api with a count of the list calls the cache made: watches opened (the call
+    returned with the stream open), lists done, and calls that raised. Every call goes to the real
+    client; the counts let a test wait for a state of the cache instead of sleeping."""
+
+    def __init__(self, core: Any) -> None:
+        self._core = core
+        self._lock = threading.Lock()
+        self.watches = 0
+        self.lists = 0
+        self.failures = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._core, name)
+
+    def list_pod_for_all_namespaces(self, **options: Any) -> Any:
+        try:
+            response = self._core.list_pod_for_all_namespaces(**options)
+        except Exception:
+            with self._lock:
+                self.failures += 1
+            raise
+        with self._lock:
+            if options.get("watch"):
+                self.watches += 1
+            else:
+                self.lists += 1
+        return response

@@ -10,6 +10,8 @@ import pytest
 
 from agent.pods.cache import PodCache
 from testbed.node import NodePods
+from testbed.wait import wait_for
+from tests.podserver.helpers import ObservedCore
 
 pytestmark = pytest.mark.cluster
 
@@ -17,14 +19,8 @@ pytestmark = pytest.mark.cluster
 EVENTUAL = 30.0
 # The watch cache keeps events at least 75 s; expiring one takes that plus a full buffer.
 EXPIRY_DEADLINE = 300.0
-
-
-def eventually(check: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + EVENTUAL
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {EVENTUAL}s: {what}")
-        time.sleep(0.05)
+# stop() cuts an open watch at once; the server would end it only after watch_timeout_seconds.
+STOP_BOUND = 5.0
 
 
 @pytest.fixture
@@ -36,8 +32,8 @@ def namespace(random_namespace_function_scope: Any) -> str:
 def make_cache(kube_core: Any, sim_node: str) -> Iterator[Callable[..., PodCache]]:
     made: list[PodCache] = []
 
-    def make(**options: Any) -> PodCache:
-        made.append(PodCache(kube_core, sim_node, **options))
+    def make(core: Any = None, **options: Any) -> PodCache:
+        made.append(PodCache(core or kube_core, sim_node, **options))
         return made[-1]
 
     yield make
@@ -49,7 +45,7 @@ def make_cache(kube_core: Any, sim_node: str) -> Iterator[Callable[..., PodCache
 def running_cache(make_cache: Callable[..., PodCache]) -> PodCache:
     cache = make_cache()
     cache.start()
-    eventually(cache.ready, "pod cache listed the node's pods")
+    wait_for(cache.ready, "pod cache listed the node's pods", EVENTUAL)
     return cache
 
 
@@ -57,21 +53,22 @@ def test_pod_on_the_node_appears_then_disappears(
     running_cache: PodCache, node_pods: NodePods, namespace: str
 ) -> None:
     created = node_pods.create(namespace, "web-0")
-    eventually(lambda: running_cache.cached(namespace, "web-0") is not None, "pod in the cache")
+    wait_for(lambda: running_cache.cached(namespace, "web-0"), "pod in the cache", EVENTUAL)
     pod = running_cache.cached(namespace, "web-0")
     assert pod is not None
     assert pod["metadata"]["uid"] == created["metadata"]["uid"]
     assert pod["spec"]["nodeName"] == node_pods.node_name
     assert pod["spec"]["containers"][0]["name"] == "app"  # API JSON, camelCase keys
     node_pods.delete(namespace, "web-0")
-    eventually(lambda: running_cache.cached(namespace, "web-0") is None, "pod left the cache")
+    wait_for(lambda: running_cache.cached(namespace, "web-0") is None, "pod left the cache",
+             EVENTUAL)
 
 
 def test_annotation_change_reaches_the_cache(
     running_cache: PodCache, node_pods: NodePods, namespace: str, kube_core: Any
 ) -> None:
     node_pods.create(namespace, "web-0")
-    eventually(lambda: running_cache.cached(namespace, "web-0") is not None, "pod in the cache")
+    wait_for(lambda: running_cache.cached(namespace, "web-0"), "pod in the cache", EVENTUAL)
     kube_core.patch_namespaced_pod(
         "web-0", namespace, {"metadata": {"annotations": {"sidecar.istio.io/inject": "false"}}})
 
@@ -80,7 +77,7 @@ def test_annotation_change_reaches_the_cache(
         annotations = pod.get("metadata", {}).get("annotations") or {}
         return bool(annotations.get("sidecar.istio.io/inject") == "false")
 
-    eventually(annotated, "MODIFIED event applied")
+    wait_for(annotated, "MODIFIED event applied", EVENTUAL)
 
 
 def test_pod_on_another_node_never_appears(
@@ -92,7 +89,7 @@ def test_pod_on_another_node_never_appears(
         # Events arrive in order: once a later pod of our node is cached, the other one
         # would have been too.
         node_pods.create(namespace, "marker")
-        eventually(lambda: running_cache.cached(namespace, "marker") is not None, "marker pod")
+        wait_for(lambda: running_cache.cached(namespace, "marker"), "marker pod", EVENTUAL)
         assert running_cache.cached(namespace, "elsewhere") is None
         assert {p["metadata"]["name"] for p in running_cache.list_pods()
                 if p["metadata"]["namespace"] == namespace} == {"marker"}
@@ -107,7 +104,7 @@ def test_first_list_includes_existing_pods(
     cache = make_cache()
     assert not cache.ready()
     cache.start()
-    eventually(cache.ready, "first list")
+    wait_for(cache.ready, "first list", EVENTUAL)
     assert cache.cached(namespace, "before-start") is not None
 
 
@@ -143,15 +140,17 @@ def test_expired_resource_version_leads_to_a_relist(
 
 
 def test_watch_resumes_after_the_server_ends_it(
-    make_cache: Callable[..., PodCache], node_pods: NodePods, namespace: str
+    make_cache: Callable[..., PodCache], node_pods: NodePods, namespace: str, kube_core: Any
 ) -> None:
-    cache = make_cache(watch_timeout_seconds=1)  # the server closes each watch after 1 s
+    observed = ObservedCore(kube_core)
+    # The server closes each watch after 1 s.
+    cache = make_cache(core=observed, watch_timeout_seconds=1)
     cache.start()
-    eventually(cache.ready, "first list")
-    time.sleep(2.5)  # let at least one watch end and a new one start
+    # The first watch ends after 1 s and the cache opens a second one from its version.
+    wait_for(lambda: observed.watches >= 2, "a second watch", EVENTUAL, interval=0.01)
     node_pods.create(namespace, "after-reconnect")
-    eventually(lambda: cache.cached(namespace, "after-reconnect") is not None, "pod cached")
-    assert cache.relists == 1  # resumed from its version, no relist needed
+    wait_for(lambda: cache.cached(namespace, "after-reconnect"), "pod cached", EVENTUAL)
+    assert cache.relists == 1 and observed.lists == 1  # resumed from its version, no relist
 
 
 def test_periodic_resync_lists_again(
@@ -159,9 +158,9 @@ def test_periodic_resync_lists_again(
 ) -> None:
     cache = make_cache(resync_seconds=1)
     cache.start()
-    eventually(lambda: cache.relists >= 3, "three lists")
+    wait_for(lambda: cache.relists >= 3, "three lists", EVENTUAL)
     node_pods.create(namespace, "after-resyncs")
-    eventually(lambda: cache.cached(namespace, "after-resyncs") is not None, "pod cached")
+    wait_for(lambda: cache.cached(namespace, "after-resyncs"), "pod cached", EVENTUAL)
 
 
 def test_fallback_get_finds_a_pod_not_in_the_cache(
@@ -197,10 +196,15 @@ def test_get_waits_for_a_pod_created_during_the_retries(
     assert pod is not None and pod["metadata"]["name"] == "late"
 
 
-def test_stop_returns_while_a_watch_is_open(make_cache: Callable[..., PodCache]) -> None:
-    cache = make_cache(watch_timeout_seconds=240)
+def test_stop_returns_while_a_watch_is_open(
+    make_cache: Callable[..., PodCache], kube_core: Any
+) -> None:
+    observed = ObservedCore(kube_core)
+    cache = make_cache(core=observed, watch_timeout_seconds=240)
     cache.start()
-    eventually(cache.ready, "first list")
-    time.sleep(0.5)  # now blocked reading the watch stream
-    cache.stop()  # must cut the stream, not wait up to 240 s (pytest-timeout would fail it)
+    wait_for(lambda: observed.watches >= 1, "a watch opened", EVENTUAL, interval=0.01)
+    started = time.monotonic()
+    cache.stop()  # must cut the stream, not wait for the server to end the watch (240 s)
+    took = time.monotonic() - started
+    assert took < STOP_BOUND, f"stop() took {took:.2f}s with a watch open"
     cache.stop()  # idempotent

@@ -13,6 +13,11 @@ import pytest
 from kubernetes import client as k8s
 
 from agent.pods.cache import PodCache, PodLookupError
+from testbed.wait import wait_for
+from tests.podserver.helpers import ObservedCore
+
+# stop() interrupts the back-off wait: well under the shortest back-off the test leaves it in.
+STOP_BOUND = 2.0
 
 
 @pytest.fixture
@@ -35,13 +40,20 @@ def test_get_raises_lookup_error_naming_the_pod(dead_core: Any) -> None:
 
 
 def test_never_ready_and_stops_while_backing_off(dead_core: Any) -> None:
-    cache = PodCache(dead_core, "node-1", backoff_max_seconds=60)
+    observed = ObservedCore(dead_core)
+    cache = PodCache(observed, "node-1", backoff_max_seconds=60)
     cache.start()
     try:
-        time.sleep(1.0)  # a few failed lists, then a long back-off wait
+        # Three failed lists: the back-off before the fourth is 4 s (+-20 % jitter), so a
+        # stop() that waited it out would take at least 3.2 s.
+        wait_for(lambda: observed.failures >= 3, "three failed lists", 30, interval=0.01)
         assert not cache.ready()
     finally:
-        cache.stop()  # the back-off wait is interrupted (pytest-timeout guards a hang)
+        started = time.monotonic()
+        cache.stop()
+        took = time.monotonic() - started
+    assert took < STOP_BOUND, f"stop() took {took:.2f}s: it waited out the back-off"
+    assert observed.lists == 0 and observed.watches == 0
 
 
 def test_node_name_is_required(dead_core: Any) -> None:

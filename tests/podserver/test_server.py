@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from agent.podserver.server import PodServer, ServerError
-from plugin import wire
+from plugin import framing, wire
 from tests.podserver.helpers import (
     HandlerRig,
     InMemoryPods,
@@ -99,7 +99,7 @@ def test_body_over_limit_is_refused(served: tuple[PodServer, HandlerRig]) -> Non
         sock.settimeout(10)
         sock.connect(server.socket_path)
         sock.sendall(head)  # the body is never sent: the server must not wait for it
-        response = wire.read_http_response(sock.recv)
+        response = framing.read_http_response(sock.recv)
     assert response.status == 413
     assert wire.parse_error_reply(response.body, 413)["code"] == 6
     assert response.headers["connection"] == "close"
@@ -120,13 +120,13 @@ def test_keep_alive_serves_several_requests(served: tuple[PodServer, HandlerRig]
 
 
 def test_plugin_framing_round_trip(served: tuple[PodServer, HandlerRig]) -> None:
-    """The plugin's own HTTP framing (wire.http_request / read_http_response) against us."""
+    """The plugin's own HTTP framing (framing.http_request / read_http_response) against us."""
     server, _ = served
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(10)
         sock.connect(server.socket_path)
-        sock.sendall(wire.http_request("POST", wire.PATH_ADD, cni_body()))
-        response = wire.read_http_response(sock.recv)
+        sock.sendall(framing.http_request("POST", wire.PATH_ADD, cni_body()))
+        response = framing.read_http_response(sock.recv)
     assert response.status == 200
     assert wire.parse_reply(response.body)["result"] == "redirected"
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from agent.rules.cli import main
 from tests.conformance_data import CONFORMANCE_DIR
+from tests.rules.podnet import podnet  # noqa: F401  (fixture of the netns-tier tests here)
 
 REPO = Path(__file__).resolve().parents[2]
 SAVE_LINES = {"iptables-save", "ip6tables-save"}

@@ -139,7 +139,23 @@ def test_exclude_inbound_ports_always_keeps_proxy_ports() -> None:
         }
     )
     got = capture_config_for_pod(manifest, ipv6=False, dns_servers=[])
-    assert got.inbound_ports_exclude == ("8080", "15021", "15020", "15090")
+    # Istio drops repeats as written: " 15021" is not "15021", so it excludes 15021 twice.
+    assert got.inbound_ports_exclude == ("8080", "15021", "15020", "15021", "15090")
+
+
+def test_repeated_ports_make_repeated_rules_as_in_istio() -> None:
+    manifest = pod(
+        metadata__annotations={
+            "sidecar.istio.io/status": "{}",
+            "traffic.sidecar.istio.io/excludeInboundPorts": "9000,9000,15020",
+            "traffic.sidecar.istio.io/includeInboundPorts": "8080,8080",
+            "traffic.sidecar.istio.io/includeOutboundPorts": "3306, 3306",
+        }
+    )
+    got = capture_config_for_pod(manifest, ipv6=False, dns_servers=[])
+    assert got.inbound_ports_exclude == ("9000", "15020", "15021", "15090")
+    assert got.inbound_ports_include == ("8080", "8080")
+    assert got.outbound_ports_include == ("3306", "3306")
 
 
 def test_uid_zero_means_default_and_group_is_independent() -> None:

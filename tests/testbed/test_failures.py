@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from testbed import parts
-from testbed.controlplane import Binaries, ControlPlane, free_port
+from testbed.controlplane import Binaries, ControlPlane
+from testbed.ports import free_port
 from testbed.process import PartFailedError
 
 
@@ -90,7 +91,7 @@ def test_fixture_with_a_missing_part_errors_instead_of_skipping(tmp_path: Path) 
             "-q",
             "--basetemp",
             str(tmp_path / "inner"),
-            "tests/cluster/test_controlplane.py::test_simulated_node_is_ready",
+            "tests/testbed/test_controlplane.py::test_simulated_node_is_ready",
         ],
         cwd=parts.REPO_ROOT,
         env=env,

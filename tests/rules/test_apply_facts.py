@@ -11,7 +11,7 @@ from agent.netns import run_command, run_in_netns
 from agent.rules import apply
 from agent.rules.apply import apply_rules, choose_backend, host_facts, rules_present
 from agent.rules.config import CaptureConfig
-from tests.netns.conftest import PodNet, sh
+from tests.rules.podnet import PodNet, sh
 
 pytestmark = pytest.mark.netns
 

@@ -25,7 +25,7 @@ from agent.rules.model import BUILTIN_CHAINS
 from agent.rules.render_nft import render as render_nft
 from agent.rules.render_save import parse_save
 from tests.conformance_data import AMBIENT_DIR
-from tests.netns.conftest import PodNet, _enter, sh
+from tests.rules.podnet import PodNet, _enter, sh
 
 pytestmark = pytest.mark.netns
 

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from agent import plugin_log_file
 from agent.logs import PLUGIN_LOGGER, KeyValueFormatter
 from agent.plugin_log_file import CLAIMED_SUFFIX, forward_once, start_forwarding
 from agent.podserver.server import PodServer
@@ -122,7 +121,7 @@ def test_a_line_appended_while_forwarding_is_kept(
                                                    "after the rename", {}))
         real_sleep(0)
 
-    monkeypatch.setattr(plugin_log_file.time, "sleep", during_settle)
+    monkeypatch.setattr("agent.plugin_log_file.time.sleep", during_settle)
     try:
         assert forward_once(str(run_dir), settle=0.2) == 2
     finally:

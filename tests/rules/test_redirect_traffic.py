@@ -10,7 +10,7 @@ out only ours.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -21,7 +21,7 @@ from agent.rules.builder import build
 from agent.rules.config import CaptureConfig
 from agent.rules.pod import capture_config_for_pod
 from agent.rules.render_nft import render_native
-from tests.netns.conftest import PROXY_UID, PodNet
+from tests.rules.podnet import PROXY_UID, PodNet
 
 pytestmark = pytest.mark.netns
 
@@ -71,10 +71,10 @@ def read_back_matches(net: PodNet, path: str, config: CaptureConfig, backend: st
         assert backend_nft.normalize(backend_nft.list_native(path)) == backend_nft.normalize(want)
         return
     variant = "nft" if backend == "iptables-nft" else "legacy"
-    for family in (4, 6):
-        fam = 4 if family == 4 else 6
+    families: tuple[Literal[4, 6], ...] = (4, 6)
+    for fam in families:
         got = backend_restore.ours(backend_restore.read_state(path, variant, fam))
-        assert got == backend_restore.expected(ruleset.family(fam), fam)  # type: ignore[arg-type]
+        assert got == backend_restore.expected(ruleset.family(fam), fam)
 
 
 def add_foreign_rules(path: str, backend: str) -> None:

@@ -12,7 +12,7 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes import watch
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from testbed import parts
 from testbed.controlplane import ControlPlane
@@ -94,7 +94,7 @@ def test_pod_status_can_be_reported_as_the_kubelet_does(
 
 def _rbac_fixture(kube_core: Any, namespace: str) -> None:
     """ServiceAccount `reader` that may get/list/watch pods in `namespace`, nothing else."""
-    rbac = k8s.RbacAuthorizationV1Api(kube_core.api_client)
+    rbac: Any = k8s.RbacAuthorizationV1Api(kube_core.api_client)  # takes plain dicts
     kube_core.create_namespaced_service_account(namespace, {"metadata": {"name": "reader"}})
     rbac.create_namespaced_role(
         namespace,
@@ -131,9 +131,10 @@ def test_token_request_identity_has_exactly_its_roles_verbs(
     identity = make_identity(namespace, "reader")
     api = k8s_config.new_client_from_config(config_file=str(identity.kubeconfig))
     try:
-        review = k8s.AuthenticationV1Api(api).create_self_subject_review({})
+        review = k8s.AuthenticationV1Api(api).create_self_subject_review({})  # type: ignore[arg-type]  # the client takes plain dicts
+        assert review.status and review.status.user_info
         assert review.status.user_info.username == identity.username
-        as_reader = k8s.CoreV1Api(api)
+        as_reader: Any = k8s.CoreV1Api(api)
         assert [p.metadata.name for p in as_reader.list_namespaced_pod(namespace).items] == [
             "victim"
         ]
@@ -162,7 +163,7 @@ def test_token_bound_to_a_pod_is_refused_once_the_pod_is_gone(
     )
     api = k8s_config.new_client_from_config(config_file=str(identity.kubeconfig))
     try:
-        as_reader = k8s.CoreV1Api(api)
+        as_reader: Any = k8s.CoreV1Api(api)
         assert as_reader.list_namespaced_pod(namespace).items
         node_pods.delete(namespace, "agent")
         # The API server caches a token's review for a few seconds; then it is refused.

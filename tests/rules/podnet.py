@@ -3,6 +3,7 @@
 Every test gets its own uniquely named pair (deleted even when the test fails) and a small
 server process in each namespace that answers TCP and UDP on the ports the test needs with a
 label and the local address it saw, so a client can tell where its connection landed.
+The `podnet` fixture is re-exported by this directory's conftest.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
 from testbed import parts
@@ -83,7 +83,7 @@ def test_helm_install_creates_readable_objects_with_least_privilege(
         for call in (
             lambda: as_agent.delete_collection_namespaced_pod(namespace),
             lambda: as_agent.list_namespaced_secret(namespace),
-            lambda: as_agent.create_namespace({"metadata": {"name": "agent-made"}}),
+            lambda: as_agent.create_namespace({"metadata": {"name": "agent-made"}}),  # type: ignore[arg-type]
         ):
             with pytest.raises(ApiException) as denied:
                 call()

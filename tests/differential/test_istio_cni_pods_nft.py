@@ -1,0 +1,63 @@
+"""Pod-level differential, native nftables: Istio's `istio-cni` plugin with `native_nftables`
+on (the key its installer writes when its chart says `global.nativeNftables`) against our agent
+installed from the chart with `ruleBackend: nftables`, for the same random sidecar pods as the
+iptables variant (test_istio_cni_pods.py). Each namespace's whole `nft list ruleset` must be
+equal, so tables either side adds outside Istio's three `inet istio-proxy-*` tables count too.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from testbed.cni import CniNode
+from testbed.helm import Helm
+from testbed.node import NodePods
+from tests.differential.test_istio_cni_pods import compare_pods
+from tests.e2e.harness import ChartOnNode
+from tests.integration.conftest import AGENT_NAMESPACE, EXCLUDED, MeshNode
+
+pytestmark = pytest.mark.differential
+
+# What the kernel counted so far: traffic-dependent, never part of a rule's meaning. `nft list`
+# prints no handles without `-a`; they are dropped anyway in case a default ever changes.
+COUNTERS = re.compile(r"\bcounter packets \d+ bytes \d+")
+HANDLES = re.compile(r" # handle \d+$", re.MULTILINE)
+
+
+def ruleset(netns_name: str) -> str:
+    """`nft list ruleset` in the namespace, counters and handles stripped, nothing else."""
+    done = subprocess.run(["ip", "netns", "exec", netns_name, "nft", "list", "ruleset"],
+                          capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 0, f"nft list ruleset in {netns_name}: {done.stderr}"
+    return HANDLES.sub("", COUNTERS.sub("counter", done.stdout))
+
+
+@pytest.fixture
+def nft_mesh_node(chart_on_node: ChartOnNode, helm_releases: Any,
+                  helm_binaries: dict[str, Path], cni_node: CniNode,
+                  node_pods: NodePods) -> Iterator[MeshNode]:
+    """The integration tier's mesh node, the chart installed with `ruleBackend: nftables`."""
+    helm: Helm = helm_releases(helm_binaries[max(helm_binaries)])
+    installed = chart_on_node.install(helm, AGENT_NAMESPACE, values={
+        "logLevel": "debug", "excludeNamespaces": EXCLUDED, "ruleBackend": "nftables"})
+    assert "ruleBackend: nftables" in installed.config_yaml(chart_on_node.core)
+    agent = chart_on_node.start_agent(installed)
+    agent.wait_ready()
+    node = MeshNode(chart_on_node, installed, agent, cni_node, node_pods)
+    try:
+        yield node
+    finally:
+        if agent.proc.poll() is None:
+            agent.stop()
+
+
+def test_random_pods_get_istios_nftables(nft_mesh_node: MeshNode, make_identity: Any,
+                                         tmp_path: Path) -> None:
+    compare_pods(nft_mesh_node, make_identity, tmp_path, listing=ruleset,
+                 captured_by="chain istio-output", native_nftables=True)
