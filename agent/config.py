@@ -223,6 +223,7 @@ def _wrong(source: str, name: str, value: object, expected: str) -> ConfigError:
 
 def _convert_value(kind: Any, value: object, *, source: str, name: str) -> object:
     """`value` as the field's type `kind` (a resolved annotation), or ConfigError."""
+
     def wrong(expected: str) -> ConfigError:
         return _wrong(source, name, value, expected)
 
@@ -264,6 +265,7 @@ def _convert_value(kind: Any, value: object, *, source: str, name: str) -> objec
 
 def _check(check: Check, value: Any, *, source: str, name: str) -> None:
     """The field's metadata check on its converted value."""
+
     def wrong(expected: str) -> ConfigError:
         return _wrong(source, name, value, expected)
 

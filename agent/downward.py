@@ -21,12 +21,17 @@ class AgentPod:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AgentPod:
         env = os.environ if environ is None else environ
-        return cls(node_name=env.get("NODE_NAME", ""), pod_name=env.get("POD_NAME", ""),
-                   pod_namespace=env.get("POD_NAMESPACE", ""))
+        return cls(
+            node_name=env.get("NODE_NAME", ""),
+            pod_name=env.get("POD_NAME", ""),
+            pod_namespace=env.get("POD_NAMESPACE", ""),
+        )
 
     def require_node(self) -> str:
         """The node name; ConfigError when unset (`run` cannot serve an unknown node)."""
         if not self.node_name:
-            raise ConfigError("environment variable NODE_NAME is not set: the DaemonSet sets it "
-                              "from the downward API (fieldRef spec.nodeName)")
+            raise ConfigError(
+                "environment variable NODE_NAME is not set: the DaemonSet sets it "
+                "from the downward API (fieldRef spec.nodeName)"
+            )
         return self.node_name

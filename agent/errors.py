@@ -1,11 +1,11 @@
 """The agent's exceptions, chosen by what the caller does with them.
 
-    AgentError
-     ├── ConfigError        bad config.yaml or flags: report and exit, never retry
-     ├── InstallError       a step of install/uninstall failed on the node's files
-     │    └── TransientInstallError   try again later (dir missing, primary config not there yet)
-     └── RedirectError      rules could not be built or applied into a pod's netns
-          └── InvalidAnnotationError  a pod annotation has a bad value (names it)
+AgentError
+ ├── ConfigError        bad config.yaml or flags: report and exit, never retry
+ ├── InstallError       a step of install/uninstall failed on the node's files
+ │    └── TransientInstallError   try again later (dir missing, primary config not there yet)
+ └── RedirectError      rules could not be built or applied into a pod's netns
+      └── InvalidAnnotationError  a pod annotation has a bad value (names it)
 """
 
 

@@ -54,6 +54,7 @@ class _Server(ThreadingHTTPServer):
             # One socket for IPv4 and IPv6 node addresses.
             self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         super().server_bind()
+
     checks: Sequence[tuple[str, ReadyCheck]] = ()
 
     def failing_checks(self) -> list[str]:
@@ -87,8 +88,10 @@ class HttpServer:
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, name="http", daemon=True)
         self._thread.start()
-        log.info("serving /healthz /readyz /metrics", extra={"fields": {
-            "address": self.host or "*", "port": server.server_address[1]}})
+        log.info(
+            "serving /healthz /readyz /metrics",
+            extra={"fields": {"address": self.host or "*", "port": server.server_address[1]}},
+        )
 
     @property
     def bound_port(self) -> int:

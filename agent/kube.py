@@ -46,7 +46,8 @@ def load_configuration(environ: Mapping[str, str] | None = None) -> Any:
     if env.get("KUBERNETES_SERVICE_HOST"):
         try:
             k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]  # untyped lib
-                client_configuration=configuration)
+                client_configuration=configuration
+            )
         except k8s_config.ConfigException as e:
             raise ConfigError(f"in-cluster Kubernetes config: {e}") from e
         source = "in-cluster service account"
@@ -64,8 +65,10 @@ def load_configuration(environ: Mapping[str, str] | None = None) -> Any:
             raise ConfigError(f"Kubernetes client config {path}: {e}") from e
         source = path
     configuration.connection_pool_maxsize = CONNECTION_POOL_SIZE
-    log.info("kubernetes client configured", extra={"fields": {
-        "source": source, "server": configuration.host}})
+    log.info(
+        "kubernetes client configured",
+        extra={"fields": {"source": source, "server": configuration.host}},
+    )
     return configuration
 
 

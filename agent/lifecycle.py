@@ -53,8 +53,13 @@ class Service(Protocol):
 
 
 def build_services(
-    settings: Settings, installer: Installer, *, config_path: str, node_name: str,
-    clients: KubeClients, watcher: InstallWatcher | None = None,
+    settings: Settings,
+    installer: Installer,
+    *,
+    config_path: str,
+    node_name: str,
+    clients: KubeClients,
+    watcher: InstallWatcher | None = None,
 ) -> list[Service]:
     """The services of the agent, started in this order and stopped in reverse: the install
     watcher (built here unless given), then the node services."""
@@ -67,12 +72,22 @@ def node_services(
 ) -> list[Service]:
     """Every service after the watcher: built from `settings`, rebuilt on a config change."""
     # One redirector: the pod server and repair decide and program pods the same way.
-    redirector = RulesRedirector(exclude_namespaces=settings.excludeNamespaces,
-                                 backend=settings.ruleBackend)
-    ambient = (AmbientParts(settings, node_name=node_name, core=clients.core)
-               if settings.ambient.enabled else None)
-    pods = PodService(settings, node_name, lambda: clients, install_ready=watcher.ready,
-                      redirector=redirector, ambient=ambient.enroller if ambient else None)
+    redirector = RulesRedirector(
+        exclude_namespaces=settings.excludeNamespaces, backend=settings.ruleBackend
+    )
+    ambient = (
+        AmbientParts(settings, node_name=node_name, core=clients.core)
+        if settings.ambient.enabled
+        else None
+    )
+    pods = PodService(
+        settings,
+        node_name,
+        lambda: clients,
+        install_ready=watcher.ready,
+        redirector=redirector,
+        ambient=ambient.enroller if ambient else None,
+    )
     services: list[Service] = [pods]
     if ambient is not None:
         # After the pod service (its pod cache feeds the watch); ready once ZDS listens.
@@ -80,18 +95,25 @@ def node_services(
     if settings.repair.enabled:
         services.append(_repair_service(settings, node_name, pods, clients, redirector))
     checks = [(type(s).__name__, _ready_of(s)) for s in (watcher, *services) if hasattr(s, "ready")]
-    services.append(HttpServer(port=settings.metricsPort, host=settings.metricsAddress,
-                               checks=checks))
+    services.append(
+        HttpServer(port=settings.metricsPort, host=settings.metricsAddress, checks=checks)
+    )
     if settings.removeNotReadyTaint:
         # Ready as /readyz reports it: every check passes (plugin and config in place, socket).
-        services.append(NodeTaintRemover(
-            clients.core, node_name, is_ready=lambda: all(check() for _, check in checks)))
+        services.append(
+            NodeTaintRemover(
+                clients.core, node_name, is_ready=lambda: all(check() for _, check in checks)
+            )
+        )
     services.append(plugin_log_file.Forwarding(settings.cniAgentRunDir))  # an absent agent's
     return services
 
 
 def _repair_service(
-    settings: Settings, node_name: str, pods: PodService, clients: KubeClients,
+    settings: Settings,
+    node_name: str,
+    pods: PodService,
+    clients: KubeClients,
     redirector: RulesRedirector,
 ) -> RepairService:
     return RepairService(
@@ -127,9 +149,7 @@ def main(command: str, argv: list[str]) -> int:
 StopDecider = Callable[[Settings], stop_policy.StopDecision]
 
 
-def run(
-    settings: Settings, *, config_path: str, decide_on_stop: StopDecider | None = None
-) -> int:
+def run(settings: Settings, *, config_path: str, decide_on_stop: StopDecider | None = None) -> int:
     """Install, serve until SIGTERM/SIGINT, then uninstall or keep; the process's exit code.
 
     `decide_on_stop` defaults to asking the API server about our DaemonSet.
@@ -150,15 +170,28 @@ def run(
         sys.stderr.write(f"istio-cni-agent run: {e}\n")
         return 1
     try:
-        return _serve(settings, config_path=config_path, pod=pod, node_name=node_name,
-                      clients=clients, stop=stop, decide_on_stop=decide_on_stop)
+        return _serve(
+            settings,
+            config_path=config_path,
+            pod=pod,
+            node_name=node_name,
+            clients=clients,
+            stop=stop,
+            decide_on_stop=decide_on_stop,
+        )
     finally:
         clients.close()
 
 
 def _serve(
-    settings: Settings, *, config_path: str, pod: AgentPod, node_name: str,
-    clients: KubeClients, stop: threading.Event, decide_on_stop: StopDecider | None,
+    settings: Settings,
+    *,
+    config_path: str,
+    pod: AgentPod,
+    node_name: str,
+    clients: KubeClients,
+    stop: threading.Event,
+    decide_on_stop: StopDecider | None,
 ) -> int:
     installer = make_installer(settings, pod)
     reloads: queue.Queue[Settings] = queue.Queue()
@@ -169,8 +202,16 @@ def _serve(
         return 1
     if first.outcome == "waiting":
         log.info("not installed yet, watching: %s", first.error)
-    started = _start_all(build_services(settings, installer, config_path=config_path,
-                                        node_name=node_name, clients=clients, watcher=watcher))
+    started = _start_all(
+        build_services(
+            settings,
+            installer,
+            config_path=config_path,
+            node_name=node_name,
+            clients=clients,
+            watcher=watcher,
+        )
+    )
     if started is None:
         return 1
     while not stop.is_set():
@@ -181,8 +222,9 @@ def _serve(
         log.info("restarting the services with the changed config")
         setup_logging(changed.log_levels, as_json=changed.logAsJson)
         _stop_all(started[1:])
-        restarted = _start_all(node_services(changed, watcher, node_name=node_name,
-                                             clients=clients))
+        restarted = _start_all(
+            node_services(changed, watcher, node_name=node_name, clients=clients)
+        )
         if restarted is None:
             _stop_all(started[:1])
             return 1
@@ -207,10 +249,16 @@ def _next_reload(reloads: queue.Queue[Settings], stop: threading.Event) -> Setti
 
 def _cluster_decider(pod: AgentPod, clients: KubeClients) -> StopDecider:
     """Ask the API server about our DaemonSet (unless the config forces the answer)."""
+
     def decide(settings: Settings) -> stop_policy.StopDecision:
         return stop_policy.decide_from_cluster(
-            settings.uninstallOnStop, pod_name=pod.pod_name, pod_namespace=pod.pod_namespace,
-            node_name=pod.node_name, clients=clients)
+            settings.uninstallOnStop,
+            pod_name=pod.pod_name,
+            pod_namespace=pod.pod_namespace,
+            node_name=pod.node_name,
+            clients=clients,
+        )
+
     return decide
 
 
@@ -241,8 +289,10 @@ def _stop_all(services: Sequence[Service]) -> None:
 def _finish(
     decision: stop_policy.StopDecision, installer: Installer, services: Sequence[Service] = ()
 ) -> int:
-    log.info("uninstalling" if decision.uninstall else "keeping the plugin and its entry",
-             extra={"fields": {"reason": decision.reason}})
+    log.info(
+        "uninstalling" if decision.uninstall else "keeping the plugin and its entry",
+        extra={"fields": {"reason": decision.reason}},
+    )
     if not decision.uninstall:
         return 0  # ambient pods stay enrolled: the next agent reconciles them
     for service in services:

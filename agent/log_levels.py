@@ -20,12 +20,14 @@ ALL_SCOPES = "all"
 PLUGIN_SCOPE = "cni-plugin"
 
 # Istio's scope names for the node agent, and the agent logger each one sets.
-AGENT_SCOPES: Mapping[str, str] = MappingProxyType({
-    "cni-agent": "agent",
-    "install": "agent.install",
-    "repair": "agent.repair",
-    "ambient": "agent.ambient",
-})
+AGENT_SCOPES: Mapping[str, str] = MappingProxyType(
+    {
+        "cni-agent": "agent",
+        "install": "agent.install",
+        "repair": "agent.repair",
+        "ambient": "agent.ambient",
+    }
+)
 KNOWN_SCOPES = frozenset({DEFAULT_SCOPE, ALL_SCOPES, PLUGIN_SCOPE, *AGENT_SCOPES})
 
 _SCOPE = re.compile(r"[a-z0-9][a-z0-9_.-]*")
@@ -64,8 +66,7 @@ def parse_log_levels(spec: str) -> LogLevels:
         scope = scope.strip() if sep else DEFAULT_SCOPE
         level = level.strip()
         if level not in LEVEL_NAMES:
-            raise ValueError(
-                f"level {level!r} in {spec!r} is not one of {', '.join(LEVEL_NAMES)}")
+            raise ValueError(f"level {level!r} in {spec!r} is not one of {', '.join(LEVEL_NAMES)}")
         if not _SCOPE.fullmatch(scope):
             raise ValueError(f"scope {scope!r} in {spec!r} is not a scope name")
         if scope == ALL_SCOPES:

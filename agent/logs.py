@@ -126,5 +126,7 @@ def setup_logging(levels: LogLevels | str = "info", *, as_json: bool = False) ->
     logging.getLogger("urllib3").setLevel(max(logging.WARNING, root.level))
     unknown = levels.unknown_scopes
     if unknown:
-        log.warning("log level names scopes the agent does not have; they are ignored",
-                    extra={"fields": {"scopes": ",".join(unknown)}})
+        log.warning(
+            "log level names scopes the agent does not have; they are ignored",
+            extra={"fields": {"scopes": ",".join(unknown)}},
+        )

@@ -61,9 +61,7 @@ def without_key(taints: Sequence[dict[str, Any]], key: str) -> list[dict[str, An
     return [t for t in taints if t.get("key") != key]
 
 
-def removal_patch(
-    taints: Sequence[dict[str, Any]], key: str
-) -> list[dict[str, Any]] | None:
+def removal_patch(taints: Sequence[dict[str, Any]], key: str) -> list[dict[str, Any]] | None:
     """The JSON patch taking `key` off a node whose taints are `taints` (None: nothing to do).
 
     As istiod's untaint controller: `test` the whole list as read, then `replace` it, so the
@@ -71,8 +69,10 @@ def removal_patch(
     remaining = without_key(taints, key)
     if len(remaining) == len(taints):
         return None
-    return [{"op": "test", "path": "/spec/taints", "value": list(taints)},
-            {"op": "replace", "path": "/spec/taints", "value": remaining}]
+    return [
+        {"op": "test", "path": "/spec/taints", "value": list(taints)},
+        {"op": "replace", "path": "/spec/taints", "value": remaining},
+    ]
 
 
 def remove_taint(core: Any, node_name: str, key: str = TAINT_KEY) -> list[str]:
@@ -86,8 +86,13 @@ def remove_taint(core: Any, node_name: str, key: str = TAINT_KEY) -> list[str]:
     if patch is None:
         return []
     try:
-        core.patch_node(node_name, patch, _content_type="application/json-patch+json",
-                        _preload_content=False, _request_timeout=API_TIMEOUT)
+        core.patch_node(
+            node_name,
+            patch,
+            _content_type="application/json-patch+json",
+            _preload_content=False,
+            _request_timeout=API_TIMEOUT,
+        )
     except ApiException as e:
         if e.status in CHANGED_UNDER_US:
             raise TaintChanged(f"HTTP {e.status}: {_reason(e)}") from None
@@ -107,8 +112,13 @@ class NodeTaintRemover:
     """Service: removes TAINT_KEY from `node_name` each time `is_ready` becomes true."""
 
     def __init__(
-        self, core: Any, node_name: str, *, is_ready: Callable[[], bool],
-        key: str = TAINT_KEY, timing: TaintTiming | None = None,
+        self,
+        core: Any,
+        node_name: str,
+        *,
+        is_ready: Callable[[], bool],
+        key: str = TAINT_KEY,
+        timing: TaintTiming | None = None,
     ) -> None:
         self._core = core
         self.node_name = node_name
@@ -126,8 +136,10 @@ class NodeTaintRemover:
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="node-taint", daemon=True)
         self._thread.start()
-        log.info("will remove the node's not-ready taint once ready", extra={"fields": {
-            "node": self.node_name, "taint": self.key}})
+        log.info(
+            "will remove the node's not-ready taint once ready",
+            extra={"fields": {"node": self.node_name, "taint": self.key}},
+        )
 
     def stop(self) -> None:
         self._stop.set()
@@ -167,9 +179,10 @@ class NodeTaintRemover:
                 effects = remove_taint(self._core, self.node_name, self.key)
             except TaintChanged as e:
                 changed_in_a_row += 1
-                log.info("node taints changed while we removed ours; reading again",
-                         extra={"fields": {"node": self.node_name, "taint": self.key,
-                                           "error": str(e)}})
+                log.info(
+                    "node taints changed while we removed ours; reading again",
+                    extra={"fields": {"node": self.node_name, "taint": self.key, "error": str(e)}},
+                )
                 if changed_in_a_row <= self.timing.immediate_retries:
                     continue
                 error = str(e)
@@ -179,17 +192,34 @@ class NodeTaintRemover:
                 error = f"{type(e).__name__}: {str(e)[:300]}"
             else:
                 if effects:
-                    log.info("removed the not-ready taint from the node", extra={"fields": {
-                        "node": self.node_name, "taint": self.key,
-                        "effects": ",".join(effects)}})
+                    log.info(
+                        "removed the not-ready taint from the node",
+                        extra={
+                            "fields": {
+                                "node": self.node_name,
+                                "taint": self.key,
+                                "effects": ",".join(effects),
+                            }
+                        },
+                    )
                 else:
-                    log.info("the node has no not-ready taint; nothing to remove",
-                             extra={"fields": {"node": self.node_name, "taint": self.key}})
+                    log.info(
+                        "the node has no not-ready taint; nothing to remove",
+                        extra={"fields": {"node": self.node_name, "taint": self.key}},
+                    )
                 return True
             wait = backoff * random.uniform(0.8, 1.2)
-            log.warning("cannot remove the not-ready taint yet; retrying", extra={"fields": {
-                "node": self.node_name, "taint": self.key, "error": error,
-                "retry_in_seconds": round(wait, 1)}})
+            log.warning(
+                "cannot remove the not-ready taint yet; retrying",
+                extra={
+                    "fields": {
+                        "node": self.node_name,
+                        "taint": self.key,
+                        "error": error,
+                        "retry_in_seconds": round(wait, 1),
+                    }
+                },
+            )
             backoff = min(backoff * 2, self.timing.max_backoff_seconds)
             changed_in_a_row = 0
             if self._stop.wait(wait):

@@ -58,8 +58,10 @@ def forward_once(run_dir: str, *, settle: float = SETTLE_SECONDS) -> int:
             except FileNotFoundError:
                 continue
             except OSError as e:
-                log.warning("cannot take the plugin's log file", extra={"fields": {
-                    "path": path, "error": str(e)}})
+                log.warning(
+                    "cannot take the plugin's log file",
+                    extra={"fields": {"path": path, "error": str(e)}},
+                )
                 continue
             renamed = True
         claimed.append(target)
@@ -75,14 +77,17 @@ def _forward_file(path: str) -> int:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as e:
-        log.warning("cannot read the plugin's log file", extra={"fields": {
-            "path": path, "error": str(e)}})
+        log.warning(
+            "cannot read the plugin's log file", extra={"fields": {"path": path, "error": str(e)}}
+        )
         return 0
     with os.fdopen(fd, "rb") as f:
         data = f.read(MAX_READ_BYTES + 1)
     if len(data) > MAX_READ_BYTES:
-        log.warning("the plugin's log file is larger than expected: only its start is forwarded",
-                    extra={"fields": {"path": path, "bytes": MAX_READ_BYTES}})
+        log.warning(
+            "the plugin's log file is larger than expected: only its start is forwarded",
+            extra={"fields": {"path": path, "bytes": MAX_READ_BYTES}},
+        )
         data = data[:MAX_READ_BYTES]
     lines = data.decode("utf-8", "replace").splitlines()
     count = 0
@@ -93,8 +98,10 @@ def _forward_file(path: str) -> int:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     if count:
-        log.info("forwarded the plugin's lines written while the agent was not reachable",
-                 extra={"fields": {"lines": count, "file": os.path.basename(path)}})
+        log.info(
+            "forwarded the plugin's lines written while the agent was not reachable",
+            extra={"fields": {"lines": count, "file": os.path.basename(path)}},
+        )
     return count
 
 
@@ -104,10 +111,17 @@ def forward_line(line: str) -> None:
         obj = json.loads(line)
     except ValueError:
         obj = None
-    if not isinstance(obj, dict) or not isinstance(obj.get("msg"), str) \
-            or obj.get("level") not in wire.LOG_LEVELS:
-        _emit(logging.WARNING, line[:MAX_VALUE], None,
-              {"source": "plugin", "via": "file", "unparsed": "true"})
+    if (
+        not isinstance(obj, dict)
+        or not isinstance(obj.get("msg"), str)
+        or obj.get("level") not in wire.LOG_LEVELS
+    ):
+        _emit(
+            logging.WARNING,
+            line[:MAX_VALUE],
+            None,
+            {"source": "plugin", "via": "file", "unparsed": "true"},
+        )
         return
     fields: dict[str, object] = {"source": "plugin", "via": "file"}
     for k, v in obj.items():
@@ -124,13 +138,12 @@ def _timestamp(value: object) -> datetime.datetime | None:
     return None
 
 
-def _emit(
-    level: int, msg: str, when: datetime.datetime | None, fields: dict[str, object]
-) -> None:
+def _emit(level: int, msg: str, when: datetime.datetime | None, fields: dict[str, object]) -> None:
     if not plugin_log.isEnabledFor(level):
         return
-    record = plugin_log.makeRecord(plugin_log.name, level, __file__, 0, "%s", (msg,), None,
-                                   extra={"fields": fields})
+    record = plugin_log.makeRecord(
+        plugin_log.name, level, __file__, 0, "%s", (msg,), None, extra={"fields": fields}
+    )
     if when is not None:  # when the plugin wrote it, as Istio logs forwarded lines
         record.created = when.timestamp()
         record.msecs = when.microsecond / 1000  # not from the float: .734 must not read .733
@@ -138,7 +151,10 @@ def _emit(
 
 
 def start_forwarding(
-    run_dir: str, stop: threading.Event, *, interval: float = INTERVAL_SECONDS,
+    run_dir: str,
+    stop: threading.Event,
+    *,
+    interval: float = INTERVAL_SECONDS,
     settle: float = SETTLE_SECONDS,
 ) -> threading.Thread:
     """Forward now, then every `interval` seconds until `stop` is set (a daemon thread)."""

@@ -57,8 +57,10 @@ NAMESPACE = "default"
 SUBNET_PREFIX = "10.251"
 SIDECAR = {
     "annotations": {"sidecar.istio.io/status": '{"containers":["istio-proxy"]}'},
-    "containers": [{"name": "app", "image": "registry.invalid/app:1"},
-                   {"name": "istio-proxy", "image": "registry.invalid/proxyv2:1"}],
+    "containers": [
+        {"name": "app", "image": "registry.invalid/app:1"},
+        {"name": "istio-proxy", "image": "registry.invalid/proxyv2:1"},
+    ],
 }
 
 
@@ -80,9 +82,11 @@ def percentile(samples: list[float], q: float) -> float:
 
 
 def summary(samples: list[float]) -> str:
-    return (f"n={len(samples)} p50 {statistics.median(samples):6.1f} ms  "
-            f"p99 {percentile(samples, 0.99):6.1f} ms  mean {statistics.fmean(samples):6.1f} ms  "
-            f"max {max(samples):6.1f} ms")
+    return (
+        f"n={len(samples)} p50 {statistics.median(samples):6.1f} ms  "
+        f"p99 {percentile(samples, 0.99):6.1f} ms  mean {statistics.fmean(samples):6.1f} ms  "
+        f"max {max(samples):6.1f} ms"
+    )
 
 
 class Bench:
@@ -100,8 +104,11 @@ class Bench:
 
     # -- set-up ---------------------------------------------------------------------------
     def start(self, pods_needed: int) -> None:
-        subprocess.run([str(REPO / "ci" / "build-plugin"), str(self.build_dir)], check=True,
-                       capture_output=True)
+        subprocess.run(
+            [str(REPO / "ci" / "build-plugin"), str(self.build_dir)],
+            check=True,
+            capture_output=True,
+        )
         self.plane = ControlPlane(self.workdir / "controlplane", Binaries.from_cache())
         self.plane.start()
         self.core = new_core(str(self.plane.kubeconfig))
@@ -124,26 +131,51 @@ class Bench:
     def _start_agent(self) -> None:
         for d in (self.bin_dir, self.conf_dir):
             d.mkdir(parents=True)
-        self.conf_dir.joinpath("10-bench.conflist").write_text(json.dumps({
-            "cniVersion": "1.0.0", "name": "bench", "plugins": [
-                {"type": "bridge", "bridge": "benchbr0", "isGateway": True,
-                 "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.251.0.0/16"}]]}},
-                {"type": "portmap", "capabilities": {"portMappings": True}}]}))
+        self.conf_dir.joinpath("10-bench.conflist").write_text(
+            json.dumps(
+                {
+                    "cniVersion": "1.0.0",
+                    "name": "bench",
+                    "plugins": [
+                        {
+                            "type": "bridge",
+                            "bridge": "benchbr0",
+                            "isGateway": True,
+                            "ipam": {
+                                "type": "host-local",
+                                "ranges": [[{"subnet": "10.251.0.0/16"}]],
+                            },
+                        },
+                        {"type": "portmap", "capabilities": {"portMappings": True}},
+                    ],
+                }
+            )
+        )
         self.metrics_port = free_port()
-        config = {"cniAgentRunDir": str(self.workdir / "run"), "metricsPort": self.metrics_port,
-                  "metricsAddress": "127.0.0.1", "uninstallOnStop": "never",
-                  "ruleBackend": self.backend}
+        config = {
+            "cniAgentRunDir": str(self.workdir / "run"),
+            "metricsPort": self.metrics_port,
+            "metricsAddress": "127.0.0.1",
+            "uninstallOnStop": "never",
+            "ruleBackend": self.backend,
+        }
         assert self.plane is not None
         self.agent = start_daemon_agent(
-            config_yaml=json.dumps(config), node=NodeDirs(self.bin_dir, self.conf_dir),
-            plugin_build=self.build_dir, kubeconfig=self.plane.kubeconfig, node_name=NODE,
-            pod_name="istio-cni-bench", pod_namespace="istio-system",
-            workdir=self.workdir / "agent")
+            config_yaml=json.dumps(config),
+            node=NodeDirs(self.bin_dir, self.conf_dir),
+            plugin_build=self.build_dir,
+            kubeconfig=self.plane.kubeconfig,
+            node_name=NODE,
+            pod_name="istio-cni-bench",
+            pod_namespace="istio-system",
+            workdir=self.workdir / "agent",
+        )
         self.agent.wait_ready()
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:  # the plugin's STATUS: cache listed, plugin in
-            installed = (self.bin_dir / "istio-cni").exists() and "istio-cni" in \
-                self.conf_dir.joinpath("10-bench.conflist").read_text()
+            installed = (
+                self.bin_dir / "istio-cni"
+            ).exists() and "istio-cni" in self.conf_dir.joinpath("10-bench.conflist").read_text()
             status = {**self.entry(), "cniVersion": "1.1.0"} if installed else {}
             if installed and self.exec_plugin("STATUS", None, status)[0] == 0:
                 return
@@ -164,40 +196,57 @@ class Bench:
             address = f"{SUBNET_PREFIX}.{self.count // 250}.{self.count % 250 + 2}"
             subprocess.run(["ip", "netns", "add", name], check=True)
             self.netns.append(name)
-            batch = ("link set lo up\nlink add eth0 type veth peer name peer0\n"
-                     f"addr add {address}/16 dev eth0\nlink set eth0 up\n")
+            batch = (
+                "link set lo up\nlink add eth0 type veth peer name peer0\n"
+                f"addr add {address}/16 dev eth0\nlink set eth0 up\n"
+            )
             subprocess.run(["ip", "-n", name, "-batch", "-"], input=batch, text=True, check=True)
             out.append(Sandbox(pod, name, address, uuid.uuid4().hex * 2))
         return out
 
     # -- the timed exec -------------------------------------------------------------------
-    def exec_plugin(self, command: str, sandbox: Sandbox | None,
-                    conf: dict[str, Any]) -> tuple[int, str, float]:
+    def exec_plugin(
+        self, command: str, sandbox: Sandbox | None, conf: dict[str, Any]
+    ) -> tuple[int, str, float]:
         env = {"CNI_COMMAND": command, "CNI_PATH": str(self.bin_dir), "PATH": "/usr/bin:/bin"}
         if sandbox is not None:
             meta = sandbox.pod["metadata"]
-            env.update({
-                "CNI_CONTAINERID": sandbox.container_id, "CNI_NETNS": sandbox.path,
-                "CNI_IFNAME": "eth0",
-                "CNI_ARGS": (f"IgnoreUnknown=1;K8S_POD_NAMESPACE={meta['namespace']};"
-                             f"K8S_POD_NAME={meta['name']};"
-                             f"K8S_POD_INFRA_CONTAINER_ID={sandbox.container_id};"
-                             f"K8S_POD_UID={meta['uid']}")})
+            env.update(
+                {
+                    "CNI_CONTAINERID": sandbox.container_id,
+                    "CNI_NETNS": sandbox.path,
+                    "CNI_IFNAME": "eth0",
+                    "CNI_ARGS": (
+                        f"IgnoreUnknown=1;K8S_POD_NAMESPACE={meta['namespace']};"
+                        f"K8S_POD_NAME={meta['name']};"
+                        f"K8S_POD_INFRA_CONTAINER_ID={sandbox.container_id};"
+                        f"K8S_POD_UID={meta['uid']}"
+                    ),
+                }
+            )
         stdin = json.dumps(conf or self.entry()).encode()
         start = time.perf_counter()
-        done = subprocess.run([str(self.bin_dir / "istio-cni")], input=stdin, env=env,
-                              capture_output=True, check=False)
+        done = subprocess.run(
+            [str(self.bin_dir / "istio-cni")],
+            input=stdin,
+            env=env,
+            capture_output=True,
+            check=False,
+        )
         elapsed = (time.perf_counter() - start) * 1000
         return done.returncode, done.stdout.decode() + done.stderr.decode()[-500:], elapsed
 
     def add(self, sandbox: Sandbox, entry: dict[str, Any]) -> tuple[bool, float, str]:
-        prev = {"cniVersion": "1.0.0",
-                "interfaces": [{"name": "benchbr0", "mac": "0a:58:0a:fb:00:01"},
-                               {"name": "eth0", "mac": "0a:58:0a:fb:00:02",
-                                "sandbox": sandbox.path}],
-                "ips": [{"address": f"{sandbox.address}/16", "gateway": "10.251.0.1",
-                         "interface": 1}],
-                "routes": [{"dst": "0.0.0.0/0", "gw": "10.251.0.1"}], "dns": {}}
+        prev = {
+            "cniVersion": "1.0.0",
+            "interfaces": [
+                {"name": "benchbr0", "mac": "0a:58:0a:fb:00:01"},
+                {"name": "eth0", "mac": "0a:58:0a:fb:00:02", "sandbox": sandbox.path},
+            ],
+            "ips": [{"address": f"{sandbox.address}/16", "gateway": "10.251.0.1", "interface": 1}],
+            "routes": [{"dst": "0.0.0.0/0", "gw": "10.251.0.1"}],
+            "dns": {},
+        }
         code, out, ms = self.exec_plugin("ADD", sandbox, {**entry, "prevResult": prev})
         ok = code == 0 and json.loads(out.split("\n", 1)[0] or "{}").get("ips") == prev["ips"]
         return ok, ms, out
@@ -244,7 +293,7 @@ def run_sequential(bench: Bench, n: int) -> None:
     warm = bench.sandboxes(bench.pods[:5])
     for sb in warm:
         bench.add(sb, entry)
-    sandboxes = bench.sandboxes(bench.pods[5:5 + n])
+    sandboxes = bench.sandboxes(bench.pods[5 : 5 + n])
     before = bench.agent_add_seconds()
     samples, failures = [], []
     for sb in sandboxes:
@@ -263,7 +312,7 @@ def run_sequential(bench: Bench, n: int) -> None:
 
 def run_concurrent(bench: Bench, n: int, offset: int) -> None:
     entry = bench.entry()
-    sandboxes = bench.sandboxes(bench.pods[offset:offset + n])
+    sandboxes = bench.sandboxes(bench.pods[offset : offset + n])
     barrier = threading.Barrier(n + 1)
     results: list[tuple[bool, float, str]] = [(False, 0.0, "")] * n
     ended: list[float] = [0.0] * n
@@ -314,8 +363,10 @@ def main() -> int:
     if os.geteuid() != 0:
         sys.exit("bench/add_latency.py needs root (network namespaces, mounts)")
     bench = Bench(Path(tempfile.mkdtemp(prefix="istio-cni-add-bench-")), opts.backend)
-    print(f"python {sys.version.split()[0]}, backend {opts.backend}, "
-          f"load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"python {sys.version.split()[0]}, backend {opts.backend}, "
+        f"load average {os.getloadavg()[0]:.2f}"
+    )
     try:
         bench.start(5 + opts.sequential + opts.concurrent)
         run_startup(bench, opts.startup)

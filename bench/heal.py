@@ -24,9 +24,14 @@ import time
 from testbed.ports import free_port
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-LIST = {"cniVersion": "0.3.1", "name": "k8s-pod-network",
-        "plugins": [{"type": "calico", "ipam": {"type": "calico-ipam"}},
-                    {"type": "portmap", "capabilities": {"portMappings": True}}]}
+LIST = {
+    "cniVersion": "0.3.1",
+    "name": "k8s-pod-network",
+    "plugins": [
+        {"type": "calico", "ipam": {"type": "calico-ipam"}},
+        {"type": "portmap", "capabilities": {"portMappings": True}},
+    ],
+}
 
 
 def _has_entry(path: pathlib.Path) -> bool:
@@ -85,12 +90,21 @@ def main() -> int:
             f"mountedCniBinDir: {root / 'bin'}\nmountedCniConfDir: {root / 'conf'}\n"
             f"pluginSourceDir: {root / 'src'}\nmetricsAddress: 127.0.0.1\n"
             f"metricsPort: {free_port()}\nuninstallOnStop: always\nlogLevel: warn\n"
-            "conflictsPerMinuteWarning: 100000\n")
-        env = {**os.environ, "PYTHONPATH": str(REPO), "POD_NAME": "bench",
-               "POD_NAMESPACE": "istio-system"}
+            "conflictsPerMinuteWarning: 100000\n"
+        )
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(REPO),
+            "POD_NAME": "bench",
+            "POD_NAMESPACE": "istio-system",
+        }
         with open(root / "agent.log", "wb") as log:
-            agent = subprocess.Popen([sys.executable, "-m", "agent.cli", "run", "--config",
-                                      str(config)], env=env, stdout=log, stderr=log)
+            agent = subprocess.Popen(
+                [sys.executable, "-m", "agent.cli", "run", "--config", str(config)],
+                env=env,
+                stdout=log,
+                stderr=log,
+            )
         try:
             plugin = root / "bin" / "istio-cni"
             _wait(lambda: _has_entry(conf) and plugin.exists(), timeout=30)
@@ -111,8 +125,10 @@ def main() -> int:
     every = [v for values in samples.values() for v in values]
     print(f"{'kind':<10} {'n':>4} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'mean ms':>8}")
     for name, values in [*samples.items(), ("all", every)]:
-        print(f"{name:<10} {len(values):>4} {_pct(values, 0.5):>8.1f} {_pct(values, 0.99):>8.1f}"
-              f" {max(values):>8.1f} {statistics.fmean(values):>8.1f}")
+        print(
+            f"{name:<10} {len(values):>4} {_pct(values, 0.5):>8.1f} {_pct(values, 0.99):>8.1f}"
+            f" {max(values):>8.1f} {statistics.fmean(values):>8.1f}"
+        )
     return 0
 
 

@@ -65,38 +65,53 @@ class SideBySide(Bench):
         (self.istio_run / "istio-cni-kubeconfig").write_bytes(self.plane.kubeconfig.read_bytes())
 
     def conf(self, which: str, sandbox: Sandbox) -> dict[str, Any]:
-        prev = {"cniVersion": "1.0.0",
-                "interfaces": [{"name": "benchbr0"}, {"name": "eth0", "sandbox": sandbox.path}],
-                "ips": [{"address": f"{sandbox.address}/16", "gateway": "10.251.0.1",
-                         "interface": 1}]}
+        prev = {
+            "cniVersion": "1.0.0",
+            "interfaces": [{"name": "benchbr0"}, {"name": "eth0", "sandbox": sandbox.path}],
+            "ips": [{"address": f"{sandbox.address}/16", "gateway": "10.251.0.1", "interface": 1}],
+        }
         if which == "ours":
             return {**self.entry(), "prevResult": prev}
-        return {"cniVersion": "1.0.0", "name": "bench", "type": "istio-cni",
-                "plugin_log_level": "error", "cni_agent_run_dir": str(self.istio_run),
-                "exclude_namespaces": ["istio-system", "kube-system"], "prevResult": prev}
+        return {
+            "cniVersion": "1.0.0",
+            "name": "bench",
+            "type": "istio-cni",
+            "plugin_log_level": "error",
+            "cni_agent_run_dir": str(self.istio_run),
+            "exclude_namespaces": ["istio-system", "kube-system"],
+            "prevResult": prev,
+        }
 
     def run_add(
         self, which: str, sandbox: Sandbox, *, memory: bool = False
     ) -> tuple[int, float, int]:
         meta = sandbox.pod["metadata"]
         binary = self.bin_dir / "istio-cni" if which == "ours" else self.istio_bin
-        env = {"CNI_COMMAND": "ADD", "CNI_PATH": str(binary.parent),
-               "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
-               "CNI_CONTAINERID": sandbox.container_id, "CNI_NETNS": sandbox.path,
-               "CNI_IFNAME": "eth0",
-               "CNI_ARGS": (f"IgnoreUnknown=1;K8S_POD_NAMESPACE={meta['namespace']};"
-                            f"K8S_POD_NAME={meta['name']};"
-                            f"K8S_POD_INFRA_CONTAINER_ID={sandbox.container_id};"
-                            f"K8S_POD_UID={meta['uid']}")}
-        return exec_measured(binary, env, json.dumps(self.conf(which, sandbox)).encode(),
-                             memory=memory)
+        env = {
+            "CNI_COMMAND": "ADD",
+            "CNI_PATH": str(binary.parent),
+            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+            "CNI_CONTAINERID": sandbox.container_id,
+            "CNI_NETNS": sandbox.path,
+            "CNI_IFNAME": "eth0",
+            "CNI_ARGS": (
+                f"IgnoreUnknown=1;K8S_POD_NAMESPACE={meta['namespace']};"
+                f"K8S_POD_NAME={meta['name']};"
+                f"K8S_POD_INFRA_CONTAINER_ID={sandbox.container_id};"
+                f"K8S_POD_UID={meta['uid']}"
+            ),
+        }
+        return exec_measured(
+            binary, env, json.dumps(self.conf(which, sandbox)).encode(), memory=memory
+        )
 
 
 def captured(netns_name: str) -> bool:
     """The pod's netns holds Istio's output chain (either iptables variant)."""
     for tool in ("iptables-nft-save", "iptables-legacy-save"):
-        done = subprocess.run(["ip", "netns", "exec", netns_name, tool], capture_output=True,
-                              text=True, check=False)
+        done = subprocess.run(
+            ["ip", "netns", "exec", netns_name, tool], capture_output=True, text=True, check=False
+        )
         if "-A ISTIO_OUTPUT" in done.stdout:
             return True
     return False
@@ -111,16 +126,17 @@ def size_mib(path: Path) -> float:
     return total / 2**20
 
 
-def measure(bench: SideBySide, which: str, pods: list[dict[str, Any]], seq: int,
-            conc: int) -> dict[str, Any]:
-    boxes = bench.sandboxes(pods[:WARM + seq + conc])
+def measure(
+    bench: SideBySide, which: str, pods: list[dict[str, Any]], seq: int, conc: int
+) -> dict[str, Any]:
+    boxes = bench.sandboxes(pods[: WARM + seq + conc])
     rss = []
     for sb in boxes[:WARM]:  # warm-up, untimed: the peak memory samples
         code, _, kib = bench.run_add(which, sb, memory=True)
         assert code == 0, f"{which} ADD failed"
         rss.append(kib)
     sequential = []
-    for sb in boxes[WARM:WARM + seq]:
+    for sb in boxes[WARM : WARM + seq]:
         code, ms, _ = bench.run_add(which, sb)
         assert code == 0, f"{which} ADD failed"
         sequential.append(ms)
@@ -134,7 +150,7 @@ def measure(bench: SideBySide, which: str, pods: list[dict[str, Any]], seq: int,
         codes.append(code)
         concurrent.append(ms)
 
-    threads = [threading.Thread(target=one, args=(sb,)) for sb in boxes[WARM + seq:]]
+    threads = [threading.Thread(target=one, args=(sb,)) for sb in boxes[WARM + seq :]]
     start = time.perf_counter()
     for t in threads:
         t.start()
@@ -144,10 +160,15 @@ def measure(bench: SideBySide, which: str, pods: list[dict[str, Any]], seq: int,
     assert codes.count(0) == conc, f"{which}: {conc - codes.count(0)} concurrent ADDs failed"
     missing = [sb.netns for sb in boxes if not captured(sb.netns)]
     assert not missing, f"{which}: {len(missing)} netns without ISTIO_OUTPUT after ADD"
-    return {"seq_p50": percentile(sequential, 0.5), "seq_p99": percentile(sequential, 0.99),
-            "conc_p50": percentile(concurrent, 0.5), "conc_p99": percentile(concurrent, 0.99),
-            "conc_wall": wall, "rss_mib": statistics.median(rss) / 1024,
-            "rss_max_mib": max(rss) / 1024}
+    return {
+        "seq_p50": percentile(sequential, 0.5),
+        "seq_p99": percentile(sequential, 0.99),
+        "conc_p50": percentile(concurrent, 0.5),
+        "conc_p99": percentile(concurrent, 0.99),
+        "conc_wall": wall,
+        "rss_mib": statistics.median(rss) / 1024,
+        "rss_max_mib": max(rss) / 1024,
+    }
 
 
 def main() -> int:
@@ -164,20 +185,26 @@ def main() -> int:
         bench.start(2 * per)
         bench.setup_istio()
         results = {
-            "Istio istio-cni": measure(bench, "istio", bench.pods[:per], opts.sequential,
-                                       opts.concurrent),
+            "Istio istio-cni": measure(
+                bench, "istio", bench.pods[:per], opts.sequential, opts.concurrent
+            ),
             "ours": measure(bench, "ours", bench.pods[per:], opts.sequential, opts.concurrent),
         }
-        sizes = {"Istio istio-cni": size_mib(bench.istio_bin),
-                 "ours": size_mib(bench.bin_dir / "istio-cni")}
+        sizes = {
+            "Istio istio-cni": size_mib(bench.istio_bin),
+            "ours": size_mib(bench.bin_dir / "istio-cni"),
+        }
     finally:
         bench.close()
-    rows = [("ADD p50 sequential (ms)", "seq_p50"), ("ADD p99 sequential (ms)", "seq_p99"),
-            (f"ADD p50, {opts.concurrent} concurrent (ms)", "conc_p50"),
-            (f"ADD p99, {opts.concurrent} concurrent (ms)", "conc_p99"),
-            (f"{opts.concurrent} concurrent, wall (ms)", "conc_wall"),
-            ("peak RSS per exec, median (MiB)", "rss_mib"),
-            ("peak RSS per exec, max (MiB)", "rss_max_mib")]
+    rows = [
+        ("ADD p50 sequential (ms)", "seq_p50"),
+        ("ADD p99 sequential (ms)", "seq_p99"),
+        (f"ADD p50, {opts.concurrent} concurrent (ms)", "conc_p50"),
+        (f"ADD p99, {opts.concurrent} concurrent (ms)", "conc_p99"),
+        (f"{opts.concurrent} concurrent, wall (ms)", "conc_wall"),
+        ("peak RSS per exec, median (MiB)", "rss_mib"),
+        ("peak RSS per exec, max (MiB)", "rss_max_mib"),
+    ]
     print("| | Istio istio-cni | ours |\n|---|---:|---:|")
     for label, key in rows:
         print(f"| {label} | {results['Istio istio-cni'][key]:.1f} | {results['ours'][key]:.1f} |")

@@ -35,18 +35,25 @@ def main() -> int:
     args = p.parse_args()
     work = pathlib.Path(tempfile.mkdtemp(prefix="kill-anywhere."))
     try:
-        subprocess.run([str(REPO / "ci" / "build-plugin"), str(work / "plugin")], check=True,
-                       capture_output=True)
+        subprocess.run(
+            [str(REPO / "ci" / "build-plugin"), str(work / "plugin")],
+            check=True,
+            capture_output=True,
+        )
         builds = kill_rig.make_builds(work / "builds", work / "plugin" / "istio-cni")
         start = time.monotonic()
 
         def progress(i: int, tally: kill_rig.Tally) -> None:
             if i % 100 == 0:
-                print(f"  {i} trials, {tally.killed} killed, "
-                      f"{sum(tally.by_kind.values())} violations", file=sys.stderr)
+                print(
+                    f"  {i} trials, {tally.killed} killed, "
+                    f"{sum(tally.by_kind.values())} violations",
+                    file=sys.stderr,
+                )
 
-        tally = kill_rig.random_trials(work / "node", builds, args.trials, seed=args.seed,
-                                       progress=progress)
+        tally = kill_rig.random_trials(
+            work / "node", builds, args.trials, seed=args.seed, progress=progress
+        )
         took = time.monotonic() - start
         print(f"random kills ({took:.0f} s):\n{tally.report()}")
         failed = bool(tally.by_kind)

@@ -39,8 +39,10 @@ from testbed.parts import helm_binaries
 from testbed.realnode import RealCluster
 
 # containerd's CRI logs each RunPodSandbox call when it starts and when it returns.
-SANDBOX_RE = re.compile(r'time="([^"]+)" level=\w+ msg="RunPodSandbox for &PodSandboxMetadata'
-                        r'\{Name:([^,]+),Uid:[^,]+,Namespace:([^,]+),Attempt:\d+,\}(.*)')
+SANDBOX_RE = re.compile(
+    r'time="([^"]+)" level=\w+ msg="RunPodSandbox for &PodSandboxMetadata'
+    r"\{Name:([^,]+),Uid:[^,]+,Namespace:([^,]+),Attempt:\d+,\}(.*)"
+)
 
 
 def parse_time(stamp: str) -> float:
@@ -70,19 +72,21 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
-def run_pods(cluster: RealCluster, core: Any, label: str, count: int,
-             sidecar: bool) -> list[float]:
+def run_pods(cluster: RealCluster, core: Any, label: str, count: int, sidecar: bool) -> list[float]:
     namespace = f"bench-{label}-{secrets.token_hex(2)}"
     core.create_namespace({"metadata": {"name": namespace}})
-    kubepods.wait_for(lambda: core.list_namespaced_service_account(namespace).items,
-                      "default ServiceAccount", 30)
+    kubepods.wait_for(
+        lambda: core.list_namespaced_service_account(namespace).items, "default ServiceAccount", 30
+    )
     image = cluster.images["workload"].ref
     try:
         # Sequentially: the time of one sandbox, not of a queue of them on 2 cores.
         for i in range(count):
             name = f"p{i:03d}"
-            core.create_namespaced_pod(namespace, kubepods.pod_manifest(
-                name, image, app_command=["sleep"], sidecar=sidecar))
+            core.create_namespaced_pod(
+                namespace,
+                kubepods.pod_manifest(name, image, app_command=["sleep"], sidecar=sidecar),
+            )
             kubepods.wait_running(core, namespace, name, timeout=120, ready=False)
         times = sandbox_times((cluster.log_dir / "containerd.log").read_text(), namespace)
         if len(times) < count:
@@ -90,14 +94,17 @@ def run_pods(cluster: RealCluster, core: Any, label: str, count: int,
         return list(times.values())
     finally:
         core.delete_collection_namespaced_pod(namespace, grace_period_seconds=1)
-        kubepods.wait_for(lambda: not core.list_namespaced_pod(namespace).items,
-                          f"pods of {namespace} gone", 300)
+        kubepods.wait_for(
+            lambda: not core.list_namespaced_pod(namespace).items, f"pods of {namespace} gone", 300
+        )
         core.delete_namespace(namespace)
 
 
 def summary(label: str, values: list[float]) -> str:
-    return (f"{label:34s} p50 {statistics.median(values) * 1000:7.1f} ms  "
-            f"p99 {percentile(values, 99) * 1000:7.1f} ms  n={len(values)}")
+    return (
+        f"{label:34s} p50 {statistics.median(values) * 1000:7.1f} ms  "
+        f"p99 {percentile(values, 99) * 1000:7.1f} ms  n={len(values)}"
+    )
 
 
 def main() -> int:
@@ -109,8 +116,11 @@ def main() -> int:
     began = time.monotonic()
     try:
         cluster.start()
-        print(f"node start to Ready: {time.monotonic() - began:.1f}s "
-              + " ".join(f"{k}={v:.1f}s" for k, v in cluster.timings.items()), flush=True)
+        print(
+            f"node start to Ready: {time.monotonic() - began:.1f}s "
+            + " ".join(f"{k}={v:.1f}s" for k, v in cluster.timings.items()),
+            flush=True,
+        )
         core = cluster.core()
         image = cluster.images["istio-cni"]
         results = {"without istio-cni": run_pods(cluster, core, "without", pods, False)}
@@ -118,8 +128,12 @@ def main() -> int:
         installs = []
         for i in range(rounds):
             t0 = time.monotonic()
-            helm.install(RELEASE, CHART, namespace=AGENT_NAMESPACE,
-                         values=node_values(cluster, image, logLevel="info"))
+            helm.install(
+                RELEASE,
+                CHART,
+                namespace=AGENT_NAMESPACE,
+                values=node_values(cluster, image, logLevel="info"),
+            )
             ready_agent(core, cluster, image=image)
             installs.append(time.monotonic() - t0)
             print(f"helm install -> agent Ready, round {i + 1}: {installs[-1]:.2f}s", flush=True)
@@ -130,8 +144,10 @@ def main() -> int:
         results["with istio-cni, sidecar pods"] = run_pods(cluster, core, "sidecar", pods, True)
         helm.uninstall(RELEASE, namespace=AGENT_NAMESPACE)
         wait_agent_gone(core)
-        print(f"helm install -> agent Ready: median {statistics.median(installs):.2f}s "
-              f"min {min(installs):.2f}s max {max(installs):.2f}s (n={rounds})")
+        print(
+            f"helm install -> agent Ready: median {statistics.median(installs):.2f}s "
+            f"min {min(installs):.2f}s max {max(installs):.2f}s (n={rounds})"
+        )
         print("RunPodSandbox (containerd, CNI chain inside):")
         for label, values in results.items():
             print("  " + summary(label, values))

@@ -52,8 +52,9 @@ def describe(build: Path) -> str:
     """Bytes of every file the build ships, and the newest glibc version one of them needs."""
     files = [p for p in build.rglob("*") if p.is_file()] if build.is_dir() else [build]
     size = sum(p.stat().st_size for p in files)
-    newest = max((n for p in elf.elf_files(build) if (n := elf.needs(p).newest_glibc)),
-                 default=None)
+    newest = max(
+        (n for p in elf.elf_files(build) if (n := elf.needs(p).newest_glibc)), default=None
+    )
     floor = "none (static)" if newest is None else "GLIBC_" + ".".join(map(str, newest))
     return f"{len(files)} files, {size / 1e6:.2f} MB, needs glibc: {floor}"
 
@@ -75,13 +76,17 @@ def main() -> int:
     cases.update({path: path for path in opts.extra})
     for name, path in builds.items():
         print(f"{name}: {describe(path)}")
-    print(f"{'case (VERSION, exec to exit)':<40} {'mean':>7} {'p50':>7} {'p90':>7} {'p99':>7}"
-          f"  ms, {opts.runs} runs, load {os.getloadavg()[0]:.1f}")
+    print(
+        f"{'case (VERSION, exec to exit)':<40} {'mean':>7} {'p50':>7} {'p90':>7} {'p99':>7}"
+        f"  ms, {opts.runs} runs, load {os.getloadavg()[0]:.1f}"
+    )
     for name, times in timings(cases, opts.runs).items():
         t = sorted(times)
         p90, p99 = t[int(len(t) * 0.90)], t[min(len(t) - 1, int(len(t) * 0.99))]
-        print(f"{name:<40} {statistics.fmean(t):7.2f} {statistics.median(t):7.2f} {p90:7.2f}"
-              f" {p99:7.2f}")
+        print(
+            f"{name:<40} {statistics.fmean(t):7.2f} {statistics.median(t):7.2f} {p90:7.2f}"
+            f" {p99:7.2f}"
+        )
     print(f"load average after: {os.getloadavg()[0]:.1f}")
     return 0
 

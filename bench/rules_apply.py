@@ -22,8 +22,11 @@ from agent.rules.pod import capture_config_for_pod
 
 POD = {
     "kind": "Pod",
-    "metadata": {"name": "bench", "namespace": "default",
-                 "annotations": {"sidecar.istio.io/status": "{}"}},
+    "metadata": {
+        "name": "bench",
+        "namespace": "default",
+        "annotations": {"sidecar.istio.io/status": "{}"},
+    },
     "spec": {"containers": [{"name": "app"}, {"name": "istio-proxy"}]},
 }
 
@@ -60,8 +63,11 @@ def main() -> int:
     print(f"{'backend':<16} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8}")
     for backend in args.backend or BACKENDS:
         samples = measure(backend, args.runs, args.ipv6)
-        print(f"{backend:<16} {percentile(samples, 0.5):8.1f} {percentile(samples, 0.99):8.1f} "
-              f"{statistics.fmean(samples):8.1f}", flush=True)
+        print(
+            f"{backend:<16} {percentile(samples, 0.5):8.1f} {percentile(samples, 0.99):8.1f} "
+            f"{statistics.fmean(samples):8.1f}",
+            flush=True,
+        )
     return 0
 
 

@@ -101,9 +101,11 @@ def finish(demo: Demo, *, failed: str, began: float) -> int:
         console.close()
         _remove_all_but_logs(demo.workdir)
         return 130 if failed.startswith("interrupted") else 1
-    console.say("stopped kubelet, containerd and every container, kube-scheduler, "
-                "kube-controller-manager, kube-apiserver and etcd; unmounted and deleted the "
-                f"node's network namespace {', '.join(made_netns(demo))} and {demo.workdir}")
+    console.say(
+        "stopped kubelet, containerd and every container, kube-scheduler, "
+        "kube-controller-manager, kube-apiserver and etcd; unmounted and deleted the "
+        f"node's network namespace {', '.join(made_netns(demo))} and {demo.workdir}"
+    )
     console.line(f"\ndone in {time.monotonic() - began:.0f} s; nothing left behind.")
     console.close()
     shutil.rmtree(demo.workdir, ignore_errors=True)
@@ -118,8 +120,9 @@ def leftovers(demo: Demo) -> list[str]:
     """What the demo made that is still there: network namespaces, mounts, processes."""
     found = [f"network namespace {name}" for name in made_netns(demo) if netns.exists(name)]
     with open("/proc/self/mountinfo") as mounts:
-        found += [f"mount {line.split()[4]}" for line in mounts
-                  if str(demo.workdir) in line.split()[4]]
+        found += [
+            f"mount {line.split()[4]}" for line in mounts if str(demo.workdir) in line.split()[4]
+        ]
     marker = str(demo.workdir).encode()
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
@@ -140,8 +143,11 @@ def _remove_all_but_logs(workdir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ci.demo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m ci.demo",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.parse_args(argv)
     return run(sys.stdout)
 

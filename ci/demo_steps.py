@@ -63,8 +63,9 @@ class Console:
 
     def say(self, text: str) -> None:
         """A sentence, wrapped to WIDTH under the step's title."""
-        for row in textwrap.wrap(text, WIDTH, initial_indent="    ",
-                                 subsequent_indent="      ", break_on_hyphens=False):
+        for row in textwrap.wrap(
+            text, WIDTH, initial_indent="    ", subsequent_indent="      ", break_on_hyphens=False
+        ):
             self.line(row)
 
     def block(self, text: str) -> None:
@@ -104,67 +105,88 @@ class Demo:
         node = core.read_node(self.cluster.node_name)
         info = node.status.node_info
         say = self.console.say
-        say(f"etcd, kube-apiserver {version}, kube-controller-manager and kube-scheduler; "
-            f"API server {self.cluster.plane.server if self.cluster.plane else '?'}")
-        say(f"node {self.cluster.node_name}: kubelet {info.kubelet_version}, "
+        say(
+            f"etcd, kube-apiserver {version}, kube-controller-manager and kube-scheduler; "
+            f"API server {self.cluster.plane.server if self.cluster.plane else '?'}"
+        )
+        say(
+            f"node {self.cluster.node_name}: kubelet {info.kubelet_version}, "
             f"{info.container_runtime_version} (runc), in network namespace "
             f"{self.cluster.network.netns_name} (address {self.cluster.network.node_ip}, no "
-            f"route out); Ready {time.monotonic() - began:.1f} s after the start")
-        say("images built here and imported into containerd: "
-            + ", ".join(image.ref for image in self.cluster.images.values()))
-        say(f"CNI: bin dir {self.cluster.cni_bin_dir} (Debian's reference plugins), conf dir "
-            f"{self.cluster.cni_conf_dir}: {self._chain()}")
+            f"route out); Ready {time.monotonic() - began:.1f} s after the start"
+        )
+        say(
+            "images built here and imported into containerd: "
+            + ", ".join(image.ref for image in self.cluster.images.values())
+        )
+        say(
+            f"CNI: bin dir {self.cluster.cni_bin_dir} (Debian's reference plugins), conf dir "
+            f"{self.cluster.cni_conf_dir}: {self._chain()}"
+        )
         self.reference_conflist = self.cluster.conflist_path.read_text()
 
     def helm_install(self) -> None:
         cluster = self._cluster()
         binaries = helm_binaries()
         version = max(binaries, key=_version_key)
-        self.helm = Helm(binary=binaries[version], kubeconfig=cluster.kubeconfig,
-                         home=self.workdir / "helm")
+        self.helm = Helm(
+            binary=binaries[version], kubeconfig=cluster.kubeconfig, home=self.workdir / "helm"
+        )
         image = cluster.images["istio-cni"]
         began = time.monotonic()
         self.agent = install(self.helm, cluster, cluster.core(), image, logLevel="info")
         say = self.console.say
-        say(f"helm {self.helm.reported_version()} install {RELEASE} charts/istio-cni "
+        say(
+            f"helm {self.helm.reported_version()} install {RELEASE} charts/istio-cni "
             f"-n {AGENT_NAMESPACE} "
-            f"--set hub={image.hub},tag={image.tag},cniBinDir=...,cniConfDir=...")
-        say(f"kubelet started the DaemonSet's pod; Ready (readiness probe passed) "
+            f"--set hub={image.hub},tag={image.tag},cniBinDir=...,cniConfDir=..."
+        )
+        say(
+            f"kubelet started the DaemonSet's pod; Ready (readiness probe passed) "
             f"{time.monotonic() - began:.1f} s after helm install. "
-            f"kubectl get pods -n {AGENT_NAMESPACE} -o wide:")
+            f"kubectl get pods -n {AGENT_NAMESPACE} -o wide:"
+        )
         self.console.block(self._pod_table(agent_pods(cluster.core())))
 
     def show_conflist(self) -> None:
         cluster = self._cluster()
         plugins = conflist(cluster)["plugins"]
         if plugins[-1].get("type") != "istio-cni":
-            raise StepError(f"{cluster.conflist_path}: istio-cni is not chained last: "
-                            f"{self._chain()}")
+            raise StepError(
+                f"{cluster.conflist_path}: istio-cni is not chained last: {self._chain()}"
+            )
         say = self.console.say
         say(f"{cluster.conflist_path.name}: {self._chain()} (our entry, chained last):")
         self.console.block(json.dumps(plugins[-1], indent=2))
         plugin = cluster.cni_bin_dir / "istio-cni"
-        say(f"bin dir: istio-cni ({plugin.stat().st_size / 1e6:.1f} MB, one static executable) "
-            "copied in by the agent from its image")
+        say(
+            f"bin dir: istio-cni ({plugin.stat().st_size / 1e6:.1f} MB, one static executable) "
+            "copied in by the agent from its image"
+        )
 
     def start_pods(self) -> None:
         cluster = self._cluster()
         core = cluster.core()
         core.create_namespace({"metadata": {"name": APP_NAMESPACE}})
-        kubepods.wait_for(lambda: _has_default_sa(core, APP_NAMESPACE),
-                          f"{APP_NAMESPACE}/default ServiceAccount", 30)
+        kubepods.wait_for(
+            lambda: _has_default_sa(core, APP_NAMESPACE),
+            f"{APP_NAMESPACE}/default ServiceAccount",
+            30,
+        )
         image = cluster.images["workload"].ref
         loop = ["connect-loop", OUTSIDE[0], str(OUTSIDE[1]), "1"]
         for name, sidecar in (("app-with-sidecar", True), ("app-without-sidecar", False)):
-            core.create_namespaced_pod(APP_NAMESPACE, kubepods.pod_manifest(
-                name, image, app_command=loop, sidecar=sidecar))
+            core.create_namespaced_pod(
+                APP_NAMESPACE, kubepods.pod_manifest(name, image, app_command=loop, sidecar=sidecar)
+            )
         for name in ("app-with-sidecar", "app-without-sidecar"):
             self.pods[name] = kubepods.wait_running(core, APP_NAMESPACE, name)
         self.console.say(
             "two pods created through the API (no nodeName): app-with-sidecar as Istio's "
             "injector leaves a pod (annotation sidecar.istio.io/status, an istio-proxy "
             "container: here a test double of Envoy listening on 15001 and 15006), and "
-            f"app-without-sidecar. kubectl get pods -n {APP_NAMESPACE} -o wide:")
+            f"app-without-sidecar. kubectl get pods -n {APP_NAMESPACE} -o wide:"
+        )
         self.console.block(self._pod_table(core.list_namespaced_pod(APP_NAMESPACE).items))
 
     def show_rules(self) -> None:
@@ -175,14 +197,18 @@ class Demo:
         rules = _rules_only(podnet.saved_rules(netns))
         if "ISTIO_REDIRECT" not in rules:
             raise StepError(f"no redirect rules in {sidecar.name}'s netns:\n{rules}")
-        say(f"iptables-save in {sidecar.name}'s network namespace ({netns}), programmed by the "
-            "agent when kubelet's runtime ran the chain:")
+        say(
+            f"iptables-save in {sidecar.name}'s network namespace ({netns}), programmed by the "
+            "agent when kubelet's runtime ran the chain:"
+        )
         self.console.block(rules)
         plain = self.pods["app-without-sidecar"]
         if podnet.has_istio_rules(cluster.pod_netns(plain.uid)):
             raise StepError(f"{plain.name} has rules of ours")
-        say(f"{plain.name}: no istio-proxy container, so the agent left its namespace alone "
-            "(no rules)")
+        say(
+            f"{plain.name}: no istio-proxy container, so the agent left its namespace alone "
+            "(no rules)"
+        )
 
     def show_traffic(self) -> None:
         cluster = self._cluster()
@@ -190,21 +216,34 @@ class Demo:
         say = self.console.say
         target = f"{OUTSIDE[0]}:{OUTSIDE[1]}"
         sidecar, plain = self.pods["app-with-sidecar"], self.pods["app-without-sidecar"]
-        say(f"each app connects to {target} once a second; the Envoy double answers with the "
-            "port the connection arrived on and its original destination (SO_ORIGINAL_DST)")
+        say(
+            f"each app connects to {target} once a second; the Envoy double answers with the "
+            "port the connection arrived on and its original destination (SO_ORIGINAL_DST)"
+        )
         line = kubepods.wait_log_line(
-            core, APP_NAMESPACE, sidecar.name, "app",
+            core,
+            APP_NAMESPACE,
+            sidecar.name,
+            "app",
             lambda s: "proxy-double port=15001" in s and target in s,
-            "a connection answered by the proxy")
+            "a connection answered by the proxy",
+        )
         say(f"{sidecar.name} ({sidecar.ip}) -> {target}, from its log:")
         self.console.block(line.strip())
         line = kubepods.wait_log_line(
-            core, APP_NAMESPACE, plain.name, "app", lambda s: f"connect {target}" in s,
-            "a connection attempt")
+            core,
+            APP_NAMESPACE,
+            plain.name,
+            "app",
+            lambda s: f"connect {target}" in s,
+            "a connection attempt",
+        )
         if "proxy-double" in line or not kubepods.escaped(line):
             raise StepError(f"{plain.name}'s connection was not left alone: {line}")
-        say(f"{plain.name} ({plain.ip}) -> {target}: not redirected; it left the pod and found "
-            "no route in the node's network namespace:")
+        say(
+            f"{plain.name} ({plain.ip}) -> {target}: not redirected; it left the pod and found "
+            "no route in the node's network namespace:"
+        )
         self.console.block(line.strip())
         reply = podnet.connect(cluster.network.netns_path, str(sidecar.ip), APP_PORT)
         if not reply.startswith("proxy-double port=15006"):
@@ -215,15 +254,20 @@ class Demo:
         cluster = self._cluster()
         assert self.agent is not None
         logs = self.agent.logs(cluster.core())
-        lines = [_short_log(s) for s in logs.splitlines()
-                 if f"pod={APP_NAMESPACE}/" in s or "install ready" in s]
+        lines = [
+            _short_log(s)
+            for s in logs.splitlines()
+            if f"pod={APP_NAMESPACE}/" in s or "install ready" in s
+        ]
         wanted = {"pod redirected": "app-with-sidecar", "pod skipped": "app-without-sidecar"}
         for what, pod in wanted.items():
             if not any(what in s and f"pod={APP_NAMESPACE}/{pod}" in s for s in lines):
                 raise StepError(f"no '{what}' line for {pod} in the agent's log:\n{logs[-3000:]}")
-        self.console.say(f"kubectl logs -n {AGENT_NAMESPACE} {self.agent.pod.name} -c "
-                         f"{AGENT_CONTAINER} (the API's pod log endpoint): the install, and the "
-                         "plugin's ADD for each pod as the agent answered it:")
+        self.console.say(
+            f"kubectl logs -n {AGENT_NAMESPACE} {self.agent.pod.name} -c "
+            f"{AGENT_CONTAINER} (the API's pod log endpoint): the install, and the "
+            "plugin's ADD for each pod as the agent answered it:"
+        )
         self.console.block("\n".join(lines[:12]))
 
     def uninstall(self) -> None:
@@ -235,13 +279,17 @@ class Demo:
         self.helm.uninstall(RELEASE, namespace=AGENT_NAMESPACE)
         wait_agent_gone(core)
         say = self.console.say
-        say(f"helm uninstall {RELEASE}: kubelet stopped the agent, which saw its DaemonSet go "
-            f"and removed itself ({time.monotonic() - began:.1f} s)")
+        say(
+            f"helm uninstall {RELEASE}: kubelet stopped the agent, which saw its DaemonSet go "
+            f"and removed itself ({time.monotonic() - began:.1f} s)"
+        )
         left = sorted(p.name for p in cluster.cni_bin_dir.glob("istio-cni*"))
         same = cluster.conflist_path.read_text() == self.reference_conflist
-        say(f"{cluster.conflist_path.name}: {self._chain()}, "
+        say(
+            f"{cluster.conflist_path.name}: {self._chain()}, "
             f"{'byte-identical to' if same else 'DIFFERENT from'} the one before the install; "
-            f"bin dir: {', '.join(left) or 'no istio-cni files'}")
+            f"bin dir: {', '.join(left) or 'no istio-cni files'}"
+        )
         if left or not same:
             raise StepError("the agent did not remove its plugin and entry")
 
@@ -261,8 +309,10 @@ class Demo:
             attempt("pods", self._delete_pods)
         if self.helm is not None:
             for release, namespace in list(self.helm.releases):
-                attempt(f"helm uninstall {release}",
-                        functools.partial(self.helm.uninstall, release, namespace=namespace))
+                attempt(
+                    f"helm uninstall {release}",
+                    functools.partial(self.helm.uninstall, release, namespace=namespace),
+                )
         if self.cluster is not None:
             attempt("the node and the control plane", self.cluster.stop)
         return errors
@@ -285,25 +335,34 @@ class Demo:
 
     def _chain(self) -> str:
         plugins = conflist(self._cluster())["plugins"]
-        return " -> ".join(p["type"] + (" (+ host-local)" if "ipam" in p else "")
-                           for p in plugins)
+        return " -> ".join(p["type"] + (" (+ host-local)" if "ipam" in p else "") for p in plugins)
 
     def _pod_table(self, pods: list[Any]) -> str:
         rows = [("NAME", "READY", "STATUS", "RESTARTS", "IP", "NODE")]
         for pod in pods:
             statuses = pod.status.container_statuses or []
             ready = sum(1 for c in statuses if c.ready)
-            rows.append((pod.metadata.name, f"{ready}/{len(pod.spec.containers)}",
-                         str(pod.status.phase), str(sum(c.restart_count for c in statuses)),
-                         str(pod.status.pod_ip), str(pod.spec.node_name)))
+            rows.append(
+                (
+                    pod.metadata.name,
+                    f"{ready}/{len(pod.spec.containers)}",
+                    str(pod.status.phase),
+                    str(sum(c.restart_count for c in statuses)),
+                    str(pod.status.pod_ip),
+                    str(pod.spec.node_name),
+                )
+            )
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        return "\n".join("   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-                         for r in rows)
+        return "\n".join(
+            "   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+        )
 
 
 def _has_default_sa(core: Any, namespace: str) -> bool:
-    return any(sa.metadata.name == "default"
-               for sa in core.list_namespaced_service_account(namespace).items)
+    return any(
+        sa.metadata.name == "default"
+        for sa in core.list_namespaced_service_account(namespace).items
+    )
 
 
 def _version_key(version: str) -> tuple[int, ...]:
@@ -312,8 +371,9 @@ def _version_key(version: str) -> tuple[int, ...]:
 
 def _rules_only(saved: str) -> str:
     """The save output without comments (timestamps, generator) and empty tables."""
-    return "\n".join(line for line in saved.splitlines()
-                     if line.strip() and not line.startswith("#")).strip()
+    return "\n".join(
+        line for line in saved.splitlines() if line.strip() and not line.startswith("#")
+    ).strip()
 
 
 def _short_log(line: str) -> str:

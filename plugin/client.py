@@ -64,8 +64,9 @@ class AgentClient:
     def log(self, body: LogRequest) -> bool:
         """Best effort: False when the line did not reach the agent."""
         try:
-            response = self._call("POST", wire.PATH_LOG, wire.encode(body),
-                                  timeout=min(self.timeout, LOG_TIMEOUT))
+            response = self._call(
+                "POST", wire.PATH_LOG, wire.encode(body), timeout=min(self.timeout, LOG_TIMEOUT)
+            )
         except CniError:
             return False
         return 200 <= response.status < 300
@@ -89,14 +90,17 @@ class AgentClient:
                 sock.sendall(framing.http_request(method, path, body))
                 return framing.read_http_response(recv, limit=self.limit)
             except TimeoutError as e:
-                raise AgentUnavailable(f"istio-cni agent did not answer within {total:g} s",
-                                       where) from e
+                raise AgentUnavailable(
+                    f"istio-cni agent did not answer within {total:g} s", where
+                ) from e
             except OSError as e:
-                raise AgentUnavailable("istio-cni agent connection failed",
-                                       f"{where}: {_reason(e)}") from e
+                raise AgentUnavailable(
+                    "istio-cni agent connection failed", f"{where}: {_reason(e)}"
+                ) from e
             except wire.WireError as e:
-                raise CniError(INTERNAL, "istio-cni agent sent a malformed HTTP response",
-                               f"{where}: {e}") from e
+                raise CniError(
+                    INTERNAL, "istio-cni agent sent a malformed HTTP response", f"{where}: {e}"
+                ) from e
         finally:
             sock.close()
 
@@ -106,8 +110,11 @@ class AgentClient:
         if response.status not in ok:
             raise self._error(response)
         if response.truncated:
-            raise CniError(INTERNAL, f"istio-cni agent reply exceeds {self.limit} bytes",
-                           f"HTTP {response.status}, cut at {self.limit} bytes")
+            raise CniError(
+                INTERNAL,
+                f"istio-cni agent reply exceeds {self.limit} bytes",
+                f"HTTP {response.status}, cut at {self.limit} bytes",
+            )
         try:
             return parse(response.body)
         except wire.WireError as e:
@@ -128,12 +135,15 @@ def _connect(sock: _socket.socket, path: str, timeout: float) -> None:
             return
         except BlockingIOError as e:
             if time.monotonic() + 0.005 >= deadline:
-                raise AgentUnavailable("istio-cni agent is not reachable",
-                                       f"connect {path}: backlog full for {timeout:g} s") from e
+                raise AgentUnavailable(
+                    "istio-cni agent is not reachable",
+                    f"connect {path}: backlog full for {timeout:g} s",
+                ) from e
             time.sleep(0.005)
         except OSError as e:
-            raise AgentUnavailable("istio-cni agent is not reachable",
-                                   f"connect {path}: {_reason(e)}") from e
+            raise AgentUnavailable(
+                "istio-cni agent is not reachable", f"connect {path}: {_reason(e)}"
+            ) from e
 
 
 def _reason(e: OSError) -> str:

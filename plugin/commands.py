@@ -64,7 +64,7 @@ def is_agent_pod(conf: NetConf, pod: Pod) -> bool:
     prefix = conf.agent_pod_prefix
     if not prefix or not pod.name.startswith(prefix):
         return False
-    suffix = pod.name[len(prefix):]
+    suffix = pod.name[len(prefix) :]
     return len(suffix) == _POD_SUFFIX_LEN and all(c in _POD_SUFFIX_CHARS for c in suffix)
 
 
@@ -86,8 +86,13 @@ class Plugin:
         self.stderr = stderr
 
     def commands(self) -> dict[str, Command]:
-        return {"ADD": self.add, "CHECK": self.check, "DEL": self.delete,
-                "GC": self.gc, "STATUS": self.status}
+        return {
+            "ADD": self.add,
+            "CHECK": self.check,
+            "DEL": self.delete,
+            "GC": self.gc,
+            "STATUS": self.status,
+        }
 
     def add(self, args: CmdArgs, conf: NetConf) -> dict[str, Any]:
         # Checked before any decision: a malformed prevResult fails every pod alike.
@@ -107,18 +112,25 @@ class Plugin:
         client = AgentClient(conf.agent_run_dir, timeout=conf.agent_timeout)
         reply = client.gc(wire.gc_request(conf.valid_attachments or []))
         self._log(args, conf, None).debug(
-            "GC done", attachments=len(conf.valid_attachments or []), reason=reply["reason"])
+            "GC done", attachments=len(conf.valid_attachments or []), reason=reply["reason"]
+        )
 
     def status(self, args: CmdArgs, conf: NetConf) -> None:
         client = AgentClient(conf.agent_run_dir, timeout=conf.agent_timeout)
         try:
             reply = client.status()
         except CniError as e:
-            raise CniError(NOT_AVAILABLE, "the plugin is not available",
-                           f"{e.msg}: {e.details}" if e.details else e.msg) from e
+            raise CniError(
+                NOT_AVAILABLE,
+                "the plugin is not available",
+                f"{e.msg}: {e.details}" if e.details else e.msg,
+            ) from e
         if not reply["ready"]:
-            raise CniError(NOT_AVAILABLE, "the plugin is not available",
-                           "istio-cni agent not ready: " + reply.get("reason", ""))
+            raise CniError(
+                NOT_AVAILABLE,
+                "the plugin is not available",
+                "istio-cni agent not ready: " + reply.get("reason", ""),
+            )
 
     def _ask(
         self, command: str, args: CmdArgs, conf: NetConf, *, unreachable_ok: bool = False
@@ -133,17 +145,31 @@ class Plugin:
         client = AgentClient(conf.agent_run_dir, timeout=conf.agent_timeout)
         log = self._log(args, conf, pod)
         try:
-            reply = client.cni(command, wire.cni_request(
-                command=command, container_id=args.container_id, netns=args.netns,
-                ifname=args.ifname, pod_name=pod.name, pod_namespace=pod.namespace,
-                pod_uid=pod.uid, cni_version=conf.cni_version, prev_result=conf.prev_result))
+            reply = client.cni(
+                command,
+                wire.cni_request(
+                    command=command,
+                    container_id=args.container_id,
+                    netns=args.netns,
+                    ifname=args.ifname,
+                    pod_name=pod.name,
+                    pod_namespace=pod.namespace,
+                    pod_uid=pod.uid,
+                    cni_version=conf.cni_version,
+                    prev_result=conf.prev_result,
+                ),
+            )
         except AgentUnavailable as e:
             log.agent_unreachable()  # its lines go to the run dir's file, not another connect
             if not unreachable_ok:
                 log.error(f"{command} failed", code=e.code, error=e.msg, details=e.details)
                 raise
-            log.warn(f"{command} succeeds without the agent: the netns and its rules go with "
-                     "the sandbox", error=e.msg, details=e.details)
+            log.warn(
+                f"{command} succeeds without the agent: the netns and its rules go with "
+                "the sandbox",
+                error=e.msg,
+                details=e.details,
+            )
             return
         except CniError as e:
             log.error(f"{command} failed", code=e.code, error=e.msg, details=e.details)
@@ -156,11 +182,27 @@ class Plugin:
         client = AgentClient(conf.agent_run_dir, timeout=conf.agent_timeout)
 
         def sink(level: str, msg: str, fields: dict[str, str]) -> bool:
-            return client.log(wire.log_request(level=level, msg=msg, pod_name=name,
-                                               pod_namespace=namespace,
-                                               container_id=args.container_id, fields=fields))
+            return client.log(
+                wire.log_request(
+                    level=level,
+                    msg=msg,
+                    pod_name=name,
+                    pod_namespace=namespace,
+                    container_id=args.container_id,
+                    fields=fields,
+                )
+            )
 
-        fields = {"pod": f"{namespace}/{name}" if pod else "",
-                  "containerId": args.container_id, "command": args.command}
-        return PluginLog(conf.log_level, stderr=self.stderr, fields=fields, sink=sink,
-                         as_json=conf.log_as_json, run_dir=conf.agent_run_dir)
+        fields = {
+            "pod": f"{namespace}/{name}" if pod else "",
+            "containerId": args.container_id,
+            "command": args.command,
+        }
+        return PluginLog(
+            conf.log_level,
+            stderr=self.stderr,
+            fields=fields,
+            sink=sink,
+            as_json=conf.log_as_json,
+            run_dir=conf.agent_run_dir,
+        )

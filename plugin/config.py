@@ -35,9 +35,19 @@ class NetConf:
     """The checked configuration of one invocation (read-only by convention)."""
 
     __slots__ = (
-        "agent_pod_prefix", "agent_run_dir", "agent_timeout", "cni_version",
-        "exclude_namespaces", "log_as_json", "log_level", "name", "pod_name", "pod_namespace",
-        "prev_result", "type", "valid_attachments",
+        "agent_pod_prefix",
+        "agent_run_dir",
+        "agent_timeout",
+        "cni_version",
+        "exclude_namespaces",
+        "log_as_json",
+        "log_level",
+        "name",
+        "pod_name",
+        "pod_namespace",
+        "prev_result",
+        "type",
+        "valid_attachments",
     )
 
     def __init__(
@@ -97,8 +107,11 @@ def parse(stdin: bytes, *, command: str) -> NetConf:
         )
     name = _string(raw, "name")
     if not is_name(name):
-        raise CniError(INVALID_CONFIG, f"invalid network name {name!r}",
-                       "letters, digits, '_', '.' and '-', starting with a letter or digit")
+        raise CniError(
+            INVALID_CONFIG,
+            f"invalid network name {name!r}",
+            "letters, digits, '_', '.' and '-', starting with a letter or digit",
+        )
     prev = raw.get("prevResult")
     if prev is not None and not isinstance(prev, dict):
         raise CniError(INVALID_CONFIG, "field 'prevResult' must be an object")
@@ -139,17 +152,20 @@ def _bool(raw: dict[str, Any], field: str) -> bool:
 def _level(raw: dict[str, Any]) -> str:
     level = _string(raw, "plugin_log_level", "info")
     if level not in LOG_LEVELS:
-        raise CniError(INVALID_CONFIG,
-                       f"network config field 'plugin_log_level' {level!r} is not one of "
-                       f"{', '.join(LOG_LEVELS)}")
+        raise CniError(
+            INVALID_CONFIG,
+            f"network config field 'plugin_log_level' {level!r} is not one of "
+            f"{', '.join(LOG_LEVELS)}",
+        )
     return level
 
 
 def _run_dir(raw: dict[str, Any]) -> str:
     run_dir = _string(raw, "cni_agent_run_dir", DEFAULT_RUN_DIR)
     if not run_dir.startswith("/"):
-        raise CniError(INVALID_CONFIG,
-                       f"network config field 'cni_agent_run_dir' {run_dir!r} is not absolute")
+        raise CniError(
+            INVALID_CONFIG, f"network config field 'cni_agent_run_dir' {run_dir!r} is not absolute"
+        )
     return run_dir
 
 
@@ -158,8 +174,9 @@ def _namespaces(raw: dict[str, Any]) -> tuple[str, ...]:
     if value is None:
         return ()
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise CniError(INVALID_CONFIG,
-                       "network config field 'exclude_namespaces' must be a list of strings")
+        raise CniError(
+            INVALID_CONFIG, "network config field 'exclude_namespaces' must be a list of strings"
+        )
     return tuple(value)
 
 
@@ -168,8 +185,11 @@ def _timeout(raw: dict[str, Any]) -> float:
     if value is None:
         return DEFAULT_TIMEOUT
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 300:
-        raise CniError(INVALID_CONFIG, "network config field 'agent_timeout_seconds' must be "
-                       f"a number of seconds in (0, 300], got {value!r}")
+        raise CniError(
+            INVALID_CONFIG,
+            "network config field 'agent_timeout_seconds' must be "
+            f"a number of seconds in (0, 300], got {value!r}",
+        )
     return float(value)
 
 
@@ -180,9 +200,13 @@ def _attachments(raw: dict[str, Any]) -> list[tuple[str, str]]:
         raise CniError(INVALID_CONFIG, f"GC needs network config field {field!r} (a list)")
     pairs = []
     for n, item in enumerate(value):
-        if not isinstance(item, dict) or not isinstance(item.get("containerID"), str) \
-                or not isinstance(item.get("ifname"), str):
-            raise CniError(INVALID_CONFIG,
-                           f"{field}[{n}] must be an object with string containerID and ifname")
+        if (
+            not isinstance(item, dict)
+            or not isinstance(item.get("containerID"), str)
+            or not isinstance(item.get("ifname"), str)
+        ):
+            raise CniError(
+                INVALID_CONFIG, f"{field}[{n}] must be an object with string containerID and ifname"
+            )
         pairs.append((item["containerID"], item["ifname"]))
     return pairs

@@ -29,5 +29,9 @@ class CniError(Exception):
         self.details = details
 
     def to_object(self, cni_version: str) -> dict[str, object]:
-        return {"cniVersion": cni_version, "code": self.code, "msg": self.msg,
-                "details": self.details}
+        return {
+            "cniVersion": cni_version,
+            "code": self.code,
+            "msg": self.msg,
+            "details": self.details,
+        }

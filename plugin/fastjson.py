@@ -44,8 +44,12 @@ def loads(data: str | bytes) -> Any:
     if isinstance(data, str):
         if not data.startswith("\ufeff"):
             text = data
-    elif isinstance(data, (bytes, bytearray)) and data[:1] and data[0] in _PLAIN_FIRST \
-            and (len(data) < 2 or data[1] != 0):
+    elif (
+        isinstance(data, (bytes, bytearray))
+        and data[:1]
+        and data[0] in _PLAIN_FIRST
+        and (len(data) < 2 or data[1] != 0)
+    ):
         try:
             text = bytes(data).decode("utf-8", "surrogatepass")
         except UnicodeDecodeError:
@@ -83,18 +87,24 @@ def dumps(obj: object) -> str:
 
 def dumps_compact(obj: object) -> str:
     """json.dumps(obj, separators=(",", ":"), ensure_ascii=False)."""
-    return _encode(obj, ascii=False, separators=(",", ":"),
-                   options={"separators": (",", ":"), "ensure_ascii": False})
+    return _encode(
+        obj,
+        ascii=False,
+        separators=(",", ":"),
+        options={"separators": (",", ":"), "ensure_ascii": False},
+    )
 
 
-def _encode(obj: object, *, ascii: bool, separators: tuple[str, str],
-            options: dict[str, Any]) -> str:
+def _encode(
+    obj: object, *, ascii: bool, separators: tuple[str, str], options: dict[str, Any]
+) -> str:
     # A new encoder per call, as json makes one: its circular-reference markers are per call.
     # Arguments: markers, default, string encoder, indent, key separator, item separator,
     # sort_keys, skipkeys, allow_nan (what json.JSONEncoder.iterencode passes).
     string = _json.encode_basestring_ascii if ascii else _json.encode_basestring
-    encoder = _json.make_encoder({}, _default, string, None, separators[1], separators[0],
-                                 False, False, True)
+    encoder = _json.make_encoder(
+        {}, _default, string, None, separators[1], separators[0], False, False, True
+    )
     try:
         return "".join(encoder(obj, 0))
     except (TypeError, ValueError, RecursionError):

@@ -30,9 +30,7 @@ class HttpResponse:
 
     __slots__ = ("body", "headers", "status", "truncated")
 
-    def __init__(
-        self, status: int, headers: dict[str, str], body: bytes, truncated: bool
-    ) -> None:
+    def __init__(self, status: int, headers: dict[str, str], body: bytes, truncated: bool) -> None:
         self.status = status
         self.headers = headers
         self.body = body
@@ -83,9 +81,7 @@ def _read_plain(
     return (buf[:limit], True) if len(buf) > limit else (buf, False)
 
 
-def _read_chunked(
-    buf: bytes, recv: Callable[[int], bytes], limit: int
-) -> tuple[bytes, bool]:
+def _read_chunked(buf: bytes, recv: Callable[[int], bytes], limit: int) -> tuple[bytes, bool]:
     body = b""
     while True:
         while b"\r\n" not in buf:

@@ -28,8 +28,7 @@ if TYPE_CHECKING:
 
     Sink = Callable[[str, str, dict[str, str]], bool]
 
-LEVELS = {"debug": 10, "info": 20, "warn": 30, "error": 40, "fatal": 50, "panic": 50,
-          "none": 1000}
+LEVELS = {"debug": 10, "info": 20, "warn": 30, "error": 40, "fatal": 50, "panic": 50, "none": 1000}
 SCOPE = "istio-cni"
 """The `logger=` / `scope` of the plugin's stderr lines and fallback file lines."""
 MAX_FILE_BYTES = 1 << 20
@@ -80,12 +79,16 @@ class PluginLog:
         if LEVELS[level] < self.threshold:
             return
         now = time.time()
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + \
-            f".{int(now % 1 * 1000):03d}Z"
+        stamp = (
+            time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+        )
         own = {k: str(v) for k, v in fields.items()}
         extra = {k: v for k, v in {**self.fields, **own}.items() if v}
-        line = json_line(stamp, level, msg, extra) if self.as_json \
+        line = (
+            json_line(stamp, level, msg, extra)
+            if self.as_json
             else kv_line(stamp, level, msg, extra)
+        )
         try:
             self.stderr.write(line)
             self.stderr.flush()
@@ -95,8 +98,10 @@ class PluginLog:
             return
         self.sink = None
         if self.run_dir:
-            append_line(self.run_dir, json_line(stamp, level, _cut(msg), {
-                k: _cut(v) for k, v in extra.items()}))
+            append_line(
+                self.run_dir,
+                json_line(stamp, level, _cut(msg), {k: _cut(v) for k, v in extra.items()}),
+            )
 
 
 def kv_line(stamp: str, level: str, msg: str, fields: dict[str, str]) -> str:
@@ -148,7 +153,7 @@ def _rotate(path: str, mine: os.stat_result) -> None:
     try:
         there = os.stat(path)
         if (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino):
-            os.rename(path, path[:-len(wire.LOG_FILE_NAME)] + wire.LOG_FILE_ROTATED)
+            os.rename(path, path[: -len(wire.LOG_FILE_NAME)] + wire.LOG_FILE_ROTATED)
     except OSError:
         pass  # gone meanwhile, or cannot rename: write to whatever is at the path now
 

@@ -39,8 +39,11 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "VERSION": (),
 }
 """Variables each command needs (as libcni's skeleton checks them); CNI_ARGS is always optional."""
-MIN_VERSION = {"CHECK": versions.CHECK_SINCE, "GC": versions.GC_STATUS_SINCE,
-               "STATUS": versions.GC_STATUS_SINCE}
+MIN_VERSION = {
+    "CHECK": versions.CHECK_SINCE,
+    "GC": versions.GC_STATUS_SINCE,
+    "STATUS": versions.GC_STATUS_SINCE,
+}
 
 
 class CmdArgs:
@@ -102,8 +105,9 @@ def dispatch(
         import traceback
 
         traceback.print_exc(file=stderr)
-        return _fail(stdout, CniError(INTERNAL, f"internal error: {type(e).__name__}: {e}"),
-                     version)
+        return _fail(
+            stdout, CniError(INTERNAL, f"internal error: {type(e).__name__}: {e}"), version
+        )
 
 
 def _check_env(environ: Mapping[str, str], stderr: TextIO) -> str:
@@ -113,12 +117,16 @@ def _check_env(environ: Mapping[str, str], stderr: TextIO) -> str:
         print("CNI protocol versions supported: " + ", ".join(versions.SUPPORTED), file=stderr)
         raise CniError(INVALID_ENV, "required env variables [CNI_COMMAND] missing")
     if cmd not in REQUIRED:
-        raise CniError(INVALID_ENV, f"unknown CNI_COMMAND: {cmd}",
-                       f"known commands: {', '.join(REQUIRED)}")
+        raise CniError(
+            INVALID_ENV, f"unknown CNI_COMMAND: {cmd}", f"known commands: {', '.join(REQUIRED)}"
+        )
     missing = [name for name in REQUIRED[cmd] if not environ.get(name)]
     if missing:
-        raise CniError(INVALID_ENV, f"required env variables [{','.join(missing)}] missing",
-                       f"CNI_COMMAND={cmd}")
+        raise CniError(
+            INVALID_ENV,
+            f"required env variables [{','.join(missing)}] missing",
+            f"CNI_COMMAND={cmd}",
+        )
     return cmd
 
 
@@ -130,17 +138,27 @@ def _check_ids(args: CmdArgs) -> None:
     if not config.is_name(args.container_id):
         raise CniError(INVALID_ENV, "invalid characters in CNI_CONTAINERID", args.container_id)
     name = args.ifname
-    if len(name) > 15 or name in (".", "..") or any(c in name for c in "/:") \
-            or any(c.isspace() for c in name):
-        raise CniError(INVALID_ENV, f"invalid CNI_IFNAME {name!r}",
-                       "at most 15 characters, not '.' or '..', no '/', ':' or whitespace")
+    if (
+        len(name) > 15
+        or name in (".", "..")
+        or any(c in name for c in "/:")
+        or any(c.isspace() for c in name)
+    ):
+        raise CniError(
+            INVALID_ENV,
+            f"invalid CNI_IFNAME {name!r}",
+            "at most 15 characters, not '.' or '..', no '/', ':' or whitespace",
+        )
 
 
 def _check_version(cmd: str, version: str) -> None:
     minimum = MIN_VERSION.get(cmd)
     if minimum and not versions.at_least(version, minimum):
-        raise CniError(INCOMPATIBLE_VERSION, f"config version {version} does not allow {cmd}",
-                       f"{cmd} needs cniVersion {minimum} or later")
+        raise CniError(
+            INCOMPATIBLE_VERSION,
+            f"config version {version} does not allow {cmd}",
+            f"{cmd} needs cniVersion {minimum} or later",
+        )
 
 
 def _read(stdin: BinaryIO) -> bytes:

@@ -82,9 +82,7 @@ def _list(result: Mapping[str, Any], field: str) -> list[Any]:
     return value
 
 
-def _strip(
-    item: object, where: str, new_keys: tuple[str, ...], legacy: bool
-) -> dict[str, Any]:
+def _strip(item: object, where: str, new_keys: tuple[str, ...], legacy: bool) -> dict[str, Any]:
     if not isinstance(item, dict):
         raise CniError(INVALID_CONFIG, f"{where} must be an object")
     return {k: v for k, v in item.items() if k not in new_keys} if legacy else dict(item)

@@ -176,7 +176,12 @@ def parse_gc_request(body: bytes) -> GcRequest:
 
 
 def log_request(
-    *, level: str, msg: str, pod_name: str, pod_namespace: str, container_id: str,
+    *,
+    level: str,
+    msg: str,
+    pod_name: str,
+    pod_namespace: str,
+    container_id: str,
     fields: dict[str, str] | None = None,
 ) -> LogRequest:
     """The body of POST /v1/log: one plugin log line for the agent's log, with the line's own

@@ -52,8 +52,9 @@ class Agent:
         return kubepods.logs(core, AGENT_NAMESPACE, self.pod.name, AGENT_CONTAINER)
 
 
-def ready_agent(core: Any, cluster: RealCluster, timeout: float = READY_TIMEOUT,
-                image: Image | None = None) -> Agent:
+def ready_agent(
+    core: Any, cluster: RealCluster, timeout: float = READY_TIMEOUT, image: Image | None = None
+) -> Agent:
     """The agent pod on the node, once Running and Ready (and of `image`, when given)."""
 
     def check() -> kubepods.PodView | None:
@@ -72,20 +73,24 @@ def ready_agent(core: Any, cluster: RealCluster, timeout: float = READY_TIMEOUT,
         lines = []
         for pod in agent_pods(core):
             view = kubepods.PodView.of(pod)
-            lines += [f"{view}", kubepods.pod_events(core, AGENT_NAMESPACE, view.name),
-                      kubepods.logs(core, AGENT_NAMESPACE, view.name, AGENT_CONTAINER)[-3000:]]
+            lines += [
+                f"{view}",
+                kubepods.pod_events(core, AGENT_NAMESPACE, view.name),
+                kubepods.logs(core, AGENT_NAMESPACE, view.name, AGENT_CONTAINER)[-3000:],
+            ]
         return "\n".join(lines) or "no agent pod"
 
-    view: kubepods.PodView = kubepods.wait_for(check, "the agent pod Running and Ready", timeout,
-                                               interval=0.5, on_timeout=state)
+    view: kubepods.PodView = kubepods.wait_for(
+        check, "the agent pod Running and Ready", timeout, interval=0.5, on_timeout=state
+    )
     return Agent(view)
 
 
-def install(helm: Helm, cluster: RealCluster, core: Any, image: Image,
-            **values: Any) -> Agent:
+def install(helm: Helm, cluster: RealCluster, core: Any, image: Image, **values: Any) -> Agent:
     """`helm install` with the node's values (+ `values`), then the agent Ready on the node."""
-    helm.install(RELEASE, CHART, namespace=AGENT_NAMESPACE,
-                 values=node_values(cluster, image, **values))
+    helm.install(
+        RELEASE, CHART, namespace=AGENT_NAMESPACE, values=node_values(cluster, image, **values)
+    )
     return ready_agent(core, cluster, image=image)
 
 
@@ -97,13 +102,18 @@ def plugin_types(cluster: RealCluster) -> list[str]:
     return [p.get("type") for p in conflist(cluster)["plugins"]]
 
 
-def wait_conflist(cluster: RealCluster, condition: Callable[[dict[str, Any]], bool],
-                  what: str = "the conflist", timeout: float = 30.0) -> None:
+def wait_conflist(
+    cluster: RealCluster,
+    condition: Callable[[dict[str, Any]], bool],
+    what: str = "the conflist",
+    timeout: float = 30.0,
+) -> None:
     def check() -> bool:
         try:
             return condition(conflist(cluster))
         except (OSError, ValueError):  # between the agent's write and rename
             return False
 
-    kubepods.wait_for(check, what, timeout,
-                      on_timeout=lambda: cluster.conflist_path.read_text(errors="replace"))
+    kubepods.wait_for(
+        check, what, timeout, on_timeout=lambda: cluster.conflist_path.read_text(errors="replace")
+    )

@@ -64,8 +64,9 @@ class ContainerdDirs:
         return self.base / "config.toml"
 
 
-def render_config(dirs: ContainerdDirs, *, sandbox_image: str, cni_bin_dir: Path,
-                  cni_conf_dir: Path) -> str:
+def render_config(
+    dirs: ContainerdDirs, *, sandbox_image: str, cni_bin_dir: Path, cni_conf_dir: Path
+) -> str:
     """config.toml (version 2) for a node of the test bed."""
     disabled = ", ".join(f'"{p}"' for p in DISABLED_PLUGINS)
     cri = 'plugins."io.containerd.grpc.v1.cri"'
@@ -113,8 +114,16 @@ disabled_plugins = [{disabled}]
 class Containerd:
     """start() / stop(); `ctr()` runs the ctr CLI against this instance."""
 
-    def __init__(self, dirs: ContainerdDirs, log_path: Path, *, prefix: list[str],
-                 sandbox_image: str, cni_bin_dir: Path, cni_conf_dir: Path) -> None:
+    def __init__(
+        self,
+        dirs: ContainerdDirs,
+        log_path: Path,
+        *,
+        prefix: list[str],
+        sandbox_image: str,
+        cni_bin_dir: Path,
+        cni_conf_dir: Path,
+    ) -> None:
         self.dirs = dirs
         self.binary = parts.debian_tool("containerd", "containerd").require()
         self.ctr_binary = parts.debian_tool("ctr", "containerd").require()
@@ -129,11 +138,22 @@ class Containerd:
     def start(self, timeout: float = 60.0) -> None:
         for d in (self.dirs.root, self.dirs.state, self.dirs.runc_root):
             d.mkdir(parents=True, exist_ok=True)
-        self.dirs.config.write_text(render_config(
-            self.dirs, sandbox_image=self.sandbox_image, cni_bin_dir=self.cni_bin_dir,
-            cni_conf_dir=self.cni_conf_dir))
-        self.daemon.argv = [*self.prefix, str(self.binary), "--config", str(self.dirs.config),
-                            "--log-level", "info"]
+        self.dirs.config.write_text(
+            render_config(
+                self.dirs,
+                sandbox_image=self.sandbox_image,
+                cni_bin_dir=self.cni_bin_dir,
+                cni_conf_dir=self.cni_conf_dir,
+            )
+        )
+        self.daemon.argv = [
+            *self.prefix,
+            str(self.binary),
+            "--config",
+            str(self.dirs.config),
+            "--log-level",
+            "info",
+        ]
         self.daemon.start()
         deadline = time.monotonic() + timeout
         while True:
@@ -157,15 +177,25 @@ class Containerd:
     def alive(self) -> bool:
         return self.daemon.alive()
 
-    def ctr(self, *args: str, check: bool = True,
-            timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
+    def ctr(
+        self, *args: str, check: bool = True, timeout: float = 300.0
+    ) -> subprocess.CompletedProcess[str]:
         # A stopped containerd fails at once instead of ctr waiting for it.
-        argv = [str(self.ctr_binary), "--address", str(self.dirs.socket), "--connect-timeout",
-                "5s", "-n", NAMESPACE, *args]
+        argv = [
+            str(self.ctr_binary),
+            "--address",
+            str(self.dirs.socket),
+            "--connect-timeout",
+            "5s",
+            "-n",
+            NAMESPACE,
+            *args,
+        ]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
         if check and done.returncode != 0:
-            raise RuntimeError(f"{' '.join(argv)} failed ({done.returncode}): "
-                               f"{done.stderr.strip()[-2000:]}")
+            raise RuntimeError(
+                f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()[-2000:]}"
+            )
         return done
 
     def import_image(self, archive: Path) -> None:
@@ -175,9 +205,12 @@ class Containerd:
     def sandbox_pid(self, pod_uid: str) -> int | None:
         """PID of the pause process of the pod's running sandbox (its netns is
         /proc/PID/ns/net), or None."""
-        listed = self.ctr("containers", "ls", "-q",
-                          f'labels."io.kubernetes.pod.uid"=={pod_uid},'
-                          f'labels."io.cri-containerd.kind"==sandbox')
+        listed = self.ctr(
+            "containers",
+            "ls",
+            "-q",
+            f'labels."io.kubernetes.pod.uid"=={pod_uid},labels."io.cri-containerd.kind"==sandbox',
+        )
         ids = set(listed.stdout.split())
         for line in self.ctr("tasks", "ls").stdout.splitlines()[1:]:
             task, pid, status = line.split()[:3]
@@ -187,9 +220,13 @@ class Containerd:
 
     def running_container(self, pod_uid: str, name: str) -> tuple[str, int]:
         """(container id, pid) of the pod's running container `name`."""
-        listed = self.ctr("containers", "ls", "-q",
-                          f'labels."io.kubernetes.pod.uid"=={pod_uid},'
-                          f'labels."io.kubernetes.container.name"=={name}')
+        listed = self.ctr(
+            "containers",
+            "ls",
+            "-q",
+            f'labels."io.kubernetes.pod.uid"=={pod_uid},'
+            f'labels."io.kubernetes.container.name"=={name}',
+        )
         ids = set(listed.stdout.split())
         for line in self.ctr("tasks", "ls").stdout.splitlines()[1:]:
             task, pid, status = line.split()[:3]

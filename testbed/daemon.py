@@ -116,13 +116,18 @@ def start_daemon_agent(
     node.netns_dir.mkdir(parents=True, exist_ok=True)
     script = ["set -e", f"mount -t tmpfs istio-cni-host {HOST_ROOT}"]
     for source, target in binds:
-        script += [f"mkdir -p {shlex.quote(target)}",
-                   f"mount --rbind {shlex.quote(str(source))} {shlex.quote(target)}"]
+        script += [
+            f"mkdir -p {shlex.quote(target)}",
+            f"mount --rbind {shlex.quote(str(source))} {shlex.quote(target)}",
+        ]
     plugin_dir = settings.get("pluginSourceDir", IMAGE_PLUGIN_DIR)
     # The image's plugin dir: a tmpfs over its top-level dir holds only the build.
     top = "/" + Path(plugin_dir).parts[1]
-    script += [f"mount -t tmpfs istio-cni-image {top}", f"mkdir -p {shlex.quote(plugin_dir)}",
-               f"mount --bind {shlex.quote(str(plugin_build))} {shlex.quote(plugin_dir)}"]
+    script += [
+        f"mount -t tmpfs istio-cni-image {top}",
+        f"mkdir -p {shlex.quote(plugin_dir)}",
+        f"mount --bind {shlex.quote(str(plugin_build))} {shlex.quote(plugin_dir)}",
+    ]
     agent = [sys.executable, "-m", "agent.cli", "run", "--config", str(config_path)]
     script.append("exec " + shlex.join(agent))
     env = {
@@ -136,9 +141,11 @@ def start_daemon_agent(
     log_path = workdir / "agent.log"
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            ["unshare", "--mount", "--propagation", "slave", "--", "bash", "-c",
-             "\n".join(script)],
-            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+            ["unshare", "--mount", "--propagation", "slave", "--", "bash", "-c", "\n".join(script)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO_ROOT,
         )
     return DaemonAgent(proc, log_path, int(settings.get("metricsPort", 15014)))
 

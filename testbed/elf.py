@@ -53,10 +53,11 @@ def needs(path: Path) -> ElfNeeds:
     info = _readelf("--version-info", str(path))
     required = info.split("Version needs section", 1)[1] if "Version needs section" in info else ""
     required = re.split(r"\n\S", required, maxsplit=1)[0] if required else ""
-    versions = {tuple(int(n) for n in v.split("."))
-                for v in re.findall(r"Name: GLIBC_(\d+(?:\.\d+)+)", required)}
-    return ElfNeeds(path, interp.group(1) if interp else None, libraries,
-                    tuple(sorted(versions)))
+    versions = {
+        tuple(int(n) for n in v.split("."))
+        for v in re.findall(r"Name: GLIBC_(\d+(?:\.\d+)+)", required)
+    }
+    return ElfNeeds(path, interp.group(1) if interp else None, libraries, tuple(sorted(versions)))
 
 
 def too_new(root: Path, floor: tuple[int, ...] = GLIBC_FLOOR) -> list[str]:

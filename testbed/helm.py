@@ -53,8 +53,9 @@ class Helm:
             env["KUBECONFIG"] = str(self.kubeconfig)
         return env
 
-    def call(self, *args: str, check: bool = True,
-             timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
+    def call(
+        self, *args: str, check: bool = True, timeout: float = 300.0
+    ) -> subprocess.CompletedProcess[str]:
         """Run `helm ARGS`; with `check`, a non-zero exit raises HelmError."""
         argv = [str(self.binary), *args]
         proc = subprocess.run(
@@ -119,14 +120,28 @@ class Helm:
         self.releases.append((release, namespace))
         return answer
 
-    def upgrade(self, release: str, chart: Path, *, namespace: str,
-                values: dict[str, Any]) -> dict[str, Any]:
+    def upgrade(
+        self, release: str, chart: Path, *, namespace: str, values: dict[str, Any]
+    ) -> dict[str, Any]:
         """`helm upgrade` of an installed release with these values (not merged with the old)."""
         values_path = self.home / f"{release}-upgrade-values.yaml"
         values_path.parent.mkdir(parents=True, exist_ok=True)
         values_path.write_text(yaml.safe_dump(values))
-        return dict(json.loads(self.run("upgrade", release, str(chart), "--namespace", namespace,
-                                        "--values", str(values_path), "--output", "json")))
+        return dict(
+            json.loads(
+                self.run(
+                    "upgrade",
+                    release,
+                    str(chart),
+                    "--namespace",
+                    namespace,
+                    "--values",
+                    str(values_path),
+                    "--output",
+                    "json",
+                )
+            )
+        )
 
     def uninstall(self, release: str, *, namespace: str) -> None:
         self.run("uninstall", release, "--namespace", namespace)

@@ -14,8 +14,11 @@ from testbed.parts import REPO_ROOT, MissingPartError, cache_dir
 
 BUILD_TESTBED_IMAGES = "ci/build-testbed-images"
 BUILD_IMAGE = "ci/build-image"
-SCRIPTS = {"pause": BUILD_TESTBED_IMAGES, "workload": BUILD_TESTBED_IMAGES,
-           "istio-cni": BUILD_IMAGE}
+SCRIPTS = {
+    "pause": BUILD_TESTBED_IMAGES,
+    "workload": BUILD_TESTBED_IMAGES,
+    "istio-cni": BUILD_IMAGE,
+}
 
 
 @dataclass(frozen=True)
@@ -61,14 +64,22 @@ def image(name: str) -> Image:
 def build_agent_image(tag: str) -> Image:
     """`ci/build-image --tag TAG`: the agent image also tagged TAG, with its own archive (what an
     upgrade to a new tag installs), as the manifest records it under istio-cni.tags.TAG."""
-    done = subprocess.run([str(REPO_ROOT / BUILD_IMAGE), "--tag", tag], capture_output=True,
-                          text=True, check=False, env=dict(os.environ), timeout=3600)
+    done = subprocess.run(
+        [str(REPO_ROOT / BUILD_IMAGE), "--tag", tag],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=dict(os.environ),
+        timeout=3600,
+    )
     if done.returncode != 0:
-        raise RuntimeError(f"{BUILD_IMAGE} --tag {tag} failed ({done.returncode}):\n"
-                           f"{done.stderr[-3000:]}")
+        raise RuntimeError(
+            f"{BUILD_IMAGE} --tag {tag} failed ({done.returncode}):\n{done.stderr[-3000:]}"
+        )
     try:
         entry = json.loads(manifest_path().read_text())["istio-cni"]["tags"][tag]
         return Image("istio-cni", str(entry["ref"]), Path(entry["archive"]))
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise RuntimeError(f"{BUILD_IMAGE} --tag {tag} recorded no istio-cni.tags.{tag} in "
-                           f"{manifest_path()}: {e}") from e
+        raise RuntimeError(
+            f"{BUILD_IMAGE} --tag {tag} recorded no istio-cni.tags.{tag} in {manifest_path()}: {e}"
+        ) from e

@@ -21,8 +21,16 @@ from testbed.process import Daemon
 
 PORT = 10250
 # Evaluating no eviction signal: "0%" is how a threshold is switched off.
-NO_EVICTION = {s: "0%" for s in ("memory.available", "nodefs.available", "nodefs.inodesFree",
-                                 "imagefs.available", "imagefs.inodesFree")}
+NO_EVICTION = {
+    s: "0%"
+    for s in (
+        "memory.available",
+        "nodefs.available",
+        "nodefs.inodesFree",
+        "imagefs.available",
+        "imagefs.inodesFree",
+    )
+}
 
 
 @dataclass(frozen=True)
@@ -51,8 +59,9 @@ class KubeletDirs:
         return self.base / "kubelet.kubeconfig"
 
 
-def kubelet_configuration(*, runtime_socket: Path, ca_file: Path, serving: pki.KeyPair,
-                          pod_logs: Path, address: str) -> dict[str, Any]:
+def kubelet_configuration(
+    *, runtime_socket: Path, ca_file: Path, serving: pki.KeyPair, pod_logs: Path, address: str
+) -> dict[str, Any]:
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
@@ -94,9 +103,18 @@ class Kubelet:
     """Certificates and config are made by prepare(); start()/stop() the process (stop leaves
     the pods running, as a kubelet restart on a node does)."""
 
-    def __init__(self, dirs: KubeletDirs, *, node_name: str, node_ip: str, server: str,
-                 ca: pki.KeyPair, runtime_socket: Path, prefix: list[str],
-                 log_path: Path) -> None:
+    def __init__(
+        self,
+        dirs: KubeletDirs,
+        *,
+        node_name: str,
+        node_ip: str,
+        server: str,
+        ca: pki.KeyPair,
+        runtime_socket: Path,
+        prefix: list[str],
+        log_path: Path,
+    ) -> None:
         self.binary = parts.kubelet().require()
         self.dirs = dirs
         self.node_name = node_name
@@ -112,31 +130,55 @@ class Kubelet:
     def prepare(self) -> None:
         for d in (self.dirs.root, self.dirs.pod_logs, self.dirs.pki):
             d.mkdir(parents=True, exist_ok=True)
-        client = pki.issue(self.ca, self.dirs.pki, "client",
-                           common_name=f"system:node:{self.node_name}",
-                           organizations=["system:nodes"])
-        serving = pki.issue(self.ca, self.dirs.pki, "serving", common_name=self.node_name,
-                            server_names=[self.node_name], server_ips=[self.node_ip])
-        write_kubeconfig(self.dirs.kubeconfig, server=self.server, ca_file=self.ca.cert,
-                         user=f"system:node:{self.node_name}", client_cert=client.cert,
-                         client_key=client.key)
-        config = kubelet_configuration(runtime_socket=self.runtime_socket, ca_file=self.ca.cert,
-                                       serving=serving, pod_logs=self.dirs.pod_logs,
-                                       address=self.node_ip)
+        client = pki.issue(
+            self.ca,
+            self.dirs.pki,
+            "client",
+            common_name=f"system:node:{self.node_name}",
+            organizations=["system:nodes"],
+        )
+        serving = pki.issue(
+            self.ca,
+            self.dirs.pki,
+            "serving",
+            common_name=self.node_name,
+            server_names=[self.node_name],
+            server_ips=[self.node_ip],
+        )
+        write_kubeconfig(
+            self.dirs.kubeconfig,
+            server=self.server,
+            ca_file=self.ca.cert,
+            user=f"system:node:{self.node_name}",
+            client_cert=client.cert,
+            client_key=client.key,
+        )
+        config = kubelet_configuration(
+            runtime_socket=self.runtime_socket,
+            ca_file=self.ca.cert,
+            serving=serving,
+            pod_logs=self.dirs.pod_logs,
+            address=self.node_ip,
+        )
         self.dirs.config.write_text(yaml.safe_dump(config, sort_keys=False))
 
     def start(self) -> None:
         self.starts += 1
         log = self.log_path.with_suffix(f".{self.starts}.log") if self.starts > 1 else self.log_path
-        self.daemon = Daemon("kubelet", [
-            *self.prefix, str(self.binary),
-            f"--config={self.dirs.config}",
-            f"--kubeconfig={self.dirs.kubeconfig}",
-            f"--root-dir={self.dirs.root}",
-            f"--hostname-override={self.node_name}",
-            f"--node-ip={self.node_ip}",
-            "--v=2",
-        ], log)
+        self.daemon = Daemon(
+            "kubelet",
+            [
+                *self.prefix,
+                str(self.binary),
+                f"--config={self.dirs.config}",
+                f"--kubeconfig={self.dirs.kubeconfig}",
+                f"--root-dir={self.dirs.root}",
+                f"--hostname-override={self.node_name}",
+                f"--node-ip={self.node_ip}",
+                "--v=2",
+            ],
+            log,
+        )
         self.daemon.start()
 
     def alive(self) -> bool:

@@ -23,19 +23,30 @@ PROXY = ["/usr/bin/python3", "/testbed/proxy-double.py"]
 SIDECAR_STATUS = '{"containers":["istio-proxy"],"initContainers":null}'
 
 
-def container(name: str, image: str, command: list[str], *,
-              uid: int | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {"name": name, "image": image, "imagePullPolicy": "Never",
-                            "command": command}
+def container(
+    name: str, image: str, command: list[str], *, uid: int | None = None
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "name": name,
+        "image": image,
+        "imagePullPolicy": "Never",
+        "command": command,
+    }
     if uid is not None:
         spec["securityContext"] = {"runAsUser": uid, "runAsGroup": uid}
     return spec
 
 
-def pod_manifest(name: str, image: str, *, app_command: list[str], sidecar: bool,
-                 annotations: Mapping[str, str] | None = None,
-                 labels: Mapping[str, str] | None = None,
-                 init_containers: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def pod_manifest(
+    name: str,
+    image: str,
+    *,
+    app_command: list[str],
+    sidecar: bool,
+    annotations: Mapping[str, str] | None = None,
+    labels: Mapping[str, str] | None = None,
+    init_containers: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """A pod for the scheduler to place (no nodeName): an `app` container running app.py, and
     with `sidecar` the injector's marks and an `istio-proxy` container."""
     containers = [container("app", image, [*APP, *app_command])]
@@ -43,13 +54,19 @@ def pod_manifest(name: str, image: str, *, app_command: list[str], sidecar: bool
     if sidecar:
         containers.append(container("istio-proxy", image, PROXY, uid=PROXY_UID))
         notes.setdefault("sidecar.istio.io/status", SIDECAR_STATUS)
-    spec: dict[str, Any] = {"containers": containers, "terminationGracePeriodSeconds": 1,
-                            "automountServiceAccountToken": False}
+    spec: dict[str, Any] = {
+        "containers": containers,
+        "terminationGracePeriodSeconds": 1,
+        "automountServiceAccountToken": False,
+    }
     if init_containers:
         spec["initContainers"] = init_containers
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "annotations": notes, "labels": dict(labels or {})},
-            "spec": spec}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": notes, "labels": dict(labels or {})},
+        "spec": spec,
+    }
 
 
 def escaped(line: str) -> bool:
@@ -86,8 +103,16 @@ class PodView:
                 "restarts": c.restart_count,
                 "ready": c.ready,
             }
-        return cls(pod.metadata.name, pod.metadata.namespace, pod.metadata.uid, status.phase,
-                   pod.spec.node_name, status.pod_ip, conds.get("Ready") == "True", containers)
+        return cls(
+            pod.metadata.name,
+            pod.metadata.namespace,
+            pod.metadata.uid,
+            status.phase,
+            pod.spec.node_name,
+            status.pod_ip,
+            conds.get("Ready") == "True",
+            containers,
+        )
 
 
 def pod_view(core: Any, namespace: str, name: str) -> PodView | None:
@@ -104,8 +129,9 @@ def pod_events(core: Any, namespace: str, name: str) -> str:
     return "\n".join(f"  {e.type} {e.reason}: {e.message}" for e in events.items[-15:])
 
 
-def wait_running(core: Any, namespace: str, name: str, timeout: float = 120.0,
-                 ready: bool = True) -> PodView:
+def wait_running(
+    core: Any, namespace: str, name: str, timeout: float = 120.0, ready: bool = True
+) -> PodView:
     """Until the pod is Running (and Ready with `ready`); fails with its state and events."""
 
     def check() -> PodView | None:
@@ -115,9 +141,14 @@ def wait_running(core: Any, namespace: str, name: str, timeout: float = 120.0,
         return None
 
     result: PodView = wait_for(
-        check, f"pod {namespace}/{name} Running{' and Ready' if ready else ''}", timeout,
-        on_timeout=lambda: f"state: {pod_view(core, namespace, name)}\nevents:\n"
-                           f"{pod_events(core, namespace, name)}")
+        check,
+        f"pod {namespace}/{name} Running{' and Ready' if ready else ''}",
+        timeout,
+        on_timeout=lambda: (
+            f"state: {pod_view(core, namespace, name)}\nevents:\n"
+            f"{pod_events(core, namespace, name)}"
+        ),
+    )
     return result
 
 
@@ -131,15 +162,28 @@ def logs(core: Any, namespace: str, name: str, container: str) -> str:
         raise
 
 
-def wait_log_line(core: Any, namespace: str, name: str, container: str,
-                  match: Callable[[str], bool], what: str, timeout: float = 60.0) -> str:
+def wait_log_line(
+    core: Any,
+    namespace: str,
+    name: str,
+    container: str,
+    match: Callable[[str], bool],
+    what: str,
+    timeout: float = 60.0,
+) -> str:
     def check() -> str | None:
-        return next((line for line in logs(core, namespace, name, container).splitlines()
-                     if match(line)), None)
+        return next(
+            (line for line in logs(core, namespace, name, container).splitlines() if match(line)),
+            None,
+        )
 
-    line: str = wait_for(check, f"{what} in the log of {namespace}/{name}/{container}", timeout,
-                         interval=0.5,
-                         on_timeout=lambda: logs(core, namespace, name, container)[-2000:])
+    line: str = wait_for(
+        check,
+        f"{what} in the log of {namespace}/{name}/{container}",
+        timeout,
+        interval=0.5,
+        on_timeout=lambda: logs(core, namespace, name, container)[-2000:],
+    )
     return line
 
 
@@ -149,5 +193,6 @@ def delete_and_wait(core: Any, namespace: str, name: str, timeout: float = 60.0)
     except ApiException as e:
         if e.status != 404:
             raise
-    wait_for(lambda: pod_view(core, namespace, name) is None,
-             f"pod {namespace}/{name} deleted", timeout)
+    wait_for(
+        lambda: pod_view(core, namespace, name) is None, f"pod {namespace}/{name} deleted", timeout
+    )

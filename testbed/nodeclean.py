@@ -36,8 +36,14 @@ XTABLES_LOCK = Path("/run/xtables.lock")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 RUNTIME_CGROUP = "k8s.io"  # containerd puts a namespace's containers under /<namespace>/<id>
 # What kubelet sets at start (setupKernelTunables); restored afterwards.
-KUBELET_SYSCTLS = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic",
-                   "kernel/panic_on_oops", "kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes")
+KUBELET_SYSCTLS = (
+    "vm/overcommit_memory",
+    "vm/panic_on_oom",
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "kernel/keys/root_maxkeys",
+    "kernel/keys/root_maxbytes",
+)
 
 
 @dataclass
@@ -98,14 +104,19 @@ def clean(record: NodeRecord) -> list[str]:
             sock.unlink()
     # Made by containerd's shims and ctr whatever the configured dirs; removed once empty (so
     # another containerd's files are left alone).
-    for d in (*SHARED_RUN_DIR.glob("runc/*"), *(SHARED_RUN_DIR / n for n in ("s", "fifo", "runc")),
-              SHARED_RUN_DIR):
+    for d in (
+        *SHARED_RUN_DIR.glob("runc/*"),
+        *(SHARED_RUN_DIR / n for n in ("s", "fifo", "runc")),
+        SHARED_RUN_DIR,
+    ):
         with contextlib.suppress(OSError):
             d.rmdir()
     for cached in LIBCNI_CACHE.glob(f"{record.cni_network}-*"):
         cached.unlink(missing_ok=True)
-    attempt("container log links", lambda: _remove_log_links(Path(record.base),
-                                                               record.made_log_links_dir))
+    attempt(
+        "container log links",
+        lambda: _remove_log_links(Path(record.base), record.made_log_links_dir),
+    )
     attempt("kernel settings", lambda: _restore_sysctls(record.sysctls))
     if record.made_xtables_lock:
         XTABLES_LOCK.unlink(missing_ok=True)
@@ -123,8 +134,11 @@ def clean(record: NodeRecord) -> list[str]:
 
 def missing_runtime_cgroups() -> list[str]:
     """The runtime cgroup dirs that do not exist yet (this node's runtime will make them)."""
-    return [str(c / RUNTIME_CGROUP) for c in sorted(CGROUP_ROOT.iterdir())
-            if (c / "cgroup.procs").exists() and not (c / RUNTIME_CGROUP).exists()]
+    return [
+        str(c / RUNTIME_CGROUP)
+        for c in sorted(CGROUP_ROOT.iterdir())
+        if (c / "cgroup.procs").exists() and not (c / RUNTIME_CGROUP).exists()
+    ]
 
 
 def kill_containers(record: NodeRecord) -> None:
@@ -176,11 +190,20 @@ def _delete_runc_containers(runc_root: Path) -> None:
     for ns_root in runc_root.iterdir():
         if not ns_root.is_dir():
             continue
-        listed = subprocess.run(["runc", "--root", str(ns_root), "list", "-q"],
-                                capture_output=True, text=True, check=False)
+        listed = subprocess.run(
+            ["runc", "--root", str(ns_root), "list", "-q"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         for cid in listed.stdout.split():
-            subprocess.run(["runc", "--root", str(ns_root), "delete", "--force", cid],
-                           capture_output=True, text=True, check=False, timeout=60)
+            subprocess.run(
+                ["runc", "--root", str(ns_root), "delete", "--force", cid],
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=60,
+            )
 
 
 def pids_with_cmdline(match: str) -> list[int]:

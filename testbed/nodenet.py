@@ -82,8 +82,18 @@ class NodeNetwork:
         self.link = pick_link_network()
         netns.add(self.netns_name)
         try:
-            netns.ip("link", "add", self.host_ifname, "type", "veth", "peer", "name", NODE_IFNAME,
-                     "netns", self.netns_name)
+            netns.ip(
+                "link",
+                "add",
+                self.host_ifname,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                NODE_IFNAME,
+                "netns",
+                self.netns_name,
+            )
             netns.ip("addr", "add", f"{self.gateway}/30", "dev", self.host_ifname)
             netns.ip("link", "set", self.host_ifname, "up")
             netns.ip("addr", "add", f"{self.node_ip}/30", "dev", NODE_IFNAME, netns=self.netns_name)
@@ -92,13 +102,24 @@ class NodeNetwork:
             self.delete()
             raise
 
-    def route_service(self, service_cidr: str, cluster_ip: str, port: int, target: str,
-                      target_port: int) -> None:
+    def route_service(
+        self, service_cidr: str, cluster_ip: str, port: int, target: str, target_port: int
+    ) -> None:
         """kube-proxy's job for one Service, for hostNetwork pods (all that need it here):
         cluster_ip:port -> target:target_port for connections made in the node netns."""
         netns.ip("route", "add", service_cidr, "via", self.gateway, netns=self.netns_name)
-        rule = ["-d", f"{cluster_ip}/32", "-p", "tcp", "--dport", str(port), "-j", "DNAT",
-                "--to-destination", f"{target}:{target_port}"]
+        rule = [
+            "-d",
+            f"{cluster_ip}/32",
+            "-p",
+            "tcp",
+            "--dport",
+            str(port),
+            "-j",
+            "DNAT",
+            "--to-destination",
+            f"{target}:{target_port}",
+        ]
         iptables(self.netns_name, "-t", "nat", "-A", "OUTPUT", *rule)
 
     def delete(self) -> None:

@@ -74,18 +74,19 @@ def enter(netns: str) -> list[str]:
 
 
 def in_netns(netns: str, *argv: str, check: bool = True) -> str:
-    done = subprocess.run([*enter(netns), *argv], capture_output=True,
-                          text=True, timeout=30, check=False)
+    done = subprocess.run(
+        [*enter(netns), *argv], capture_output=True, text=True, timeout=30, check=False
+    )
     if check and done.returncode != 0:
-        raise AssertionError(f"in netns {netns}: {' '.join(argv)} failed "
-                             f"({done.returncode}): {done.stderr.strip()}")
+        raise AssertionError(
+            f"in netns {netns}: {' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()}"
+        )
     return done.stdout
 
 
 def saved_rules(netns: str) -> str:
     """iptables-save of the netns through both iptables flavours (the agent picks one)."""
-    return (in_netns(netns, "iptables-nft-save") + "\n"
-            + in_netns(netns, "iptables-legacy-save"))
+    return in_netns(netns, "iptables-nft-save") + "\n" + in_netns(netns, "iptables-legacy-save")
 
 
 def has_istio_rules(netns: str) -> bool:
@@ -112,9 +113,18 @@ class Proxy:
 def proxy_in(sandbox: Sandbox) -> Iterator[Proxy]:
     """Listeners on 15001 ("outbound") and 15006 ("inbound") in the pod's netns, stopped after."""
     proc = subprocess.Popen(
-        [*enter(sandbox.netns_name), sys.executable, "-c", _PROXY,
-         f"{OUTBOUND_PORT}:outbound", f"{INBOUND_PORT}:inbound"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            *enter(sandbox.netns_name),
+            sys.executable,
+            "-c",
+            _PROXY,
+            f"{OUTBOUND_PORT}:outbound",
+            f"{INBOUND_PORT}:inbound",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline().strip()
@@ -134,20 +144,37 @@ def connect(netns: str, host: str, port: int) -> str:
     return in_netns(netns, sys.executable, "-c", _CLIENT, host, str(port)).strip()
 
 
-def call_plugin(cni_node: CniNode, sandbox: Sandbox, command: str,
-                prev_result: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+def call_plugin(
+    cni_node: CniNode, sandbox: Sandbox, command: str, prev_result: dict[str, Any]
+) -> tuple[int, dict[str, Any]]:
     """Exec our plugin as libcni does for the last entry of the chain: (exit code, stdout JSON).
 
     cnitool reports a failed plugin only by message; this shows the CNI error object itself.
     """
     conflist = json.loads(cni_node.conflist_path.read_text())
     entry = next(p for p in conflist["plugins"] if p.get("type") == "istio-cni")
-    conf = {"cniVersion": conflist["cniVersion"], "name": conflist["name"], **entry,
-            "prevResult": prev_result}
-    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "CNI_COMMAND": command,
-           "CNI_CONTAINERID": sandbox.infra_container_id, "CNI_NETNS": str(sandbox.netns_path),
-           "CNI_IFNAME": "eth0", "CNI_PATH": str(cni_node.bin_dir),
-           "CNI_ARGS": sandbox.cni_args()}
-    done = subprocess.run([str(cni_node.bin_dir / "istio-cni")], input=json.dumps(conf),
-                          env=env, capture_output=True, text=True, timeout=30, check=False)
+    conf = {
+        "cniVersion": conflist["cniVersion"],
+        "name": conflist["name"],
+        **entry,
+        "prevResult": prev_result,
+    }
+    env = {
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "CNI_COMMAND": command,
+        "CNI_CONTAINERID": sandbox.infra_container_id,
+        "CNI_NETNS": str(sandbox.netns_path),
+        "CNI_IFNAME": "eth0",
+        "CNI_PATH": str(cni_node.bin_dir),
+        "CNI_ARGS": sandbox.cni_args(),
+    }
+    done = subprocess.run(
+        [str(cni_node.bin_dir / "istio-cni")],
+        input=json.dumps(conf),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     return done.returncode, (json.loads(done.stdout) if done.stdout.strip() else {})

@@ -50,8 +50,13 @@ READY_TIMEOUT = 180.0
 class RealCluster:
     """start() then stop() (always; idempotent). `workdir/logs` keeps every component's log."""
 
-    def __init__(self, workdir: Path, *, node_name: str = NODE_NAME,
-                 image_names: tuple[str, ...] = ("pause", "workload", "istio-cni")) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        node_name: str = NODE_NAME,
+        image_names: tuple[str, ...] = ("pause", "workload", "istio-cni"),
+    ) -> None:
         self.workdir = workdir
         self.node_name = node_name
         self.log_dir = workdir / "logs"
@@ -70,9 +75,14 @@ class RealCluster:
         # Parts are looked up first: a missing one fails before anything is started.
         self.binaries = Binaries.from_cache(scheduler=True)
         parts.kubelet().require()
-        for tool, package in (("containerd", "containerd"), ("ctr", "containerd"),
-                              ("containerd-shim-runc-v2", "containerd"), ("runc", "runc"),
-                              ("nsenter", "util-linux"), ("iptables", "iptables")):
+        for tool, package in (
+            ("containerd", "containerd"),
+            ("ctr", "containerd"),
+            ("containerd-shim-runc-v2", "containerd"),
+            ("runc", "runc"),
+            ("nsenter", "util-linux"),
+            ("iptables", "iptables"),
+        ):
             parts.debian_tool(tool, package).require()
         self.plugins_dir = parts.cni_plugins_dir()
         self.images = {name: images.image(name) for name in image_names}
@@ -99,8 +109,9 @@ class RealCluster:
         return self.plane.kubeconfig
 
     def reference_conflist(self) -> dict[str, Any]:
-        return reference_conflist(self.cni_network, self.bridge, self.pod_subnet,
-                                  self.base / "ipam")
+        return reference_conflist(
+            self.cni_network, self.bridge, self.pod_subnet, self.base / "ipam"
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -110,30 +121,44 @@ class RealCluster:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.base.mkdir(parents=True, exist_ok=True)
         self.record = nodeclean.NodeRecord(
-            owner_pid=os.getpid(), base=str(self.base), netns_name=self.network.netns_name,
-            host_ifname=self.network.host_ifname, runtime_socket=str(self.runtime_dirs.socket),
-            runc_root=str(self.runtime_dirs.runc_root), cni_network=self.cni_network,
+            owner_pid=os.getpid(),
+            base=str(self.base),
+            netns_name=self.network.netns_name,
+            host_ifname=self.network.host_ifname,
+            runtime_socket=str(self.runtime_dirs.socket),
+            runc_root=str(self.runtime_dirs.runc_root),
+            cni_network=self.cni_network,
             sysctls=nodeclean.snapshot_sysctls(),
             made_log_links_dir=not nodeclean.CONTAINER_LOG_LINKS.exists(),
             made_xtables_lock=not nodeclean.XTABLES_LOCK.exists(),
-            made_cgroups=nodeclean.missing_runtime_cgroups())
+            made_cgroups=nodeclean.missing_runtime_cgroups(),
+        )
         self.record.save()  # before anything exists that a crash could leave behind
         # An interrupted session may skip fixture teardown; exit handlers still run.
         atexit.register(self._stop_at_exit)
 
         self.network.create()
-        self.plane = ControlPlane(self.workdir / "controlplane", self.binaries,
-                                  address=self.network.gateway, controllers=NODE_CONTROLLERS,
-                                  kubelet_client=True)
+        self.plane = ControlPlane(
+            self.workdir / "controlplane",
+            self.binaries,
+            address=self.network.gateway,
+            controllers=NODE_CONTROLLERS,
+            kubelet_client=True,
+        )
         self.plane.start()
         self.timings["control plane"] = time.monotonic() - began
-        self.network.route_service(SERVICE_CIDR, SERVICE_IP, 443, self.network.gateway,
-                                   self.plane.port)
+        self.network.route_service(
+            SERVICE_CIDR, SERVICE_IP, 443, self.network.gateway, self.plane.port
+        )
         self._make_node_dirs()
         self.runtime = Containerd(
-            self.runtime_dirs, self.log_dir / "containerd.log", prefix=self.network.nsenter(),
-            sandbox_image=self.images["pause"].ref, cni_bin_dir=self.cni_bin_dir,
-            cni_conf_dir=self.cni_conf_dir)
+            self.runtime_dirs,
+            self.log_dir / "containerd.log",
+            prefix=self.network.nsenter(),
+            sandbox_image=self.images["pause"].ref,
+            cni_bin_dir=self.cni_bin_dir,
+            cni_conf_dir=self.cni_conf_dir,
+        )
         self.runtime.start()
         self.timings["containerd"] = time.monotonic() - began
         for image in self.images.values():
@@ -141,9 +166,15 @@ class RealCluster:
         self.timings["images imported"] = time.monotonic() - began
         assert self.plane.ca is not None
         self.kubelet = Kubelet(
-            self.kubelet_dirs, node_name=self.node_name, node_ip=self.network.node_ip,
-            server=self.plane.server, ca=self.plane.ca, runtime_socket=self.runtime_dirs.socket,
-            prefix=self.network.nsenter(), log_path=self.log_dir / "kubelet.log")
+            self.kubelet_dirs,
+            node_name=self.node_name,
+            node_ip=self.network.node_ip,
+            server=self.plane.server,
+            ca=self.plane.ca,
+            runtime_socket=self.runtime_dirs.socket,
+            prefix=self.network.nsenter(),
+            log_path=self.log_dir / "kubelet.log",
+        )
         self.kubelet.prepare()
         self.kubelet.start()
         self.wait_node_ready()
@@ -168,8 +199,10 @@ class RealCluster:
         """Stop kubelet, the runtime (and every container), the control plane; remove it all."""
         atexit.unregister(self._stop_at_exit)
         errors: list[str] = []
-        for name, stop in (("kubelet", self.kubelet.stop if self.kubelet else None),
-                           ("containerd", self.runtime.stop if self.runtime else None)):
+        for name, stop in (
+            ("kubelet", self.kubelet.stop if self.kubelet else None),
+            ("containerd", self.runtime.stop if self.runtime else None),
+        ):
             if stop is not None:
                 try:
                     stop()
@@ -190,8 +223,9 @@ class RealCluster:
         if errors:
             raise RuntimeError("real node cleanup: " + "; ".join(errors))
 
-    def restart_node(self, *, reboot: bool = False,
-                     while_booting: Callable[[], None] | None = None) -> None:
+    def restart_node(
+        self, *, reboot: bool = False, while_booting: Callable[[], None] | None = None
+    ) -> None:
         """Stop kubelet and containerd with pods on the node, start both again, wait for Ready.
         Without `reboot` the containers keep running (the services restart); with it every
         container dies too, as in a reboot, and kubelet starts every pod again.
@@ -242,7 +276,8 @@ class RealCluster:
         """CoreV1Api as cluster admin (one client for the cluster's lifetime)."""
         if self._api is None:
             self._api = k8s_config.new_client_from_config(  # type: ignore[no-untyped-call]
-                config_file=str(self.kubeconfig))
+                config_file=str(self.kubeconfig)
+            )
         return k8s.CoreV1Api(self._api)
 
     def apps(self) -> Any:
@@ -259,7 +294,8 @@ class RealCluster:
         conditions = {c.type: c.status for c in node.status.conditions or []}
         taints = [t.key for t in node.spec.taints or []]
         return conditions.get("Ready") == "True" and not any(
-            t.startswith("node.kubernetes.io/not-ready") for t in taints)
+            t.startswith("node.kubernetes.io/not-ready") for t in taints
+        )
 
     def wait_node_ready(self, timeout: float = READY_TIMEOUT) -> None:
         deadline = time.monotonic() + timeout
@@ -268,20 +304,24 @@ class RealCluster:
             if time.monotonic() > deadline:
                 assert self.kubelet is not None and self.kubelet.daemon is not None
                 raise self.kubelet.daemon.failure(
-                    f"did not make node {self.node_name} Ready (and untainted) within {timeout}s")
+                    f"did not make node {self.node_name} Ready (and untainted) within {timeout}s"
+                )
             time.sleep(0.5)
 
     def check_alive(self) -> None:
         """Raise naming the first part of the node that exited."""
-        for daemon in [*(self.plane.daemons if self.plane else []),
-                       *([self.runtime.daemon] if self.runtime else []),
-                       *([self.kubelet.daemon] if self.kubelet and self.kubelet.daemon else [])]:
+        for daemon in [
+            *(self.plane.daemons if self.plane else []),
+            *([self.runtime.daemon] if self.runtime else []),
+            *([self.kubelet.daemon] if self.kubelet and self.kubelet.daemon else []),
+        ]:
             if not daemon.alive():
                 raise daemon.failure("is not running")
 
     def log_paths(self) -> list[Path]:
         return sorted(self.log_dir.glob("*.log")) + sorted(
-            (self.workdir / "controlplane" / "logs").glob("*.log"))
+            (self.workdir / "controlplane" / "logs").glob("*.log")
+        )
 
 
 def _run(argv: list[str]) -> None:

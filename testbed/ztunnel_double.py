@@ -80,8 +80,9 @@ class Workload:
 class ZtunnelDouble:
     """The test double; use as a context manager so listeners and threads always go away."""
 
-    def __init__(self, socket_path: str, *, hello_version: int = zds_pb2.V1,
-                 dns: bool = True) -> None:
+    def __init__(
+        self, socket_path: str, *, hello_version: int = zds_pb2.V1, dns: bool = True
+    ) -> None:
         self.socket_path = socket_path
         self.hello_version = hello_version
         self.dns = dns
@@ -113,8 +114,9 @@ class ZtunnelDouble:
     def connected(self) -> bool:
         return self._reader is not None and self._reader.is_alive()
 
-    def wait_for(self, what: str, predicate: Callable[[ZtunnelDouble], T],
-                 timeout: float = 10.0) -> T:
+    def wait_for(
+        self, what: str, predicate: Callable[[ZtunnelDouble], T], timeout: float = 10.0
+    ) -> T:
         """Wait until predicate(self) is truthy; fail naming `what` otherwise."""
         deadline = time.monotonic() + timeout
         with self._lock:
@@ -124,8 +126,10 @@ class ZtunnelDouble:
                     return value
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise AssertionError(f"ztunnel test double: timed out waiting for {what}; "
-                                         f"requests so far: {self.requests}")
+                    raise AssertionError(
+                        f"ztunnel test double: timed out waiting for {what}; "
+                        f"requests so far: {self.requests}"
+                    )
                 self._lock.wait(min(left, POLL))
 
     # --- lifecycle
@@ -148,8 +152,9 @@ class ZtunnelDouble:
             self._in_snapshot = set()
             self.connections += 1
         self._sock = sock
-        self._reader = threading.Thread(target=self._read_loop, args=(sock,),
-                                        name="ztunnel-double", daemon=True)
+        self._reader = threading.Thread(
+            target=self._read_loop, args=(sock,), name="ztunnel-double", daemon=True
+        )
         self._reader.start()
 
     def disconnect(self) -> None:
@@ -272,8 +277,9 @@ class ZtunnelDouble:
         except OSError as e:
             return f"cannot listen in the pod's network namespace: {e}"
         for sock in workload.sockets:
-            thread = threading.Thread(target=_serve, args=(workload, sock), daemon=True,
-                                      name=f"ztunnel-double:{add.uid}")
+            thread = threading.Thread(
+                target=_serve, args=(workload, sock), daemon=True, name=f"ztunnel-double:{add.uid}"
+            )
             workload.threads.append(thread)
             thread.start()
         with self._lock:
@@ -375,8 +381,11 @@ def _tcp(family: int, host: str, port: int, *, transparent: bool = True) -> sock
         if family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         if transparent:
-            level, option = ((socket.SOL_IP, IP_TRANSPARENT) if family == socket.AF_INET
-                             else (socket.IPPROTO_IPV6, IPV6_TRANSPARENT))
+            level, option = (
+                (socket.SOL_IP, IP_TRANSPARENT)
+                if family == socket.AF_INET
+                else (socket.IPPROTO_IPV6, IPV6_TRANSPARENT)
+            )
             sock.setsockopt(level, option, 1)
         sock.bind((host, port))
         sock.listen(64)

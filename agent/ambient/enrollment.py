@@ -120,8 +120,9 @@ def is_ztunnel_pod(
     pod: Mapping[str, Any], system_namespace: str = DEFAULT_SYSTEM_NAMESPACE
 ) -> bool:
     """Istio's `IsZtunnelPod`: label app=ztunnel in the system namespace."""
-    return (_meta(pod).get("namespace") == system_namespace
-            and labels_of(pod).get("app") == ZTUNNEL_APP)
+    return (
+        _meta(pod).get("namespace") == system_namespace and labels_of(pod).get("app") == ZTUNNEL_APP
+    )
 
 
 def pod_ips(pod: Mapping[str, Any]) -> tuple[str, ...]:
@@ -129,15 +130,19 @@ def pod_ips(pod: Mapping[str, Any]) -> tuple[str, ...]:
     status = pod.get("status")
     if not isinstance(status, Mapping):
         return ()
-    ips = [str(p.get("ip")) for p in status.get("podIPs") or [] if isinstance(p, Mapping)
-           and p.get("ip")]
+    ips = [
+        str(p.get("ip"))
+        for p in status.get("podIPs") or []
+        if isinstance(p, Mapping) and p.get("ip")
+    ]
     if ips:
         return tuple(ips)
     return (str(status["podIP"]),) if status.get("podIP") else ()
 
 
 def selectors_match(
-    pod: Mapping[str, Any], namespace: Mapping[str, Any] | None,
+    pod: Mapping[str, Any],
+    namespace: Mapping[str, Any] | None,
     selectors: Sequence[EnablementSelector],
 ) -> Decision:
     """Istio's `CompiledEnablementSelectors.Matches`, with the reason: host network and sidecar
@@ -151,12 +156,17 @@ def selectors_match(
         if selector_matches(sel.podSelector, pod_labels) and selector_matches(
             sel.namespaceSelector, ns_labels
         ):
-            return Decision(True, f"enablement selector {i} matches the pod and its namespace "
-                                  f"({_describe(sel)})")
+            return Decision(
+                True,
+                f"enablement selector {i} matches the pod and its namespace ({_describe(sel)})",
+            )
     mode = pod_labels.get(DATAPLANE_MODE_LABEL)
     if mode == DATAPLANE_MODE_NONE:
-        return Decision(False, f"pod opts out with {DATAPLANE_MODE_LABEL}={DATAPLANE_MODE_NONE}; "
-                               "no enablement selector matches")
+        return Decision(
+            False,
+            f"pod opts out with {DATAPLANE_MODE_LABEL}={DATAPLANE_MODE_NONE}; "
+            "no enablement selector matches",
+        )
     return Decision(False, "no enablement selector matches the pod's and its namespace's labels")
 
 
@@ -184,8 +194,10 @@ def namespace_matches(
     ns_labels: Mapping[str, str], selectors: Sequence[EnablementSelector]
 ) -> bool:
     """Istio's `MatchesNamespace`: a non-empty namespace selector of some entry matches."""
-    return any(not s.namespaceSelector.empty and selector_matches(s.namespaceSelector, ns_labels)
-               for s in selectors)
+    return any(
+        not s.namespaceSelector.empty and selector_matches(s.namespaceSelector, ns_labels)
+        for s in selectors
+    )
 
 
 def namespace_change_matters(
@@ -195,8 +207,9 @@ def namespace_change_matters(
     `namespace_matches`). `old` is None for a namespace the watch has just seen."""
     if old is None:
         return True
-    return namespace_matches(labels_of(old), selectors) != namespace_matches(labels_of(new),
-                                                                            selectors)
+    return namespace_matches(labels_of(old), selectors) != namespace_matches(
+        labels_of(new), selectors
+    )
 
 
 def pod_update_action(
@@ -216,8 +229,13 @@ def pod_update_action(
         return Action("none", "pod is a ztunnel")
     if state != "none" and is_terminated(pod):
         return Action("remove-deleted", f"pod was {state} and has terminated (phase {_phase(pod)})")
-    decision = should_enroll(pod, namespace, selectors, exclude_namespaces=exclude_namespaces,
-                             system_namespace=system_namespace)
+    decision = should_enroll(
+        pod,
+        namespace,
+        selectors,
+        exclude_namespaces=exclude_namespaces,
+        system_namespace=system_namespace,
+    )
     if state == "enabled" and decision.enroll and old_pod is not None:
         ips = pod_ips(pod)
         if ips and sorted(ips) != sorted(pod_ips(old_pod)):
@@ -234,7 +252,8 @@ def pod_update_action(
 
 
 def release_on_delete(
-    pod: Mapping[str, Any], namespace: Mapping[str, Any] | None,
+    pod: Mapping[str, Any],
+    namespace: Mapping[str, Any] | None,
     selectors: Sequence[EnablementSelector],
 ) -> bool:
     """Istio on a pod DELETE (from the event's pod, not the cache): release it from ztunnel when
@@ -275,7 +294,9 @@ def _describe(sel: EnablementSelector) -> str:
     parts = []
     for what, s in (("pod", sel.podSelector), ("namespace", sel.namespaceSelector)):
         terms = [f"{k}={v}" for k, v in s.matchLabels]
-        terms += [f"{r.key} {r.operator}" + (f" [{', '.join(r.values)}]" if r.values else "")
-                  for r in s.matchExpressions]
+        terms += [
+            f"{r.key} {r.operator}" + (f" [{', '.join(r.values)}]" if r.values else "")
+            for r in s.matchExpressions
+        ]
         parts.append(f"{what}: {' and '.join(terms) if terms else 'any'}")
     return "; ".join(parts)

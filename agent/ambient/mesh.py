@@ -46,8 +46,20 @@ log = logging.getLogger(__name__)
 BYPASS_INBOUND_ANNOTATION = "ambient.istio.io/bypass-inbound-capture"
 DNS_CAPTURE_ANNOTATION = "ambient.istio.io/dns-capture"
 VIRTUAL_INTERFACES_ANNOTATION = "istio.io/reroute-virtual-interfaces"
-_GO_BOOL = {"1": True, "t": True, "T": True, "TRUE": True, "true": True, "True": True,
-            "0": False, "f": False, "F": False, "FALSE": False, "false": False, "False": False}
+_GO_BOOL = {
+    "1": True,
+    "t": True,
+    "T": True,
+    "TRUE": True,
+    "true": True,
+    "True": True,
+    "0": False,
+    "f": False,
+    "F": False,
+    "FALSE": False,
+    "false": False,
+    "False": False,
+}
 HTTP_NOT_FOUND = 404
 
 
@@ -87,8 +99,9 @@ def netns_by_address(
     by IP; the IP works with every runtime and cgroup layout)."""
 
     def find(pods: Sequence[Mapping[str, Any]]) -> dict[str, str]:
-        index = index_netns_by_address(netns_dir=netns_dir, proc_dir=proc_dir,
-                                       read_addresses=read_addresses)
+        index = index_netns_by_address(
+            netns_dir=netns_dir, proc_dir=proc_dir, read_addresses=read_addresses
+        )
         found: dict[str, str] = {}
         for pod in pods:
             path = find_pod_netns(pod_ips(pod), index)
@@ -108,13 +121,19 @@ class StatusAnnotator:
     def patch(self, namespace: str, name: str, patch: AnnotationPatch) -> None:
         try:
             self._core.patch_namespaced_pod_status(
-                name, namespace, patch.body, _content_type=patch.content_type,
-                _request_timeout=(2, 10))
+                name,
+                namespace,
+                patch.body,
+                _content_type=patch.content_type,
+                _request_timeout=(2, 10),
+            )
         except ApiException as e:
             if e.status == HTTP_NOT_FOUND and patch.ignore_not_found:
                 return
-            raise MeshError(f"annotate pod {namespace}/{name} ({patch.data.decode()}): "
-                            f"API server answered {e.status} {e.reason}") from e
+            raise MeshError(
+                f"annotate pod {namespace}/{name} ({patch.data.decode()}): "
+                f"API server answered {e.status} {e.reason}"
+            ) from e
 
 
 def rule_options_for(base: PodRuleOptions) -> OptionsFor:
@@ -126,12 +145,16 @@ def rule_options_for(base: PodRuleOptions) -> OptionsFor:
         dns = _go_bool(notes, DNS_CAPTURE_ANNOTATION)
         virt = notes.get(VIRTUAL_INTERFACES_ANNOTATION)
         return PodRuleOptions(
-            ipv6=base.ipv6, redirect_dns=base.redirect_dns,
+            ipv6=base.ipv6,
+            redirect_dns=base.redirect_dns,
             dns_proxy=None if dns is None else ("enabled" if dns else "disabled"),
             ingress=bool(ingress),
             virtual_interfaces=tuple(v.strip() for v in virt.split(",") if v.strip())
-            if virt is not None else (),
-            probe_snat=base.probe_snat, probe_snat_v6=base.probe_snat_v6)
+            if virt is not None
+            else (),
+            probe_snat=base.probe_snat,
+            probe_snat_v6=base.probe_snat_v6,
+        )
 
     return options
 
@@ -155,10 +178,13 @@ def ambient_pod(pod: Mapping[str, Any], netns_path: str) -> AmbientPod:
     meta = _meta(pod)
     spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
     return AmbientPod(
-        uid=str(meta.get("uid", "")), name=str(meta.get("name", "")),
+        uid=str(meta.get("uid", "")),
+        name=str(meta.get("name", "")),
         namespace=str(meta.get("namespace", "")),
         service_account=str((spec or {}).get("serviceAccountName") or "default"),
-        ips=pod_ips(pod), netns_path=netns_path)
+        ips=pod_ips(pod),
+        netns_path=netns_path,
+    )
 
 
 @dataclass
@@ -178,8 +204,14 @@ class MeshDataplane:
     """add / remove / sync_host_probe / reconcile for ambient pods; thread-safe per pod uid."""
 
     def __init__(
-        self, *, pod_rules: PodRules, host_rules: HostProbeRules, ztunnel: ZtunnelLink,
-        annotator: Annotator, find_netns: NetnsFinder, options_for: OptionsFor,
+        self,
+        *,
+        pod_rules: PodRules,
+        host_rules: HostProbeRules,
+        ztunnel: ZtunnelLink,
+        annotator: Annotator,
+        find_netns: NetnsFinder,
+        options_for: OptionsFor,
     ) -> None:
         self._rules = pod_rules
         self._host = host_rules
@@ -247,8 +279,10 @@ class MeshDataplane:
         try:
             self._ztunnel.add(enrolled)
         except ZtunnelError as e:
-            log.warning("pod partially added, annotating pending", extra={"fields": {
-                "pod": ref, "error": str(e)}})
+            log.warning(
+                "pod partially added, annotating pending",
+                extra={"fields": {"pod": ref, "error": str(e)}},
+            )
             self._annotate(pod, "pending")
             raise ZtunnelPending(f"pod {ref}: ztunnel did not take the pod: {e}") from e
         try:
@@ -256,8 +290,7 @@ class MeshDataplane:
         except Exception as e:
             raise MeshError(f"pod {ref}: host probe address set: {e}") from e
         self._annotate(pod, "enabled")
-        log.info("pod enrolled", extra={"fields": {"pod": ref, "netns": netns,
-                                                   "backend": backend}})
+        log.info("pod enrolled", extra={"fields": {"pod": ref, "netns": netns, "backend": backend}})
         return enrolled
 
     def _remove(self, pod: Mapping[str, Any], *, deleted: bool) -> None:
@@ -274,11 +307,14 @@ class MeshDataplane:
                     self._rules.remove(known.netns_path)
                 except Exception as e:
                     self._put(known)  # kept, so the retry finds the netns again
-                    raise MeshError(f"pod {ref}: remove in-pod rules in {known.netns_path}: "
-                                    f"{e}") from e
+                    raise MeshError(
+                        f"pod {ref}: remove in-pod rules in {known.netns_path}: {e}"
+                    ) from e
             else:
-                log.warning("pod netns already gone, not deleting in-pod rules",
-                            extra={"fields": {"pod": ref}})
+                log.warning(
+                    "pod netns already gone, not deleting in-pod rules",
+                    extra={"fields": {"pod": ref}},
+                )
         try:
             self._ztunnel.remove(uid)
         except ZtunnelError as e:
@@ -297,8 +333,9 @@ class MeshDataplane:
 
     # -- start-up ----------------------------------------------------------------------------
 
-    def reconcile(self, pods: Sequence[Mapping[str, Any]], *, reapply_rules: bool
-                  ) -> ReconcileReport:
+    def reconcile(
+        self, pods: Sequence[Mapping[str, Any]], *, reapply_rules: bool
+    ) -> ReconcileReport:
         """Istio's ConstructInitialSnapshot for the pods annotated `enabled`: host probe set
         synced, each pod's netns found (the enrolled set = ztunnel's first snapshot), and with
         `reapply_rules` (reconcileIptablesOnStartup) rules that differ written again."""
@@ -323,9 +360,17 @@ class MeshDataplane:
             report.found.append(uid)
             if reapply_rules:
                 self._reapply(pod, netns, report)
-        log.info("ambient reconcile on start-up", extra={"fields": {
-            "enrolled": len(report.found), "missing": len(report.missing),
-            "reapplied": len(report.reapplied), "failed": len(report.failed)}})
+        log.info(
+            "ambient reconcile on start-up",
+            extra={
+                "fields": {
+                    "enrolled": len(report.found),
+                    "missing": len(report.missing),
+                    "reapplied": len(report.reapplied),
+                    "failed": len(report.failed),
+                }
+            },
+        )
         return report
 
     def _reapply(self, pod: Mapping[str, Any], netns: str, report: ReconcileReport) -> None:
@@ -337,9 +382,15 @@ class MeshDataplane:
                 report.reapplied.append(uid)
         except Exception as e:
             report.failed.append(uid)
-            log.error("reconcile of in-pod rules failed; restart the pod or re-label it",
-                      extra={"fields": {"pod": f"{_meta(pod).get('namespace')}/"
-                                               f"{_meta(pod).get('name')}", "error": str(e)}})
+            log.error(
+                "reconcile of in-pod rules failed; restart the pod or re-label it",
+                extra={
+                    "fields": {
+                        "pod": f"{_meta(pod).get('namespace')}/{_meta(pod).get('name')}",
+                        "error": str(e),
+                    }
+                },
+            )
 
     def remove_host_rules(self) -> None:
         """Uninstall (Istio's Stop without skipCleanup): node-side rules and sets go."""
@@ -355,18 +406,22 @@ class MeshDataplane:
         found = self._find_netns([pod]).get(uid)
         if found is None:
             ref = f"{_meta(pod).get('namespace')}/{_meta(pod).get('name')}"
-            raise NonRetryableAdd(f"pod {ref}: cannot find its network namespace on the node "
-                                  f"(IPs {', '.join(pod_ips(pod)) or 'none'})")
+            raise NonRetryableAdd(
+                f"pod {ref}: cannot find its network namespace on the node "
+                f"(IPs {', '.join(pod_ips(pod)) or 'none'})"
+            )
         return found
 
     def _annotate(self, pod: Mapping[str, Any], state: str) -> None:
         meta = _meta(pod)
-        patch = annotation_patch("enabled" if state == "enabled" else
-                                 "pending" if state == "pending" else "none")
+        patch = annotation_patch(
+            "enabled" if state == "enabled" else "pending" if state == "pending" else "none"
+        )
         try:
             self._annotator.patch(str(meta.get("namespace")), str(meta.get("name")), patch)
         except MeshError:
             raise
         except Exception as e:
-            raise MeshError(f"annotate pod {meta.get('namespace')}/{meta.get('name')} "
-                            f"({state}): {e}") from e
+            raise MeshError(
+                f"annotate pod {meta.get('namespace')}/{meta.get('name')} ({state}): {e}"
+            ) from e

@@ -23,7 +23,8 @@ DATAPLANE_MODE_LABEL = "istio.io/dataplane-mode"
 
 _NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 _DNS1123_SUBDOMAIN = re.compile(
-    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+)
 
 
 class SelectorError(ValueError):
@@ -79,8 +80,10 @@ class EnablementSelector:
     namespaceSelector: LabelSelector = field(default_factory=LabelSelector)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"podSelector": self.podSelector.to_dict(),
-                "namespaceSelector": self.namespaceSelector.to_dict()}
+        return {
+            "podSelector": self.podSelector.to_dict(),
+            "namespaceSelector": self.namespaceSelector.to_dict(),
+        }
 
 
 DEFAULT_ENABLEMENT_SELECTORS: tuple[EnablementSelector, ...] = (
@@ -88,8 +91,9 @@ DEFAULT_ENABLEMENT_SELECTORS: tuple[EnablementSelector, ...] = (
     EnablementSelector(podSelector=LabelSelector(matchLabels=((DATAPLANE_MODE_LABEL, "ambient"),))),
     # The namespace says ambient and the pod does not opt out with `none`.
     EnablementSelector(
-        podSelector=LabelSelector(matchExpressions=(
-            LabelSelectorRequirement(DATAPLANE_MODE_LABEL, "NotIn", ("none",)),)),
+        podSelector=LabelSelector(
+            matchExpressions=(LabelSelectorRequirement(DATAPLANE_MODE_LABEL, "NotIn", ("none",)),)
+        ),
         namespaceSelector=LabelSelector(matchLabels=((DATAPLANE_MODE_LABEL, "ambient"),)),
     ),
 )
@@ -126,16 +130,20 @@ def label_key_problem(key: str) -> str | None:
     if slash and (len(prefix) > 253 or not _DNS1123_SUBDOMAIN.match(prefix)):
         return "the prefix of a label key must be a DNS subdomain (lower case, '.', '-')"
     if not name or len(name) > 63 or not _NAME.match(name):
-        return ("the name of a label key must be 1-63 characters: alphanumerics, '-', '_', '.', "
-                "starting and ending with an alphanumeric")
+        return (
+            "the name of a label key must be 1-63 characters: alphanumerics, '-', '_', '.', "
+            "starting and ending with an alphanumeric"
+        )
     return None
 
 
 def label_value_problem(value: str) -> str | None:
     """Why `value` is not a label value (Kubernetes `IsValidLabelValue`), or None."""
     if value and (len(value) > 63 or not _NAME.match(value)):
-        return ("a label value must be empty or 1-63 characters: alphanumerics, '-', '_', '.', "
-                "starting and ending with an alphanumeric")
+        return (
+            "a label value must be empty or 1-63 characters: alphanumerics, '-', '_', '.', "
+            "starting and ending with an alphanumeric"
+        )
     return None
 
 
@@ -144,18 +152,24 @@ def parse_enablement_selectors(data: object) -> tuple[EnablementSelector, ...]:
     if data is None:
         return ()
     if not isinstance(data, list):
-        raise SelectorError("", f"must be a list of {{podSelector, namespaceSelector}}, got "
-                                f"{type(data).__name__}")
+        raise SelectorError(
+            "", f"must be a list of {{podSelector, namespaceSelector}}, got {type(data).__name__}"
+        )
     out = []
     for i, entry in enumerate(data):
         where = f"[{i}]"
         mapping = _mapping(entry, where)
         _known(mapping, where, ("podSelector", "namespaceSelector"))
-        out.append(EnablementSelector(
-            podSelector=parse_label_selector(mapping.get("podSelector"), f"{where}.podSelector"),
-            namespaceSelector=parse_label_selector(
-                mapping.get("namespaceSelector"), f"{where}.namespaceSelector"),
-        ))
+        out.append(
+            EnablementSelector(
+                podSelector=parse_label_selector(
+                    mapping.get("podSelector"), f"{where}.podSelector"
+                ),
+                namespaceSelector=parse_label_selector(
+                    mapping.get("namespaceSelector"), f"{where}.namespaceSelector"
+                ),
+            )
+        )
     return tuple(out)
 
 
@@ -181,8 +195,9 @@ def parse_label_selector(data: object, where: str) -> LabelSelector:
     exprs = mapping.get("matchExpressions")
     if exprs is not None and not isinstance(exprs, list):
         raise SelectorError(f"{where}.matchExpressions", "must be a list")
-    reqs = tuple(_requirement(e, f"{where}.matchExpressions[{i}]")
-                 for i, e in enumerate(exprs or []))
+    reqs = tuple(
+        _requirement(e, f"{where}.matchExpressions[{i}]") for i, e in enumerate(exprs or [])
+    )
     return LabelSelector(matchLabels=tuple(labels), matchExpressions=reqs)
 
 
@@ -195,8 +210,9 @@ def _requirement(data: object, where: str) -> LabelSelectorRequirement:
     _check(label_key_problem(key), f"{where}.key")
     operator = mapping.get("operator")
     if operator not in OPERATORS:
-        raise SelectorError(f"{where}.operator",
-                            f"{operator!r} is not one of {', '.join(OPERATORS)}")
+        raise SelectorError(
+            f"{where}.operator", f"{operator!r} is not one of {', '.join(OPERATORS)}"
+        )
     values = mapping.get("values")
     if values is None:
         values = []

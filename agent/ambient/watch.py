@@ -76,9 +76,15 @@ class AmbientWatch:
     """Feed it with `on_pod` / `on_namespace` (cache listeners); `start` runs the worker."""
 
     def __init__(
-        self, *, pods: Pods, namespaces: Namespaces, mesh: Mesh,
-        selectors: Sequence[EnablementSelector], exclude_namespaces: Collection[str],
-        system_namespace: str, on_event: Callable[[str], None] | None = None,
+        self,
+        *,
+        pods: Pods,
+        namespaces: Namespaces,
+        mesh: Mesh,
+        selectors: Sequence[EnablementSelector],
+        exclude_namespaces: Collection[str],
+        system_namespace: str,
+        on_event: Callable[[str], None] | None = None,
     ) -> None:
         """`on_event(type)` counts each reconcile (nodeagent_reconcile_events_total)."""
         self._pods = pods
@@ -141,9 +147,18 @@ class AmbientWatch:
                 self.processed += 1
             except Exception as e:  # retried with back-off, forever, as Istio's queue
                 delay = min(RETRY_MAX_SECONDS, max(RETRY_FIRST_SECONDS, last * 2))
-                log.warning("ambient event failed; retrying", extra={"fields": {
-                    "kind": event.kind, "type": event.type, "object": _ref(event.latest),
-                    "error": str(e), "retryIn": f"{delay:.3f}s"}})
+                log.warning(
+                    "ambient event failed; retrying",
+                    extra={
+                        "fields": {
+                            "kind": event.kind,
+                            "type": event.type,
+                            "object": _ref(event.latest),
+                            "error": str(e),
+                            "retryIn": f"{delay:.3f}s",
+                        }
+                    },
+                )
                 self._put(event, delay, delay)
 
     def _next(self) -> tuple[float, int, Event, float] | None:
@@ -171,11 +186,14 @@ class AmbientWatch:
     def _namespace(self, event: Event) -> None:
         ns = event.latest
         if event.new is None or not namespace_change_matters(
-                None if event.type == "add" else event.old, event.new, self._selectors):
+            None if event.type == "add" else event.old, event.new, self._selectors
+        ):
             return
         name = str(_meta(ns).get("name", ""))
-        log.info("namespace changed; examining its pods", extra={"fields": {
-            "namespace": name, "excluded": name in self._exclude}})
+        log.info(
+            "namespace changed; examining its pods",
+            extra={"fields": {"namespace": name, "excluded": name in self._exclude}},
+        )
         for pod in self._pods.list_pods():
             if _meta(pod).get("namespace") == name and not is_ztunnel_pod(pod, self._system_ns):
                 self._put(Event("pod", "update", pod, pod))
@@ -191,24 +209,40 @@ class AmbientWatch:
                 self._mesh.remove(latest, deleted=True)
             return
         if namespace is None:
-            log.warning("namespace of pod not found; event skipped", extra={"fields": {
-                "pod": f"{ns_name}/{name}"}})
+            log.warning(
+                "namespace of pod not found; event skipped",
+                extra={"fields": {"pod": f"{ns_name}/{name}"}},
+            )
             return
         current = self._pods.cached(ns_name, name)
         if current is None or _meta(current).get("uid") != meta.get("uid"):
             return  # gone meanwhile: its delete event releases it
         action = pod_update_action(
-            current, namespace, self._selectors, old_pod=event.old,
-            exclude_namespaces=self._exclude, system_namespace=self._system_ns)
-        log.debug("pod update", extra={"fields": {"pod": f"{ns_name}/{name}",
-                                                  "action": action.action,
-                                                  "reason": action.reason}})
+            current,
+            namespace,
+            self._selectors,
+            old_pod=event.old,
+            exclude_namespaces=self._exclude,
+            system_namespace=self._system_ns,
+        )
+        log.debug(
+            "pod update",
+            extra={
+                "fields": {
+                    "pod": f"{ns_name}/{name}",
+                    "action": action.action,
+                    "reason": action.reason,
+                }
+            },
+        )
         if action.action == "add":
             try:
                 self._mesh.add(current)
             except NonRetryableAdd as e:
-                log.error("failed capturing pod, will not retry", extra={"fields": {
-                    "pod": f"{ns_name}/{name}", "error": str(e)}})
+                log.error(
+                    "failed capturing pod, will not retry",
+                    extra={"fields": {"pod": f"{ns_name}/{name}", "error": str(e)}},
+                )
         elif action.action == "remove":
             self._mesh.remove(current, deleted=False)
         elif action.action == "remove-deleted":

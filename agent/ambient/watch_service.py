@@ -47,8 +47,15 @@ class AmbientService:
     """start/stop/ready/uninstall for the lifecycle."""
 
     def __init__(
-        self, *, settings: AmbientSettings, pods: Any, namespaces: Any, mesh: MeshDataplane,
-        ztunnel: ZtunnelLink, watch: AmbientWatch, start_pod_cache: bool = False,
+        self,
+        *,
+        settings: AmbientSettings,
+        pods: Any,
+        namespaces: Any,
+        mesh: MeshDataplane,
+        ztunnel: ZtunnelLink,
+        watch: AmbientWatch,
+        start_pod_cache: bool = False,
     ) -> None:
         """`pods` is the node's pod cache (started by the pod service unless
         `start_pod_cache`); `namespaces` the namespace cache, started here."""
@@ -70,8 +77,7 @@ class AmbientService:
         self._stopping.clear()
         if self._start_pod_cache:
             self._pods.start()
-        self._thread = threading.Thread(target=self._start_up, name="ambient-start",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._start_up, name="ambient-start", daemon=True)
         self._thread.start()
 
     def _start_up(self) -> None:
@@ -84,7 +90,8 @@ class AmbientService:
         enrolled = [p for p in self._pods.list_pods() if _enrolled(p, self._settings)]
         try:
             self.reconciled = self.mesh.reconcile(
-                enrolled, reapply_rules=self._settings.reconcileIptablesOnStartup)
+                enrolled, reapply_rules=self._settings.reconcileIptablesOnStartup
+            )
         except Exception:  # Istio goes on: pods are re-examined by the watch
             log.exception("ambient reconcile on start-up failed")
         if self._stopping.is_set():
@@ -124,16 +131,25 @@ class AmbientService:
 
 def _enrolled(pod: Mapping[str, Any], settings: AmbientSettings) -> bool:
     """Istio's GetActiveAmbientPodSnapshot: annotated enabled, not terminated, not a ztunnel."""
-    return (redirection_state(pod) == "enabled" and not is_terminated(pod)
-            and not is_ztunnel_pod(pod, settings.systemNamespace))
+    return (
+        redirection_state(pod) == "enabled"
+        and not is_terminated(pod)
+        and not is_ztunnel_pod(pod, settings.systemNamespace)
+    )
 
 
 class AmbientParts:
     """The real parts of ambient mode for one node, built from the settings; `enroller` goes to
     the pod server (CNI ADD/DEL), `service(pod_cache)` into the lifecycle."""
 
-    def __init__(self, settings: Settings, *, node_name: str, core: Any,
-                 host_netns: str = "/proc/self/ns/net") -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        node_name: str,
+        core: Any,
+        host_netns: str = "/proc/self/ns/net",
+    ) -> None:
         # Imported here: only an agent with ambient on needs them (and their kernel modules).
         from agent.ambient.zds import ZdsServer
         from agent.rules.ambient_apply import HostProbeRules, InpodRules
@@ -142,31 +158,55 @@ class AmbientParts:
         self.settings = settings
         self.namespaces = NamespaceCache(core, node_name)
         self.ztunnel = ZdsServer(amb.ztunnelSocketPath)
-        base = PodRuleOptions(ipv6=amb.ipv6, redirect_dns=amb.dnsCapture,
-                              probe_snat=amb.hostProbeSnatAddress,
-                              probe_snat_v6=amb.hostProbeSnatAddressV6)
+        base = PodRuleOptions(
+            ipv6=amb.ipv6,
+            redirect_dns=amb.dnsCapture,
+            probe_snat=amb.hostProbeSnatAddress,
+            probe_snat_v6=amb.hostProbeSnatAddressV6,
+        )
         self.mesh = MeshDataplane(
             pod_rules=InpodRules(backend=settings.ruleBackend),
-            host_rules=HostProbeRules(host_netns, ipv6=amb.ipv6,
-                                      probe_snat=amb.hostProbeSnatAddress,
-                                      probe_snat_v6=amb.hostProbeSnatAddressV6,
-                                      backend=settings.ruleBackend),
-            ztunnel=self.ztunnel, annotator=StatusAnnotator(core),
-            find_netns=netns_by_address(netns_dir=settings.mountedNetnsDir,
-                                        proc_dir=settings.hostProcDir,
-                                        read_addresses=netns_addresses),
-            options_for=rule_options_for(base))
+            host_rules=HostProbeRules(
+                host_netns,
+                ipv6=amb.ipv6,
+                probe_snat=amb.hostProbeSnatAddress,
+                probe_snat_v6=amb.hostProbeSnatAddressV6,
+                backend=settings.ruleBackend,
+            ),
+            ztunnel=self.ztunnel,
+            annotator=StatusAnnotator(core),
+            find_netns=netns_by_address(
+                netns_dir=settings.mountedNetnsDir,
+                proc_dir=settings.hostProcDir,
+                read_addresses=netns_addresses,
+            ),
+            options_for=rule_options_for(base),
+        )
         self.enroller = AmbientEnroller(
-            namespaces=self.namespaces, mesh=self.mesh, selectors=amb.enablementSelectors,
-            exclude_namespaces=settings.excludeNamespaces, system_namespace=amb.systemNamespace,
-            detection_retry=amb.enableAmbientDetectionRetry)
+            namespaces=self.namespaces,
+            mesh=self.mesh,
+            selectors=amb.enablementSelectors,
+            exclude_namespaces=settings.excludeNamespaces,
+            system_namespace=amb.systemNamespace,
+            detection_retry=amb.enableAmbientDetectionRetry,
+        )
 
     def service(self, pods: Any) -> AmbientService:
         amb = self.settings.ambient
         watch = AmbientWatch(
-            pods=pods, namespaces=self.namespaces, mesh=self.mesh,
-            selectors=amb.enablementSelectors, exclude_namespaces=self.settings.excludeNamespaces,
+            pods=pods,
+            namespaces=self.namespaces,
+            mesh=self.mesh,
+            selectors=amb.enablementSelectors,
+            exclude_namespaces=self.settings.excludeNamespaces,
             system_namespace=amb.systemNamespace,
-            on_event=lambda kind: metrics.RECONCILE_EVENTS.labels(type=kind).inc())
-        return AmbientService(settings=amb, pods=pods, namespaces=self.namespaces,
-                              mesh=self.mesh, ztunnel=self.ztunnel, watch=watch)
+            on_event=lambda kind: metrics.RECONCILE_EVENTS.labels(type=kind).inc(),
+        )
+        return AmbientService(
+            settings=amb,
+            pods=pods,
+            namespaces=self.namespaces,
+            mesh=self.mesh,
+            ztunnel=self.ztunnel,
+            watch=watch,
+        )

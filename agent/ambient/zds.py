@@ -73,8 +73,9 @@ class ZdsMetrics:
     """Istio's ztunnel_connected gauge: ztunnel connections open now."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.connected = Gauge("ztunnel_connected", "number of connections to ztunnel",
-                               registry=registry)
+        self.connected = Gauge(
+            "ztunnel_connected", "number of connections to ztunnel", registry=registry
+        )
 
 
 @functools.cache
@@ -134,8 +135,9 @@ class ZdsServer:
             raise
         self._listener = sock
         self._metrics.connected.set(0)
-        self._accept_thread = threading.Thread(target=self._accept_loop, name="zds-accept",
-                                               daemon=True)
+        self._accept_thread = threading.Thread(
+            target=self._accept_loop, name="zds-accept", daemon=True
+        )
         self._accept_thread.start()
         log.info("ZDS server listening", extra={"fields": {"socket": self.socket_path}})
 
@@ -179,8 +181,9 @@ class ZdsServer:
         try:
             fd = os.open(pod.netns_path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as e:
-            raise ZtunnelError(f"{what}: open network namespace {pod.netns_path}: "
-                               f"{e.strerror or e}") from e
+            raise ZtunnelError(
+                f"{what}: open network namespace {pod.netns_path}: {e.strerror or e}"
+            ) from e
         with self._lock:
             old = self._pods.pop(pod.uid, None)
             if old is not None:
@@ -189,10 +192,12 @@ class ZdsServer:
             conn = self._latest()
             sent_fd = os.dup(fd) if conn is not None else None
         if conn is None:
-            raise ZtunnelNotConnected(f"{what}: no ztunnel connected; it gets the pod in the "
-                                      "snapshot when it connects")
+            raise ZtunnelNotConnected(
+                f"{what}: no ztunnel connected; it gets the pod in the snapshot when it connects"
+            )
         message = zds_pb2.WorkloadRequest(
-            add=zds_pb2.AddWorkload(uid=pod.uid, workload_info=_workload(pod)))
+            add=zds_pb2.AddWorkload(uid=pod.uid, workload_info=_workload(pod))
+        )
         log.info("sending pod to ztunnel", extra={"fields": _fields(pod, conn)})
         response = self._wait(self._submit(conn, message, sent_fd, what), what)
         if response.ack.error:
@@ -220,8 +225,11 @@ class ZdsServer:
                 errors.append(str(e))
                 continue
             if response.ack.error:  # as Istio: logged; ztunnel no longer has the pod either way
-                log.warning("ztunnel answered DelWorkload with an error: %s", response.ack.error,
-                            extra={"fields": {"uid": uid, "conn": conn.id}})
+                log.warning(
+                    "ztunnel answered DelWorkload with an error: %s",
+                    response.ack.error,
+                    extra={"fields": {"uid": uid, "conn": conn.id}},
+                )
         if errors:
             raise ZtunnelError("; ".join(errors))
 
@@ -233,21 +241,24 @@ class ZdsServer:
                 return conn
         return None
 
-    def _submit(self, conn: Connection, message: zds_pb2.WorkloadRequest, fd: int | None,
-                what: str) -> Request:
+    def _submit(
+        self, conn: Connection, message: zds_pb2.WorkloadRequest, fd: int | None, what: str
+    ) -> Request:
         try:
             return conn.submit(message, fd)
         except ConnectionClosed as e:
-            raise ZtunnelNotConnected(f"{what}: ztunnel disconnected; it gets the pod in the "
-                                      "snapshot when it reconnects") from e
+            raise ZtunnelNotConnected(
+                f"{what}: ztunnel disconnected; it gets the pod in the snapshot when it reconnects"
+            ) from e
 
     def _wait(self, request: Request, what: str) -> zds_pb2.WorkloadResponse:
         try:
             return request.future.result(timeout=self._request_timeout)
         except (FutureTimeout, CancelledError) as e:
             request.future.cancel()  # not sent yet: never send it
-            raise ZtunnelError(f"{what}: no ack from ztunnel within "
-                               f"{self._request_timeout:g}s") from e
+            raise ZtunnelError(
+                f"{what}: no ack from ztunnel within {self._request_timeout:g}s"
+            ) from e
         except (AckTimeout, ProtocolError) as e:
             raise ZtunnelError(f"{what}: {e}") from e
         except ConnectionClosed as e:
@@ -283,8 +294,12 @@ class ZdsServer:
             time.sleep(ACCEPT_INTERVAL)
 
     def _open(self, sock: socket.socket) -> None:
-        conn = Connection(sock, snapshot=self._snapshot, io_timeout=self._io_timeout,
-                          keepalive_interval=self._keepalive)
+        conn = Connection(
+            sock,
+            snapshot=self._snapshot,
+            io_timeout=self._io_timeout,
+            keepalive_interval=self._keepalive,
+        )
         thread = threading.Thread(target=self._serve, args=(conn,), name=conn.id, daemon=True)
         with self._lock:
             self._conns.append(conn)
@@ -303,8 +318,10 @@ class ZdsServer:
                 self._threads.pop(conn, None)
                 count = len(self._conns)
             self._metrics.connected.set(count)
-            log.info("ztunnel connection ended",
-                     extra={"fields": {"conn": conn.id, "connections": count}})
+            log.info(
+                "ztunnel connection ended",
+                extra={"fields": {"conn": conn.id, "connections": count}},
+            )
 
     def _remove_socket(self) -> None:
         # Only our own socket: a newer agent may already have replaced it.
@@ -316,8 +333,9 @@ class ZdsServer:
 
 
 def _workload(pod: AmbientPod) -> zds_pb2.WorkloadInfo:
-    return zds_pb2.WorkloadInfo(name=pod.name, namespace=pod.namespace,
-                                service_account=pod.service_account)
+    return zds_pb2.WorkloadInfo(
+        name=pod.name, namespace=pod.namespace, service_account=pod.service_account
+    )
 
 
 def _fields(pod: AmbientPod, conn: Connection) -> dict[str, str]:
@@ -328,8 +346,11 @@ def _open_or_none(pod: AmbientPod) -> int | None:
     try:
         return os.open(pod.netns_path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as e:
-        log.warning("network namespace of a snapshot pod not found; sending KeepWorkload: %s",
-                    e.strerror or e, extra={"fields": {"uid": pod.uid, "netns": pod.netns_path}})
+        log.warning(
+            "network namespace of a snapshot pod not found; sending KeepWorkload: %s",
+            e.strerror or e,
+            extra={"fields": {"uid": pod.uid, "netns": pod.netns_path}},
+        )
         return None
 
 
@@ -344,8 +365,10 @@ def _bind(sock: socket.socket, path: str) -> int:
         with contextlib.suppress(FileNotFoundError):
             mode = os.lstat(path).st_mode
             if not stat.S_ISSOCK(mode):
-                raise ZdsServerError(f"ZDS socket {path}: a file that is not a socket is in the "
-                                     "way; refusing to replace it")
+                raise ZdsServerError(
+                    f"ZDS socket {path}: a file that is not a socket is in the "
+                    "way; refusing to replace it"
+                )
             log.info("replacing stale ZDS socket", extra={"fields": {"socket": path}})
         if os.path.lexists(temp):
             os.unlink(temp)

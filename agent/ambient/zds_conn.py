@@ -101,16 +101,21 @@ class Wire:
         hello = zds_pb2.ZdsHello()
         self._read(hello, "hello", self.io_timeout)
         if hello.version != PROTOCOL_VERSION:
-            raise ProtocolError(f"ztunnel hello has protocol version {_version_name(hello)}; "
-                                f"this agent speaks {zds_pb2.Version.Name(PROTOCOL_VERSION)}")
+            raise ProtocolError(
+                f"ztunnel hello has protocol version {_version_name(hello)}; "
+                f"this agent speaks {zds_pb2.Version.Name(PROTOCOL_VERSION)}"
+            )
         return hello
 
     def exchange(
         self, message: zds_pb2.WorkloadRequest, fd: int | None
     ) -> zds_pb2.WorkloadResponse:
         """Send `message` (with `fd` as SCM_RIGHTS) and read its ack."""
-        ancillary = [] if fd is None else [
-            (socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]).tobytes())]
+        ancillary = (
+            []
+            if fd is None
+            else [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]).tobytes())]
+        )
         self.sock.settimeout(self.io_timeout)
         try:
             self.sock.sendmsg([message.SerializeToString()], ancillary, socket.MSG_NOSIGNAL)
@@ -218,8 +223,10 @@ class Connection:
         try:
             hello = self._wire.read_hello()
             self.greeted.set()
-            log.info("ztunnel said hello", extra={"fields": {
-                **fields, "version": zds_pb2.Version.Name(hello.version)}})
+            log.info(
+                "ztunnel said hello",
+                extra={"fields": {**fields, "version": zds_pb2.Version.Name(hello.version)}},
+            )
             self._send_snapshot()
             self.synced.set()
             log.info("snapshot sent to ztunnel", extra={"fields": fields})
@@ -242,22 +249,30 @@ class Connection:
             for item in items:
                 if item.fd is not None:
                     message = zds_pb2.WorkloadRequest(
-                        add=zds_pb2.AddWorkload(uid=item.uid, workload_info=item.workload))
+                        add=zds_pb2.AddWorkload(uid=item.uid, workload_info=item.workload)
+                    )
                 else:  # namespace not found: ztunnel keeps what it has for this pod
                     message = zds_pb2.WorkloadRequest(keep=zds_pb2.KeepWorkload(uid=item.uid))
                 ack = self._wire.exchange(message, item.fd)
                 if ack.ack.error:
-                    log.error("ztunnel refused a snapshot pod: %s", ack.ack.error,
-                              extra={"fields": {"conn": self.id, "uid": item.uid}})
+                    log.error(
+                        "ztunnel refused a snapshot pod: %s",
+                        ack.ack.error,
+                        extra={"fields": {"conn": self.id, "uid": item.uid}},
+                    )
         finally:
             for item in items:
                 if item.fd is not None:
                     os.close(item.fd)
         ack = self._wire.exchange(
-            zds_pb2.WorkloadRequest(snapshot_sent=zds_pb2.SnapshotSent()), None)
+            zds_pb2.WorkloadRequest(snapshot_sent=zds_pb2.SnapshotSent()), None
+        )
         if ack.ack.error:
-            log.error("ztunnel answered SnapshotSent with an error: %s", ack.ack.error,
-                      extra={"fields": {"conn": self.id}})
+            log.error(
+                "ztunnel answered SnapshotSent with an error: %s",
+                ack.ack.error,
+                extra={"fields": {"conn": self.id}},
+            )
 
     def _serve(self) -> None:
         while True:
@@ -289,7 +304,8 @@ class Connection:
         for request in self._drain():
             if request.future.set_running_or_notify_cancel():
                 request.future.set_exception(
-                    ConnectionClosed(f"ztunnel connection {self.id} ended before the ack"))
+                    ConnectionClosed(f"ztunnel connection {self.id} ended before the ack")
+                )
             request.close_fd()
         with contextlib.suppress(OSError):
             self._wire.sock.close()

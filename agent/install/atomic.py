@@ -66,7 +66,11 @@ def current_id(path: str) -> FileId | None:
 
 
 def atomic_write(
-    path: str, data: bytes, *, mode: int = 0o600, keep_mode: bool = True,
+    path: str,
+    data: bytes,
+    *,
+    mode: int = 0o600,
+    keep_mode: bool = True,
     expect: FileId | None = None,
 ) -> None:
     """Replace `path` with `data` atomically; with keep_mode an existing file's mode wins, else
@@ -89,7 +93,7 @@ def atomic_write(
             view = memoryview(data)
             killpoint.before("write", tmp)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             killpoint.before("chmod", tmp)
             os.fchmod(fd, mode)
             killpoint.before("fsync", tmp)

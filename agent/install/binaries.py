@@ -124,9 +124,11 @@ def _same_file(src: str, dst: str, ledger: WriteLedger, file_mode: int) -> bool:
 
 def _install_file(src: str, dst: str, ledger: WriteLedger, file_mode: int) -> bool:
     if os.path.islink(dst) or os.path.isdir(dst):
-        raise InstallError(f"install plugin {dst}: expected a regular file, found "
-                           f"{'a symlink' if os.path.islink(dst) else 'a directory'}; "
-                           "remove it by hand (it is not ours to delete)")
+        raise InstallError(
+            f"install plugin {dst}: expected a regular file, found "
+            f"{'a symlink' if os.path.islink(dst) else 'a directory'}; "
+            "remove it by hand (it is not ours to delete)"
+        )
     mode = installed_mode(src, file_mode)
     if _same_file(src, dst, ledger, file_mode):
         ledger.record(dst, ledger.hashes.digest(dst), mode=mode)
@@ -189,9 +191,11 @@ def _prune_support_dirs(bin_dir: str, current: set[str]) -> list[str]:
     """Remove support dirs of former versions. While the source ships support dirs itself, the
     newest former one is kept (a plugin of that version may still be running and importing from
     it); a single-file source needs none, so all go. Called after the new files are in place."""
-    old = [e for e in os.scandir(bin_dir)
-           if is_support_dir(e.name) and e.name not in current
-           and e.is_dir(follow_symlinks=False)]
+    old = [
+        e
+        for e in os.scandir(bin_dir)
+        if is_support_dir(e.name) and e.name not in current and e.is_dir(follow_symlinks=False)
+    ]
     old.sort(key=lambda e: e.stat(follow_symlinks=False).st_mtime_ns, reverse=True)
     removed = []
     for entry in old[1:] if current else old:
@@ -199,8 +203,10 @@ def _prune_support_dirs(bin_dir: str, current: set[str]) -> list[str]:
             remove_tree(entry.path)
             removed.append(entry.name)
     if removed:
-        log.info("removed support dirs of a former plugin version",
-                 extra={"fields": {"dir": bin_dir, "names": ",".join(removed)}})
+        log.info(
+            "removed support dirs of a former plugin version",
+            extra={"fields": {"dir": bin_dir, "names": ",".join(removed)}},
+        )
     return removed
 
 
@@ -221,8 +227,7 @@ def install_binaries(
     # Support trees before executables: a new executable never runs without what it needs.
     for name, is_dir in sorted(entries.items(), key=lambda item: not item[1]):
         src, dst = os.path.join(source_dir, name), os.path.join(bin_dir, name)
-        changed = (_install_tree(src, dst) if is_dir
-                   else _install_file(src, dst, ledger, file_mode))
+        changed = _install_tree(src, dst) if is_dir else _install_file(src, dst, ledger, file_mode)
         (result.written if changed else result.unchanged).append(dst)
     result.removed = _prune_support_dirs(bin_dir, {n for n, d in entries.items() if d})
     return result
@@ -239,8 +244,10 @@ def binary_problems(
             if not os.path.isdir(dst) or os.path.islink(dst):
                 problems.append(f"{dst}: support dir missing")
         elif not _same_file(src, dst, ledger, file_mode):
-            problems.append(f"{dst}: plugin missing, different from {src} or not mode "
-                            f"{installed_mode(src, file_mode):04o}")
+            problems.append(
+                f"{dst}: plugin missing, different from {src} or not mode "
+                f"{installed_mode(src, file_mode):04o}"
+            )
     return problems
 
 

@@ -23,9 +23,14 @@ def _parser(command: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"istio-cni-agent {command}")
     p.add_argument("--config", default=DEFAULT_CONFIG_PATH, help="agent config.yaml")
     if command == "install":
-        p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
-                       help="give up when no primary CNI config appears in this time "
-                            "(default: wait until one does)")
+        p.add_argument(
+            "--timeout",
+            type=float,
+            default=None,
+            metavar="SECONDS",
+            help="give up when no primary CNI config appears in this time "
+            "(default: wait until one does)",
+        )
     return p
 
 
@@ -70,9 +75,12 @@ def _install(installer: Installer, timeout: float | None) -> int:
         return 1
     problems = installer.problems()
     if problems:
-        sys.stderr.write("istio-cni-agent install: not in place after install: "
-                         + "; ".join(problems) + "\n")
+        sys.stderr.write(
+            "istio-cni-agent install: not in place after install: " + "; ".join(problems) + "\n"
+        )
         return 1
-    log.info("installed", extra={"fields": {"bin_dir": installer.bin_dir,
-                                            "conf_dir": installer.conf_dir}})
+    log.info(
+        "installed",
+        extra={"fields": {"bin_dir": installer.bin_dir, "conf_dir": installer.conf_dir}},
+    )
     return 0

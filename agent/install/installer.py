@@ -81,7 +81,11 @@ class Installer:
     """Puts the plugin and its entry on the node for one Settings; keeps an undo log."""
 
     def __init__(
-        self, settings: Settings, *, pod_name: str, pod_namespace: str,
+        self,
+        settings: Settings,
+        *,
+        pod_name: str,
+        pod_namespace: str,
         ledger: WriteLedger | None = None,
     ) -> None:
         self.pod_name = pod_name
@@ -143,8 +147,9 @@ class Installer:
 
     def install(self) -> InstallReport:
         """Make binaries and config right; TransientInstallError while the primary is missing."""
-        binaries = install_binaries(self.settings.pluginSourceDir, self.bin_dir, self.ledger,
-                                    file_mode=self.file_mode)
+        binaries = install_binaries(
+            self.settings.pluginSourceDir, self.bin_dir, self.ledger, file_mode=self.file_mode
+        )
         self.undo[UndoStep("binaries", self.bin_dir)] = None
         self._clean_conf_dir()
         plan = self.plan()
@@ -168,8 +173,10 @@ class Installer:
     def _finish(self, step: Interrupted) -> None:
         """Complete a conversion a kill stopped: every runtime reads the .conf until then."""
         src, dst = self._path(step.conf), self._path(step.conflist)
-        log.info("finishing an interrupted .conf to .conflist conversion",
-                 extra={"fields": {"from": src, "to": dst, "step": step.finish}})
+        log.info(
+            "finishing an interrupted .conf to .conflist conversion",
+            extra={"fields": {"from": src, "to": dst, "step": step.finish}},
+        )
         if step.finish == "rename":
             self._guard(atomic_rename, src, dst)
         else:
@@ -180,7 +187,8 @@ class Installer:
         if os.path.islink(path):
             raise InstallError(
                 f"{path}: is a symlink, expected a regular file; refusing to replace it "
-                "(set cniConfFileName to the file it points to, or replace the link by a file)")
+                "(set cniConfFileName to the file it points to, or replace the link by a file)"
+            )
 
     def _guard(self, fn: Callable[..., None], path: str, *args: Any) -> None:
         try:
@@ -199,12 +207,18 @@ class Installer:
         own = self.owns_file
         if current is not None and self._equal(current, plan.config):
             if not own or self._mode_of(target) == self.file_mode:
-                self.ledger.record_written(target, current,
-                                           mode=self.file_mode if own else None)
+                self.ledger.record_written(target, current, mode=self.file_mode if own else None)
                 return []
-            log.info("CNI config of ours has another mode; putting ours back", extra={
-                "fields": {"path": target, "mode": f"{self._mode_of(target):04o}",
-                           "want": f"{self.file_mode:04o}"}})
+            log.info(
+                "CNI config of ours has another mode; putting ours back",
+                extra={
+                    "fields": {
+                        "path": target,
+                        "mode": f"{self._mode_of(target):04o}",
+                        "want": f"{self.file_mode:04o}",
+                    }
+                },
+            )
             data = current  # same content: only the mode changes
         self._write(target, data, expect=expect, own=own)
         log.info("wrote CNI config", extra={"fields": {"path": target, "primary": plan.primary}})
@@ -221,8 +235,7 @@ class Installer:
         self._refuse_symlink(src)
         mode = self._mode_of(src)
         try:
-            atomic_write(target, data, mode=mode if mode >= 0 else self.file_mode,
-                         keep_mode=False)
+            atomic_write(target, data, mode=mode if mode >= 0 else self.file_mode, keep_mode=False)
         except OSError as e:
             raise InstallError(f"write CNI config {target}: {e.strerror}") from e
         self.ledger.record_written(target, data)
@@ -232,22 +245,22 @@ class Installer:
             self._guard(_remove, target)
             self.ledger.record_removed(target)
             raise TransientInstallError(
-                f"{src} changed while we turned it into a list; converting again")
+                f"{src} changed while we turned it into a list; converting again"
+            )
         self._guard(_remove, src)
         self.ledger.record_removed(src)
         log.info("converted CNI config to a list", extra={"fields": {"from": src, "to": target}})
         return [src, target]
 
-    def _write(
-        self, path: str, data: bytes, *, expect: FileId | None, own: bool = False
-    ) -> None:
+    def _write(self, path: str, data: bytes, *, expect: FileId | None, own: bool = False) -> None:
         """Our own file gets exactly file_mode; another file (the node's primary config) keeps
         the mode it has at the rename (file_mode only should it have vanished)."""
         try:
             atomic_write(path, data, mode=self.file_mode, keep_mode=not own, expect=expect)
         except ChangedUnderUs:
             raise TransientInstallError(
-                f"{path} changed while we merged our entry into it; merging again") from None
+                f"{path} changed while we merged our entry into it; merging again"
+            ) from None
         except OSError as e:
             raise InstallError(f"write CNI config {path}: {e.strerror}") from e
         self.ledger.record_written(path, data, mode=self.file_mode if own else None)
@@ -271,8 +284,9 @@ class Installer:
     def problems(self) -> list[str]:
         """What is not in place (empty: binary and entry are there and valid). Changes nothing."""
         try:
-            out = binary_problems(self.settings.pluginSourceDir, self.bin_dir, self.ledger,
-                                  file_mode=self.file_mode)
+            out = binary_problems(
+                self.settings.pluginSourceDir, self.bin_dir, self.ledger, file_mode=self.file_mode
+            )
         except InstallError as e:
             out = [str(e)]
         try:
@@ -350,7 +364,8 @@ class Installer:
     def _undo_once(self, step: UndoStep) -> list[str]:
         if step.kind == "binaries":
             removed, errors = uninstall_binaries(
-                self.settings.pluginSourceDir, step.path, self.ledger)
+                self.settings.pluginSourceDir, step.path, self.ledger
+            )
             if errors:
                 raise InstallError("; ".join(errors))
             return removed
@@ -367,8 +382,11 @@ class Installer:
         if not _is_ours_anywhere(config):
             return []
         self._refuse_symlink(step.path)
-        remaining = conflist.remove(config) if "plugins" in config and isinstance(
-            config["plugins"], list) else {"plugins": []}
+        remaining = (
+            conflist.remove(config)
+            if "plugins" in config and isinstance(config["plugins"], list)
+            else {"plugins": []}
+        )
         if step.kind == "file" or not remaining["plugins"]:
             with contextlib.suppress(FileNotFoundError):
                 self._guard(_remove, step.path)

@@ -55,13 +55,15 @@ def find_primary(settings: Settings, names: Collection[str], read: Reader) -> st
         if found is None:
             raise TransientInstallError(
                 f"waiting for primary CNI config {settings.cniConfFileName} "
-                f"(cniConfFileName) in {settings.mountedCniConfDir}")
+                f"(cniConfFileName) in {settings.mountedCniConfDir}"
+            )
         return found
     found = conflist.select_primary(candidates, read)
     if found is None:
         raise TransientInstallError(
             f"waiting for a primary CNI config (.conf/.conflist/.json) in "
-            f"{settings.mountedCniConfDir}")
+            f"{settings.mountedCniConfDir}"
+        )
     return found
 
 
@@ -81,15 +83,20 @@ def plan_config(
     merged = conflist.insert(existing, entry, source=source)
     if settings.istioOwnedCNIConfig:
         owned = settings.istioOwnedCNIConfigFileName
-        return ConfigPlan(target=owned, config=merged, primary=primary,
-                          warnings=tuple(_sorted_before(owned, names, read)))
+        return ConfigPlan(
+            target=owned,
+            config=merged,
+            primary=primary,
+            warnings=tuple(_sorted_before(owned, names, read)),
+        )
     target = conflist.list_file_name(primary)
     if target != primary:
         if target in names:
             raise InstallError(
                 f"{source}: chaining turns it into a list, which must be named {target}, but "
                 f"{os.path.join(settings.mountedCniConfDir, target)} already exists; remove one "
-                "or name the primary with cniConfFileName")
+                "or name the primary with cniConfFileName"
+            )
         return ConfigPlan(target=target, config=merged, convert_from=primary, primary=primary)
     return ConfigPlan(target=target, config=merged, primary=primary)
 
@@ -134,9 +141,13 @@ def interrupted_conversions(names: Collection[str], read: Reader) -> list[Interr
                 out.append(Interrupted(name, target, "rename"))
             continue
         converted = _load_or_none(target, read)
-        if (conflist.is_single(config) and converted is not None
-                and not conflist.is_single(converted) and conflist.count_ours(converted) == 1
-                and conflist.remove(converted) == conflist.remove(conflist.as_list(config))):
+        if (
+            conflist.is_single(config)
+            and converted is not None
+            and not conflist.is_single(converted)
+            and conflist.count_ours(converted) == 1
+            and conflist.remove(converted) == conflist.remove(conflist.as_list(config))
+        ):
             out.append(Interrupted(name, target, "unlink"))
     return out
 

@@ -48,8 +48,11 @@ def decide(mode: str, state: ClusterState | None) -> StopDecision:
     if state is None:
         return StopDecision(False, "not running in a pod of a DaemonSet: keeping (fail closed)")
     if state.revoked:
-        return StopDecision(True, f"the agent's ServiceAccount or its RBAC is gone "
-                                  f"({state.revoked}): the release was uninstalled")
+        return StopDecision(
+            True,
+            f"the agent's ServiceAccount or its RBAC is gone "
+            f"({state.revoked}): the release was uninstalled",
+        )
     if state.error:
         return StopDecision(False, f"API server unreachable ({state.error}): keeping (fail closed)")
     ds = state.daemonset
@@ -69,8 +72,9 @@ def node_matches(daemonset: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
     selector: Mapping[str, str] = spec.get("nodeSelector") or {}
     if any(labels.get(k) != v for k, v in selector.items()):
         return False
-    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
-                .get("requiredDuringSchedulingIgnoredDuringExecution"))
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    )
     if not required:
         return True
     name = str((node.get("metadata") or {}).get("name", ""))
@@ -83,8 +87,9 @@ def _term_matches(term: Mapping[str, Any], labels: Mapping[str, str], name: str)
     fields = term.get("matchFields") or []
     if not exprs and not fields:
         return False  # an empty term matches no node
-    return (all(_expr_matches(e, labels) for e in exprs)
-            and all(_expr_matches(f, {"metadata.name": name}) for f in fields))
+    return all(_expr_matches(e, labels) for e in exprs) and all(
+        _expr_matches(f, {"metadata.name": name}) for f in fields
+    )
 
 
 def _expr_matches(expr: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
@@ -119,27 +124,50 @@ def fetch_state(
     from kubernetes.client.exceptions import ApiException
 
     try:
-        pod = _raw(clients.core.read_namespaced_pod(
-            pod_name, pod_namespace, _preload_content=False, _request_timeout=API_TIMEOUT_SECONDS))
-        owner = next((o for o in (pod.get("metadata") or {}).get("ownerReferences") or []
-                      if o.get("kind") == "DaemonSet"), None)
+        pod = _raw(
+            clients.core.read_namespaced_pod(
+                pod_name,
+                pod_namespace,
+                _preload_content=False,
+                _request_timeout=API_TIMEOUT_SECONDS,
+            )
+        )
+        owner = next(
+            (
+                o
+                for o in (pod.get("metadata") or {}).get("ownerReferences") or []
+                if o.get("kind") == "DaemonSet"
+            ),
+            None,
+        )
         if owner is None:
             return None
         try:
-            ds: Mapping[str, Any] | None = _raw(clients.apps.read_namespaced_daemon_set(
-                owner["name"], pod_namespace, _preload_content=False,
-                _request_timeout=API_TIMEOUT_SECONDS))
+            ds: Mapping[str, Any] | None = _raw(
+                clients.apps.read_namespaced_daemon_set(
+                    owner["name"],
+                    pod_namespace,
+                    _preload_content=False,
+                    _request_timeout=API_TIMEOUT_SECONDS,
+                )
+            )
         except ApiException as e:
             if e.status != 404:
                 raise
             ds = None
-        if ds is not None and owner.get("uid") and (ds.get("metadata") or {}).get(
-                "uid") != owner.get("uid"):
+        if (
+            ds is not None
+            and owner.get("uid")
+            and (ds.get("metadata") or {}).get("uid") != owner.get("uid")
+        ):
             ds = None  # a new DaemonSet of the same name is not the one that made us
         node = None
         if node_name:
-            node = _raw(clients.core.read_node(
-                node_name, _preload_content=False, _request_timeout=API_TIMEOUT_SECONDS))
+            node = _raw(
+                clients.core.read_node(
+                    node_name, _preload_content=False, _request_timeout=API_TIMEOUT_SECONDS
+                )
+            )
         return ClusterState(daemonset=ds, node=node)
     except ApiException as e:
         if e.status in (401, 403):
@@ -175,8 +203,9 @@ def decide_from_cluster(
         except Exception as e:  # no client config: keep
             return decide(mode, ClusterState(error=str(e)[:200]))
     try:
-        state = fetch_state(clients, pod_name=pod_name, pod_namespace=pod_namespace,
-                            node_name=node_name)
+        state = fetch_state(
+            clients, pod_name=pod_name, pod_namespace=pod_namespace, node_name=node_name
+        )
     finally:
         if own:
             clients.close()

@@ -69,7 +69,10 @@ class InstallWatcher:
     """Service: install at start, then keep installed until stopped. Ready while in place."""
 
     def __init__(
-        self, installer: Installer, *, config_path: str | None = None,
+        self,
+        installer: Installer,
+        *,
+        config_path: str | None = None,
         timing: WatchTiming | None = None,
         on_settings: Callable[[Settings], None] | None = None,
     ) -> None:
@@ -124,14 +127,20 @@ class InstallWatcher:
             try:
                 # Parents too: a watch follows its directory's inode, so only the parent sees
                 # the directory being replaced (a rename over it, a delete and re-create).
-                parents = [p for p in dict.fromkeys(os.path.dirname(d) for d in dirs)
-                           if p not in dirs]
+                parents = [
+                    p for p in dict.fromkeys(os.path.dirname(d) for d in dirs) if p not in dirs
+                ]
                 for changes in watchfiles.watch(
-                    *dirs, *parents, watch_filter=self._wanted, recursive=False,
+                    *dirs,
+                    *parents,
+                    watch_filter=self._wanted,
+                    recursive=False,
                     step=self.timing.step_ms,
-                    debounce=self.timing.debounce_ms, stop_event=self._stop,
+                    debounce=self.timing.debounce_ms,
+                    stop_event=self._stop,
                     rust_timeout=int(self.timing.recheck_seconds * 1000),
-                    yield_on_timeout=True, raise_interrupt=False,
+                    yield_on_timeout=True,
+                    raise_interrupt=False,
                 ):
                     self._guarded(functools.partial(self._on_changes, changes))
                     count += 1
@@ -222,12 +231,16 @@ class InstallWatcher:
         try:
             settings = load_settings(self.config_path)
         except AgentError as e:
-            log.error("config file changed but is invalid; keeping the previous settings",
-                      extra={"fields": {"path": self.config_path, "error": str(e)}})
+            log.error(
+                "config file changed but is invalid; keeping the previous settings",
+                extra={"fields": {"path": self.config_path, "error": str(e)}},
+            )
             return False
         if settings != self.installer.settings:
-            log.info("config file changed; installing with the new settings",
-                     extra={"fields": {"path": self.config_path}})
+            log.info(
+                "config file changed; installing with the new settings",
+                extra={"fields": {"path": self.config_path}},
+            )
             self.installer.reconfigure(settings)
             if self.on_settings is not None:
                 self.on_settings(settings)
@@ -285,8 +298,16 @@ class InstallWatcher:
             metrics.HEALS.labels(kind="config" if in_conf else "binary").inc()
             if in_conf and os.path.exists(path):
                 self._count_conflict(path)
-        log.info("healed", extra={"fields": {"changed": ",".join(changed),
-                                             "problems": "; ".join(problems), "cause": reason}})
+        log.info(
+            "healed",
+            extra={
+                "fields": {
+                    "changed": ",".join(changed),
+                    "problems": "; ".join(problems),
+                    "cause": reason,
+                }
+            },
+        )
 
     def _count_conflict(self, path: str) -> None:
         metrics.CONFLICTS.labels(file=os.path.basename(path)).inc()
@@ -296,8 +317,14 @@ class InstallWatcher:
         types = _plugin_types(self.installer.read(os.path.basename(path)))
         log.warning(
             "another writer keeps removing our CNI config entry; still healing",
-            extra={"fields": {"file": path, "fights_last_minute": fights,
-                              "likely_culprit": likely_culprit(path, types)}})
+            extra={
+                "fields": {
+                    "file": path,
+                    "fights_last_minute": fights,
+                    "likely_culprit": likely_culprit(path, types),
+                }
+            },
+        )
 
 
 def _plugin_types(data: bytes | None) -> list[str]:
@@ -325,8 +352,12 @@ def _identity(dirs: list[str]) -> list[tuple[int, int]]:
 
 
 def wait_installed(
-    installer: Installer, *, timeout: float | None, stop: threading.Event,
-    log_interval: float = 30.0, clock: Callable[[], float] = time.monotonic,
+    installer: Installer,
+    *,
+    timeout: float | None,
+    stop: threading.Event,
+    log_interval: float = 30.0,
+    clock: Callable[[], float] = time.monotonic,
 ) -> None:
     """Install, waiting (watching the conf dir, not polling) while the primary config is missing.
 
@@ -353,9 +384,15 @@ def _wait_for_change(directory: str, timeout_ms: int, stop: threading.Event) -> 
     if not os.path.isdir(directory):
         stop.wait(min(timeout_ms / 1000, 1.0))
         return
-    for _ in watchfiles.watch(directory, watch_filter=None, recursive=False, step=20,
-                              debounce=200, stop_event=stop, rust_timeout=max(timeout_ms, 1),
-                              yield_on_timeout=True, raise_interrupt=False):
+    for _ in watchfiles.watch(
+        directory,
+        watch_filter=None,
+        recursive=False,
+        step=20,
+        debounce=200,
+        stop_event=stop,
+        rust_timeout=max(timeout_ms, 1),
+        yield_on_timeout=True,
+        raise_interrupt=False,
+    ):
         return
-
-

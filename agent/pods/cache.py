@@ -211,8 +211,17 @@ class ListWatchCache:
                 failures += 1
                 delay = min(self._backoff_max, 0.5 * 2 ** min(failures, 10))
                 delay *= random.uniform(0.8, 1.2)  # jitter: nodes must not relist in step
-                log.warning("%s watch failed; retrying", self.kind, extra={"fields": {
-                    "node": self._node, "error": _short(e), "retryIn": f"{delay:.1f}s"}})
+                log.warning(
+                    "%s watch failed; retrying",
+                    self.kind,
+                    extra={
+                        "fields": {
+                            "node": self._node,
+                            "error": _short(e),
+                            "retryIn": f"{delay:.1f}s",
+                        }
+                    },
+                )
                 self._stopping.wait(delay)
         log.debug("%s cache stopped", self.kind, extra={"fields": {"node": self._node}})
 
@@ -226,8 +235,17 @@ class ListWatchCache:
         try:
             return self.watch_once(resource_version)
         except ResourceExpired as e:
-            log.info("%s watch version expired; listing again", self.kind, extra={"fields": {
-                "node": self._node, "resourceVersion": resource_version, "error": _short(e)}})
+            log.info(
+                "%s watch version expired; listing again",
+                self.kind,
+                extra={
+                    "fields": {
+                        "node": self._node,
+                        "resourceVersion": resource_version,
+                        "error": _short(e),
+                    }
+                },
+            )
             return None
 
     def relist(self) -> str:
@@ -245,8 +263,11 @@ class ListWatchCache:
         self._metrics.listed(self.kind, len(pods))
         self._next_resync = time.monotonic() + self._resync_seconds
         self._synced.set()
-        log.info("%s cache listed", self.kind, extra={"fields": {
-            "node": self._node, "count": len(pods), "resourceVersion": version}})
+        log.info(
+            "%s cache listed",
+            self.kind,
+            extra={"fields": {"node": self._node, "count": len(pods), "resourceVersion": version}},
+        )
         if self._listeners:
             self._notify(_differences(old, pods))
         return version
@@ -259,9 +280,12 @@ class ListWatchCache:
         timeout = max(1, min(self._watch_timeout, int(self._next_resync - time.monotonic())))
         try:
             response = self._list(
-                watch=True, allow_watch_bookmarks=True,
-                resource_version=resource_version, timeout_seconds=timeout,
-                _preload_content=False, _request_timeout=(5, timeout + 30),
+                watch=True,
+                allow_watch_bookmarks=True,
+                resource_version=resource_version,
+                timeout_seconds=timeout,
+                _preload_content=False,
+                _request_timeout=(5, timeout + 30),
             )
         except ApiException as e:
             if e.status == HTTP_GONE:
@@ -318,7 +342,8 @@ class PodCache(ListWatchCache):
 
     def _list(self, **options: Any) -> Any:
         return self._core.list_pod_for_all_namespaces(
-            field_selector=f"spec.nodeName={self._node}", **options)
+            field_selector=f"spec.nodeName={self._node}", **options
+        )
 
     def _as_obj(self, obj: Obj) -> Obj:
         return _as_pod(obj)

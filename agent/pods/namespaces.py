@@ -36,13 +36,15 @@ class NamespaceCache(ListWatchCache):
     def _read(self, namespace: str, name: str) -> Obj | None:
         try:
             response = self._core.read_namespace(
-                name, _preload_content=False, _request_timeout=(2, 5))
+                name, _preload_content=False, _request_timeout=(2, 5)
+            )
             found: Obj = json.loads(response.data)
             return found
         except ApiException as e:
             if e.status == HTTP_NOT_FOUND:
                 return None
             raise PodLookupError(
-                f"get namespace {name}: API server answered {e.status} {e.reason}") from e
+                f"get namespace {name}: API server answered {e.status} {e.reason}"
+            ) from e
         except (urllib3.exceptions.HTTPError, OSError, ValueError) as e:
             raise PodLookupError(f"get namespace {name}: {e}") from e

@@ -47,9 +47,14 @@ class AmbientEnroller:
     """decide / enroll / release for the pod server (agent.podserver.handlers)."""
 
     def __init__(
-        self, *, namespaces: NamespaceSource, mesh: Mesh,
-        selectors: Sequence[EnablementSelector], exclude_namespaces: Collection[str],
-        system_namespace: str, detection_retry: bool,
+        self,
+        *,
+        namespaces: NamespaceSource,
+        mesh: Mesh,
+        selectors: Sequence[EnablementSelector],
+        exclude_namespaces: Collection[str],
+        system_namespace: str,
+        detection_retry: bool,
     ) -> None:
         self._namespaces = namespaces
         self._mesh = mesh
@@ -68,14 +73,20 @@ class AmbientEnroller:
         except Exception as e:
             if self._retry:
                 raise AmbientLookupError(
-                    f"look up namespace {ns_name} for ambient detection: {e}") from e
-            log.warning("ambient detection failed; treating pod as not ambient",
-                        extra={"fields": {"pod": f"{ns_name}/{meta.get('name')}",
-                                          "error": str(e)}})
+                    f"look up namespace {ns_name} for ambient detection: {e}"
+                ) from e
+            log.warning(
+                "ambient detection failed; treating pod as not ambient",
+                extra={"fields": {"pod": f"{ns_name}/{meta.get('name')}", "error": str(e)}},
+            )
             return Verdict(False, f"ambient detection failed ({e})")
-        decision = should_enroll(pod, namespace, self._selectors,
-                                 exclude_namespaces=self._exclude,
-                                 system_namespace=self._system_ns)
+        decision = should_enroll(
+            pod,
+            namespace,
+            self._selectors,
+            exclude_namespaces=self._exclude,
+            system_namespace=self._system_ns,
+        )
         return Verdict(decision.enroll, decision.reason)
 
     def enroll(self, pod: Mapping[str, Any], netns: str) -> str:
@@ -88,5 +99,4 @@ class AmbientEnroller:
         self._mesh.remove(pod, deleted=True)
 
 
-__all__ = ["AmbientEnroller", "AmbientLookupError", "NonRetryableAdd", "Verdict",
-           "ZtunnelPending"]
+__all__ = ["AmbientEnroller", "AmbientLookupError", "NonRetryableAdd", "Verdict", "ZtunnelPending"]

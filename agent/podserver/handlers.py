@@ -66,10 +66,13 @@ class Refused(Exception):
 
 
 # The step that failed, as the refusal reason of agent.podserver.metrics.REFUSAL_REASONS.
-STEP_REASONS = {"look up pod": "lookup_failed", "decide redirect": "decision_failed",
-                "apply redirect rules": "apply_failed",
-                "ambient detection": "ambient_detection_failed",
-                "ambient enrollment": "ambient_enrollment_failed"}
+STEP_REASONS = {
+    "look up pod": "lookup_failed",
+    "decide redirect": "decision_failed",
+    "apply redirect rules": "apply_failed",
+    "ambient detection": "ambient_detection_failed",
+    "ambient enrollment": "ambient_enrollment_failed",
+}
 
 
 class PodSource(Protocol):
@@ -152,9 +155,16 @@ class CniRequest:
             raise _bad(CODE_INVALID_ENV, f"{command} request: containerId is empty")
         if command in ("ADD", "CHECK") and not data["netns"]:
             raise _bad(CODE_INVALID_ENV, f"{command} request: netns is empty")
-        return cls(command, data["containerId"], data["netns"], data["ifname"],
-                   data["podName"], data["podNamespace"], data["podUid"],
-                   _result_ips(data.get("prevResult")))
+        return cls(
+            command,
+            data["containerId"],
+            data["netns"],
+            data["ifname"],
+            data["podName"],
+            data["podNamespace"],
+            data["podUid"],
+            _result_ips(data.get("prevResult")),
+        )
 
 
 def _result_ips(result: object) -> tuple[str, ...]:
@@ -164,8 +174,11 @@ def _result_ips(result: object) -> tuple[str, ...]:
     ips = result.get("ips")
     if not isinstance(ips, list):
         return ()
-    return tuple(str(e["address"]).split("/")[0] for e in ips
-                 if isinstance(e, Mapping) and isinstance(e.get("address"), str))
+    return tuple(
+        str(e["address"]).split("/")[0]
+        for e in ips
+        if isinstance(e, Mapping) and isinstance(e.get("address"), str)
+    )
 
 
 def _with_ips(pod: Mapping[str, Any], ips: tuple[str, ...]) -> dict[str, Any]:
@@ -181,9 +194,10 @@ def _with_ips(pod: Mapping[str, Any], ips: tuple[str, ...]) -> dict[str, Any]:
 
 def _sandbox_pod(sandbox: Sandbox) -> dict[str, Any]:
     """The pod as far as a release needs it (name, uid, IPs)."""
-    return {"metadata": {"name": sandbox.name, "namespace": sandbox.namespace,
-                         "uid": sandbox.uid},
-            "status": {"podIPs": [{"ip": ip} for ip in sandbox.ips]}}
+    return {
+        "metadata": {"name": sandbox.name, "namespace": sandbox.namespace, "uid": sandbox.uid},
+        "status": {"podIPs": [{"ip": ip} for ip in sandbox.ips]},
+    }
 
 
 def _bad(code: int, msg: str) -> Refused:
@@ -268,8 +282,7 @@ class PodHandlers:
         try:
             return self._ambient.decide(pod)
         except AmbientLookupError as e:
-            raise self._failed(req, "ambient detection", e, code=CODE_TRY_AGAIN,
-                               status=503) from e
+            raise self._failed(req, "ambient detection", e, code=CODE_TRY_AGAIN, status=503) from e
         except Exception as e:
             raise self._failed(req, "ambient detection", e) from e
 
@@ -280,14 +293,23 @@ class PodHandlers:
         try:
             done = self._ambient.enroll(pod, req.netns)
         except ZtunnelPending as e:
-            raise self._failed(req, "ambient enrollment", e, code=CODE_TRY_AGAIN,
-                               status=503) from e
+            raise self._failed(req, "ambient enrollment", e, code=CODE_TRY_AGAIN, status=503) from e
         except Exception as e:
             raise self._failed(req, "ambient enrollment", e) from e
         uid = str((pod.get("metadata") or {}).get("uid") or req.pod_uid)  # K8S_POD_UID is optional
-        self._sandboxes.put(Sandbox(req.container_id, req.ifname, req.pod_namespace,
-                                    req.pod_name, uid, req.netns, True, ambient=True,
-                                    ips=req.ips))
+        self._sandboxes.put(
+            Sandbox(
+                req.container_id,
+                req.ifname,
+                req.pod_namespace,
+                req.pod_name,
+                uid,
+                req.netns,
+                True,
+                ambient=True,
+                ips=req.ips,
+            )
+        )
         self._log_result(req, "redirected", f"{reason}; {done}")
         return ok(wire.RESULT_REDIRECTED, f"{reason}; {done}")
 
@@ -317,8 +339,10 @@ class PodHandlers:
             try:
                 self._ambient.release(_sandbox_pod(removed))
             except Exception as e:  # the watch's delete event releases it again
-                log.warning("ambient release on DEL failed", extra={"fields": {
-                    **self._fields(req), "error": str(e)}})
+                log.warning(
+                    "ambient release on DEL failed",
+                    extra={"fields": {**self._fields(req), "error": str(e)}},
+                )
             else:
                 reason += "; released from ambient"
         log.debug("del", extra={"fields": {**self._fields(req), "reason": reason}})
@@ -332,8 +356,15 @@ class PodHandlers:
         valid = [(a["containerId"], a["ifname"]) for a in data["validAttachments"]]
         dropped = self._sandboxes.keep_only(valid)
         if dropped:
-            log.info("gc dropped sandboxes", extra={"fields": {
-                "count": len(dropped), "containerIds": ",".join(s.container_id for s in dropped)}})
+            log.info(
+                "gc dropped sandboxes",
+                extra={
+                    "fields": {
+                        "count": len(dropped),
+                        "containerIds": ",".join(s.container_id for s in dropped),
+                    }
+                },
+            )
         return ok(wire.RESULT_SKIPPED, f"removed state of {len(dropped)} sandboxes")
 
     def status(self) -> Reply:
@@ -348,8 +379,11 @@ class PodHandlers:
             data = wire.parse_log_request(body)
         except wire.WireError as e:
             return failure(400, CODE_DECODE, str(e))
-        fields = {"source": "plugin", "pod": f"{data['podNamespace']}/{data['podName']}",
-                  "containerId": data["containerId"]}
+        fields = {
+            "source": "plugin",
+            "pod": f"{data['podNamespace']}/{data['podName']}",
+            "containerId": data["containerId"],
+        }
         for k, v in list(data.get("fields", {}).items())[:MAX_LOG_FIELDS]:
             fields.setdefault(k[:64], v[:MAX_LOG_MESSAGE])  # ours first: a line cannot spoof them
         level = LEVELS.get(data["level"], logging.INFO)
@@ -376,22 +410,42 @@ class PodHandlers:
             raise self._failed(req, "decide redirect", e) from e
 
     def _failed(
-        self, req: CniRequest, step: str, error: Exception, *,
-        code: int = CODE_UNKNOWN, status: int = 500,
+        self,
+        req: CniRequest,
+        step: str,
+        error: Exception,
+        *,
+        code: int = CODE_UNKNOWN,
+        status: int = 500,
     ) -> Refused:
         msg = f"pod {req.pod_ref}: {step} failed: {error}"
         log.error("%s failed", step, extra={"fields": {**self._fields(req), "error": str(error)}})
-        return Refused(failure(status, code, msg[:1024], f"{type(error).__name__}: {error}"),
-                       STEP_REASONS.get(step, "internal_error"))
+        return Refused(
+            failure(status, code, msg[:1024], f"{type(error).__name__}: {error}"),
+            STEP_REASONS.get(step, "internal_error"),
+        )
 
     def _remember(self, req: CniRequest, *, redirected: bool) -> None:
-        self._sandboxes.put(Sandbox(req.container_id, req.ifname, req.pod_namespace,
-                                    req.pod_name, req.pod_uid, req.netns, redirected))
+        self._sandboxes.put(
+            Sandbox(
+                req.container_id,
+                req.ifname,
+                req.pod_namespace,
+                req.pod_name,
+                req.pod_uid,
+                req.netns,
+                redirected,
+            )
+        )
 
     def _log_result(self, req: CniRequest, result: str, reason: str) -> None:
         log.info("pod %s", result, extra={"fields": {**self._fields(req), "reason": reason}})
 
     @staticmethod
     def _fields(req: CniRequest) -> dict[str, str]:
-        return {"command": req.command, "pod": req.pod_ref, "containerId": req.container_id,
-                "netns": req.netns}
+        return {
+            "command": req.command,
+            "pod": req.pod_ref,
+            "containerId": req.container_id,
+            "netns": req.netns,
+        }

@@ -12,10 +12,19 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 
 # Why an ADD was refused (fail closed). A bounded set: a refusal names a step, never a pod.
 # The first four are "cannot decide": the agent does not know whether the pod must be captured.
-UNDECIDED_REASONS = ("lookup_failed", "pod_not_found", "decision_failed",
-                     "ambient_detection_failed")
-REFUSAL_REASONS = (*UNDECIDED_REASONS, "apply_failed", "ambient_enrollment_failed",
-                   "bad_request", "internal_error")
+UNDECIDED_REASONS = (
+    "lookup_failed",
+    "pod_not_found",
+    "decision_failed",
+    "ambient_detection_failed",
+)
+REFUSAL_REASONS = (
+    *UNDECIDED_REASONS,
+    "apply_failed",
+    "ambient_enrollment_failed",
+    "bad_request",
+    "internal_error",
+)
 
 
 class PluginMetrics:

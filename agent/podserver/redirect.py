@@ -50,9 +50,7 @@ class RulesRedirector:
         look = self._look(netns)
         config = self._config(pod, look)
         try:
-            return rules_apply.apply_rules(
-                netns, config, backend=self._backend, probe=look.probe
-            )
+            return rules_apply.apply_rules(netns, config, backend=self._backend, probe=look.probe)
         except Exception as e:
             metrics.RULES_APPLY_FAILURES.labels(backend=self._chosen(netns, look)).inc()
             if isinstance(e, RedirectError):
@@ -69,9 +67,7 @@ class RulesRedirector:
     def present(self, netns: str, pod: Mapping[str, Any]) -> bool:
         look = self._look(netns)
         config = self._config(pod, look)
-        return rules_apply.rules_present(
-            netns, config, backend=self._backend, probe=look.probe
-        )
+        return rules_apply.rules_present(netns, config, backend=self._backend, probe=look.probe)
 
     @staticmethod
     def _look(netns: str) -> NetnsLook:
@@ -103,8 +99,10 @@ def ipv4_addresses_here() -> list[str]:
     with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as sock:
         sock.settimeout(2.0)
         # nlmsghdr(len, type, flags, seq, pid) + ifaddrmsg(family, prefixlen, flags, scope, index)
-        sock.send(struct.pack("=IHHII", 24, RTM_GETADDR, NLM_F_REQUEST_DUMP, 1, 0)
-                  + struct.pack("=BBBBI", socket.AF_INET, 0, 0, 0, 0))
+        sock.send(
+            struct.pack("=IHHII", 24, RTM_GETADDR, NLM_F_REQUEST_DUMP, 1, 0)
+            + struct.pack("=BBBBI", socket.AF_INET, 0, 0, 0, 0)
+        )
         return _read_addresses(sock)
 
 
@@ -122,7 +120,7 @@ def _read_addresses(sock: socket.socket) -> list[str]:
             if kind == NLMSG_ERROR:
                 raise OSError("netlink: error reply to the address dump")
             if kind == RTM_NEWADDR and data[offset + 16] == socket.AF_INET:
-                address = _ipv4_attribute(data[offset + 24:offset + length])
+                address = _ipv4_attribute(data[offset + 24 : offset + length])
                 if address is not None:
                     addresses.append(address)
             offset += (length + 3) & ~3
@@ -137,7 +135,7 @@ def _ipv4_attribute(attrs: bytes) -> str | None:
         if length < 4:
             break
         if kind in (IFA_ADDRESS, IFA_LOCAL) and length == 8:
-            found[kind] = attrs[offset + 4:offset + 8]
+            found[kind] = attrs[offset + 4 : offset + 8]
         offset += (length + 3) & ~3
     raw = found.get(IFA_LOCAL, found.get(IFA_ADDRESS))
     return None if raw is None else str(ipaddress.IPv4Address(raw))

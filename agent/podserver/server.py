@@ -187,8 +187,12 @@ class PodServer:
             server.server_close()
             raise
         self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, kwargs={
-            "poll_interval": 0.2}, name="pod-server", daemon=True)
+        self._thread = threading.Thread(
+            target=server.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name="pod-server",
+            daemon=True,
+        )
         self._thread.start()
         log.info("pod server listening", extra={"fields": {"socket": self.socket_path}})
 

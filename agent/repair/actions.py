@@ -76,5 +76,6 @@ def record_event(
     try:
         core.create_namespaced_event(meta["namespace"], event)
     except Exception as e:  # an Event is best effort: never fail the repair for it
-        log.warning("cannot record event %s for pod %s/%s: %s", reason, meta["namespace"],
-                    meta["name"], e)
+        log.warning(
+            "cannot record event %s for pod %s/%s: %s", reason, meta["namespace"], meta["name"], e
+        )

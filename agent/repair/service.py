@@ -130,23 +130,37 @@ class RepairService:
                 log.debug("repair of pod %s (%s) failed again: %s", key, mode, e)
                 return Outcome(key, kind, "fail", str(e))
             self._failed.add(uid)
-            log.error("repair of pod %s (%s) failed: %s", key, mode, e,
-                      extra={"fields": {"pod": key, "mode": mode}})
+            log.error(
+                "repair of pod %s (%s) failed: %s",
+                key,
+                mode,
+                e,
+                extra={"fields": {"pod": key, "mode": mode}},
+            )
             actions.PODS_REPAIRED.labels(type=kind, result="fail").inc()
             message = f"pod started without traffic redirect; {mode} failed: {e}"
-            actions.record_event(self._core, pod, reason=_REASON[mode], message=message,
-                                 node_name=self._node_name)
+            actions.record_event(
+                self._core, pod, reason=_REASON[mode], message=message, node_name=self._node_name
+            )
             return Outcome(key, kind, "fail", str(e))
         self._handled.add(uid)
         if detail == "skip":
             actions.PODS_REPAIRED.labels(type=kind, result="skip").inc()
             return Outcome(key, kind, "skip", "already labeled")
         actions.PODS_REPAIRED.labels(type=kind, result="success").inc()
-        log.info("pod %s started without traffic redirect: %s", key, detail,
-                 extra={"fields": {"pod": key, "mode": mode}})
-        actions.record_event(self._core, pod, reason=_REASON[mode],
-                             message=f"pod started without traffic redirect; {detail}",
-                             node_name=self._node_name)
+        log.info(
+            "pod %s started without traffic redirect: %s",
+            key,
+            detail,
+            extra={"fields": {"pod": key, "mode": mode}},
+        )
+        actions.record_event(
+            self._core,
+            pod,
+            reason=_REASON[mode],
+            message=f"pod started without traffic redirect; {detail}",
+            node_name=self._node_name,
+        )
         return Outcome(key, kind, "success", detail)
 
     def _act(self, mode: str, pod: Mapping[str, Any], netns: str | None) -> str:

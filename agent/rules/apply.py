@@ -33,7 +33,10 @@ HOST_NETNS = "/proc/self/ns/net"
 
 
 def apply_rules(
-    netns_path: str, config: CaptureConfig, *, backend: str = "auto",
+    netns_path: str,
+    config: CaptureConfig,
+    *,
+    backend: str = "auto",
     probe: NetnsProbe | None = None,
 ) -> str:
     """Program `config` into the namespace; returns the backend used.
@@ -69,7 +72,10 @@ def remove_rules(netns_path: str, *, backend: str = "auto") -> None:
 
 
 def rules_present(
-    netns_path: str, config: CaptureConfig, *, backend: str = "auto",
+    netns_path: str,
+    config: CaptureConfig,
+    *,
+    backend: str = "auto",
     probe: NetnsProbe | None = None,
 ) -> bool:
     """Are exactly our rules for `config` in place (CNI CHECK)?"""

@@ -49,8 +49,12 @@ def read_state(netns_path: str, variant: Variant, family: Family) -> State:
 
 
 def apply(
-    netns_path: str, ruleset: RuleSet | None, variant: Variant, *,
-    empty: Collection[Family] = (), owner: Ownership = SIDECAR,
+    netns_path: str,
+    ruleset: RuleSet | None,
+    variant: Variant,
+    *,
+    empty: Collection[Family] = (),
+    owner: Ownership = SIDECAR,
 ) -> None:
     """Replace our rules (all families) with `ruleset`; None removes them. `empty`: families
     known to hold none of our tables (agent.rules.probe), whose state need not be read.
@@ -61,8 +65,13 @@ def apply(
 
 
 def apply_family(
-    netns_path: str, ruleset: RuleSet | None, variant: Variant, fam: Family, *,
-    known_empty: bool = False, owner: Ownership = SIDECAR,
+    netns_path: str,
+    ruleset: RuleSet | None,
+    variant: Variant,
+    fam: Family,
+    *,
+    known_empty: bool = False,
+    owner: Ownership = SIDECAR,
 ) -> None:
     tables = ruleset.family(fam) if ruleset is not None else ()
     if known_empty:
@@ -77,7 +86,8 @@ def apply_family(
 
 
 def restore_script(
-    state: dict[str, dict[str, list[str]]], tables: tuple[TableRules, ...],
+    state: dict[str, dict[str, list[str]]],
+    tables: tuple[TableRules, ...],
     owner: Ownership = SIDECAR,
 ) -> str:
     wanted: dict[str, TableRules] = {t.name: t for t in tables}
@@ -140,7 +150,11 @@ def expected(
 
 
 def present(
-    netns_path: str, ruleset: RuleSet, variant: Variant, *, empty: Collection[Family] = (),
+    netns_path: str,
+    ruleset: RuleSet,
+    variant: Variant,
+    *,
+    empty: Collection[Family] = (),
     owner: Ownership = SIDECAR,
 ) -> bool:
     for family in (4, 6):

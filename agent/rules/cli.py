@@ -115,8 +115,10 @@ def _run(argv: list[str], environ: Mapping[str, str]) -> int:
 def _cleanup_only(parsed: ParsedFlags) -> bool:
     """--cleanup-only without --skip-rule-apply (which wins: Istio then does nothing)."""
     values = parsed.values
-    return "cleanup-only" in values and values["cleanup-only"] == "true" and (
-        values.get("skip-rule-apply") != "true"
+    return (
+        "cleanup-only" in values
+        and values["cleanup-only"] == "true"
+        and (values.get("skip-rule-apply") != "true")
     )
 
 

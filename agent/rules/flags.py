@@ -42,10 +42,20 @@ def _env(name: str) -> tuple[str, ...]:
 
 FLAGS: tuple[Flag, ...] = (
     Flag("envoy-port", "p", (), "str", constants.PROXY_OUTBOUND_PORT),
-    Flag("inbound-capture-port", "z", _env("inbound-capture-port"), "str",
-         constants.PROXY_INBOUND_CAPTURE_PORT),
-    Flag("inbound-tunnel-port", "e", _env("inbound-tunnel-port"), "str",
-         constants.PROXY_INBOUND_TUNNEL_PORT),
+    Flag(
+        "inbound-capture-port",
+        "z",
+        _env("inbound-capture-port"),
+        "str",
+        constants.PROXY_INBOUND_CAPTURE_PORT,
+    ),
+    Flag(
+        "inbound-tunnel-port",
+        "e",
+        _env("inbound-tunnel-port"),
+        "str",
+        constants.PROXY_INBOUND_TUNNEL_PORT,
+    ),
     Flag("proxy-uid", "u", _env("proxy-uid"), "str", ""),
     Flag("proxy-gid", "g", _env("proxy-gid"), "str", ""),
     Flag(
@@ -65,8 +75,13 @@ FLAGS: tuple[Flag, ...] = (
         "",
     ),
     Flag("kube-virt-interfaces", "k", _env("kube-virt-interfaces"), "str", ""),
-    Flag("istio-inbound-tproxy-mark", "t", _env("istio-inbound-tproxy-mark"), "str",
-         constants.TPROXY_MARK),
+    Flag(
+        "istio-inbound-tproxy-mark",
+        "t",
+        _env("istio-inbound-tproxy-mark"),
+        "str",
+        constants.TPROXY_MARK,
+    ),
     Flag(
         "istio-inbound-tproxy-route-table",
         "r",
@@ -75,8 +90,13 @@ FLAGS: tuple[Flag, ...] = (
         constants.TPROXY_ROUTE_TABLE,
     ),
     Flag("dry-run", "n", _env("dry-run"), "bool", "false"),
-    Flag("iptables-probe-port", None, _env("iptables-probe-port"), "uint16",
-         constants.IPTABLES_PROBE_PORT),
+    Flag(
+        "iptables-probe-port",
+        None,
+        _env("iptables-probe-port"),
+        "uint16",
+        constants.IPTABLES_PROBE_PORT,
+    ),
     Flag("probe-timeout", None, _env("probe-timeout"), "duration", "5s"),
     Flag("skip-rule-apply", None, _env("skip-rule-apply"), "bool", "false"),
     Flag("run-validation", None, _env("run-validation"), "bool", "false"),

@@ -91,6 +91,8 @@ def resolv_conf_servers(path: str = "/etc/resolv.conf") -> list[str]:
 
 
 # Go's unicode.IsSpace (strings.Fields): Python's str.split() also splits on \x1c-\x1f.
-_GO_SPACE_CHARS = "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006" \
+_GO_SPACE_CHARS = (
+    "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006"
     "\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+)
 _GO_SPACE = re.compile(f"[{_GO_SPACE_CHARS}]+")

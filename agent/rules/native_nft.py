@@ -91,22 +91,45 @@ def build_native(config: CaptureConfig) -> list[NftRule]:
     for name in config.reroute_virtual_interfaces:
         r.insert("nat", PREROUTING, 0, "iifname", name, "counter", "return")
     if config.drop_invalid:
-        r.add("mangle", PREROUTING, "meta l4proto tcp", "ct state", "invalid", "counter",
-              "jump", DROP)
+        r.add(
+            "mangle", PREROUTING, "meta l4proto tcp", "ct state", "invalid", "counter", "jump", DROP
+        )
         r.add("mangle", DROP, "counter", "drop")
-    r.add("nat", INBOUND, "meta l4proto tcp", "tcp dport", config.inbound_tunnel_port, "counter",
-          "return")
+    r.add(
+        "nat",
+        INBOUND,
+        "meta l4proto tcp",
+        "tcp dport",
+        config.inbound_tunnel_port,
+        "counter",
+        "return",
+    )
     r.add("nat", REDIRECT, "meta l4proto tcp", "counter", "redirect to", ":" + config.proxy_port)
-    r.add("nat", IN_REDIRECT, "meta l4proto tcp", "counter", "redirect to",
-          ":" + config.inbound_capture_port)
+    r.add(
+        "nat",
+        IN_REDIRECT,
+        "meta l4proto tcp",
+        "counter",
+        "redirect to",
+        ":" + config.inbound_capture_port,
+    )
     _inbound(r, config, loop4)
     r.add("nat", OUTPUT, "counter", "jump", OUTPUT_CHAIN)
     for port in config.outbound_ports_exclude:
         r.add("nat", OUTPUT_CHAIN, "tcp dport", port, "counter", "return")
         r.add("nat", OUTPUT_CHAIN, "udp dport", port, "counter", "return")
     r.add("nat", OUTPUT_CHAIN, "oifname", "lo", "ip saddr", PASSTHROUGH_V4, "counter", "return")
-    r.add("nat", OUTPUT_CHAIN, "oifname", "lo", "ip6 saddr", PASSTHROUGH_V6, "counter", "return",
-          v6=True)
+    r.add(
+        "nat",
+        OUTPUT_CHAIN,
+        "oifname",
+        "lo",
+        "ip6 saddr",
+        PASSTHROUGH_V6,
+        "counter",
+        "return",
+        v6=True,
+    )
     _proxy_owners(r, config, loop4, dns=dns, keep_loopback=keep_loopback)
     _owner_groups(r, config)
     if dns:
@@ -147,32 +170,65 @@ def _inbound(r: _Rules, config: CaptureConfig, loop4: str) -> None:
         r.add("nat", INBOUND, "meta l4proto tcp", "counter", "jump", IN_REDIRECT)
         return
     for port in include:
-        r.add("nat", INBOUND, "meta l4proto tcp", "tcp dport", port, "counter", "jump",
-              IN_REDIRECT)
+        r.add("nat", INBOUND, "meta l4proto tcp", "tcp dport", port, "counter", "jump", IN_REDIRECT)
 
 
 def _inbound_tproxy(r: _Rules, config: CaptureConfig, loop4: str) -> None:
     mark, port = config.tproxy_mark, ":" + config.inbound_capture_port
     r.add("mangle", DIVERT, "counter", "meta mark set", mark)
     r.add("mangle", DIVERT, "counter", "accept")
-    r.add("mangle", TPROXY, "meta l4proto tcp", "ip daddr", "!=", loop4, "tproxy ip to", port,
-          "meta mark set", mark, "counter", "accept")
-    r.add("mangle", TPROXY, "meta l4proto tcp", "ip6 daddr", "!=", LOOP6, "tproxy ip6 to", port,
-          "meta mark set", mark, "counter", "accept", v6=True)
+    r.add(
+        "mangle",
+        TPROXY,
+        "meta l4proto tcp",
+        "ip daddr",
+        "!=",
+        loop4,
+        "tproxy ip to",
+        port,
+        "meta mark set",
+        mark,
+        "counter",
+        "accept",
+    )
+    r.add(
+        "mangle",
+        TPROXY,
+        "meta l4proto tcp",
+        "ip6 daddr",
+        "!=",
+        LOOP6,
+        "tproxy ip6 to",
+        port,
+        "meta mark set",
+        mark,
+        "counter",
+        "accept",
+        v6=True,
+    )
     r.add("mangle", PREROUTING, "meta l4proto tcp", "counter", "jump", INBOUND)
     established = ("ct state", "related,established")
     if config.inbound_ports_include == WILDCARD:
         for excluded in config.inbound_ports_exclude:
-            r.add("mangle", INBOUND, "meta l4proto tcp", "tcp dport", excluded, "counter",
-                  "return")
+            r.add("mangle", INBOUND, "meta l4proto tcp", "tcp dport", excluded, "counter", "return")
         r.add("mangle", INBOUND, "meta l4proto tcp", *established, "counter", "jump", DIVERT)
         r.add("mangle", INBOUND, "meta l4proto tcp", "counter", "jump", TPROXY)
         return
     for included in config.inbound_ports_include:
-        r.add("mangle", INBOUND, "meta l4proto tcp", *established, "tcp dport", included,
-              "counter", "jump", DIVERT)
-        r.add("mangle", INBOUND, "meta l4proto tcp", "tcp dport", included, "counter", "jump",
-              TPROXY)
+        r.add(
+            "mangle",
+            INBOUND,
+            "meta l4proto tcp",
+            *established,
+            "tcp dport",
+            included,
+            "counter",
+            "jump",
+            DIVERT,
+        )
+        r.add(
+            "mangle", INBOUND, "meta l4proto tcp", "tcp dport", included, "counter", "jump", TPROXY
+        )
 
 
 def _proxy_owners(
@@ -185,13 +241,42 @@ def _proxy_owners(
     for key, value in owners:
         ports = "{ 53, " + tunnel + " }" if dns and key == "skuid" else tunnel
         for ip, loop, v6 in (("ip", loop4, False), ("ip6", LOOP6, True)):
-            r.add("nat", OUTPUT_CHAIN, "oifname", "lo", "meta l4proto tcp", f"{ip} daddr", "!=",
-                  loop, "tcp dport", "!=", ports, key, value, "counter", "jump", IN_REDIRECT,
-                  v6=v6)
+            r.add(
+                "nat",
+                OUTPUT_CHAIN,
+                "oifname",
+                "lo",
+                "meta l4proto tcp",
+                f"{ip} daddr",
+                "!=",
+                loop,
+                "tcp dport",
+                "!=",
+                ports,
+                key,
+                value,
+                "counter",
+                "jump",
+                IN_REDIRECT,
+                v6=v6,
+            )
         if not keep_loopback:
             if dns:
-                r.add("nat", OUTPUT_CHAIN, "oifname", "lo", "meta l4proto tcp", "tcp dport", "!=",
-                      "53", key, "!=", value, "counter", "return")
+                r.add(
+                    "nat",
+                    OUTPUT_CHAIN,
+                    "oifname",
+                    "lo",
+                    "meta l4proto tcp",
+                    "tcp dport",
+                    "!=",
+                    "53",
+                    key,
+                    "!=",
+                    value,
+                    "counter",
+                    "return",
+                )
             else:
                 r.add("nat", OUTPUT_CHAIN, "oifname", "lo", key, "!=", value, "counter", "return")
         r.add("nat", OUTPUT_CHAIN, key, value, "counter", "return")
@@ -215,21 +300,75 @@ def _dns(r: _Rules, config: CaptureConfig) -> None:
     for proto in ("tcp", "udp"):
         if all_dns:
             lead = ("meta l4proto tcp",) if proto == "tcp" else ()
-            r.add("nat", OUTPUT_DNS, *lead, f"{proto} dport", "53", "counter", "redirect", "to",
-                  AGENT_DNS)
+            r.add(
+                "nat",
+                OUTPUT_DNS,
+                *lead,
+                f"{proto} dport",
+                "53",
+                "counter",
+                "redirect",
+                "to",
+                AGENT_DNS,
+            )
             continue
         for server in v4:
-            r.add("nat", OUTPUT_DNS, "ip daddr", server + "/32", f"{proto} dport", "53",
-                  "counter", "redirect", "to", AGENT_DNS)
+            r.add(
+                "nat",
+                OUTPUT_DNS,
+                "ip daddr",
+                server + "/32",
+                f"{proto} dport",
+                "53",
+                "counter",
+                "redirect",
+                "to",
+                AGENT_DNS,
+            )
         for server in v6:
-            r.add("nat", OUTPUT_DNS, "ip6 daddr", server + "/128", f"{proto} dport", "53",
-                  "counter", "redirect", "to", AGENT_DNS, v6=True)
+            r.add(
+                "nat",
+                OUTPUT_DNS,
+                "ip6 daddr",
+                server + "/128",
+                f"{proto} dport",
+                "53",
+                "counter",
+                "redirect",
+                "to",
+                AGENT_DNS,
+                v6=True,
+            )
     owners = [("skuid", v) for v in config.proxy_uids] + [("skgid", v) for v in config.proxy_gids]
     for key, value in owners:
-        r.add("raw", OUTPUT_DNS, "udp dport", "53", "meta", key, value, "counter", "ct", "zone",
-              "set", "1")
-        r.add("raw", OUTPUT_DNS, "udp sport", AGENT_DNS_PORT, "meta", key, value, "counter", "ct",
-              "zone", "set", "2")
+        r.add(
+            "raw",
+            OUTPUT_DNS,
+            "udp dport",
+            "53",
+            "meta",
+            key,
+            value,
+            "counter",
+            "ct",
+            "zone",
+            "set",
+            "1",
+        )
+        r.add(
+            "raw",
+            OUTPUT_DNS,
+            "udp sport",
+            AGENT_DNS_PORT,
+            "meta",
+            key,
+            value,
+            "counter",
+            "ct",
+            "zone",
+            "set",
+            "2",
+        )
     if all_dns:
         r.add("raw", PREROUTING, "counter", "jump", INBOUND)
         r.add("raw", OUTPUT_DNS, "udp dport", "53", "counter", "ct", "zone", "set", "2")
@@ -239,10 +378,34 @@ def _dns(r: _Rules, config: CaptureConfig) -> None:
         r.add("raw", PREROUTING, "counter", "jump", INBOUND)
     for ip, servers, bits in (("ip", v4, "/32"), ("ip6", v6, "/128")):
         for server in servers:
-            r.add("raw", OUTPUT_DNS, "udp dport", "53", f"{ip} daddr", server + bits, "counter",
-                  "ct", "zone", "set", "2", v6=ip == "ip6")
-            r.add("raw", INBOUND, "udp sport", "53", f"{ip} saddr", server + bits, "counter",
-                  "ct", "zone", "set", "1", v6=ip == "ip6")
+            r.add(
+                "raw",
+                OUTPUT_DNS,
+                "udp dport",
+                "53",
+                f"{ip} daddr",
+                server + bits,
+                "counter",
+                "ct",
+                "zone",
+                "set",
+                "2",
+                v6=ip == "ip6",
+            )
+            r.add(
+                "raw",
+                INBOUND,
+                "udp sport",
+                "53",
+                f"{ip} saddr",
+                server + bits,
+                "counter",
+                "ct",
+                "zone",
+                "set",
+                "1",
+                v6=ip == "ip6",
+            )
 
 
 def _outbound_include(
@@ -258,29 +421,103 @@ def _outbound_include(
     for ip, cidrs in (("ip", include_v4), ("ip6", include_v6)):
         for cidr in cidrs:
             for name in virt:
-                r.insert("nat", PREROUTING, 0, "iifname", name, f"{ip} daddr", cidr, "counter",
-                         "jump", REDIRECT, v6=ip == "ip6")
-            r.add("nat", OUTPUT_CHAIN, f"{ip} daddr", cidr, "counter", "jump", REDIRECT,
-                  v6=ip == "ip6")
+                r.insert(
+                    "nat",
+                    PREROUTING,
+                    0,
+                    "iifname",
+                    name,
+                    f"{ip} daddr",
+                    cidr,
+                    "counter",
+                    "jump",
+                    REDIRECT,
+                    v6=ip == "ip6",
+                )
+            r.add(
+                "nat",
+                OUTPUT_CHAIN,
+                f"{ip} daddr",
+                cidr,
+                "counter",
+                "jump",
+                REDIRECT,
+                v6=ip == "ip6",
+            )
 
 
 def _tproxy_marks(r: _Rules, config: CaptureConfig, loop4: str) -> None:
     """TPROXY bookkeeping: keep the mark on the connection, skip proxy-to-app loops."""
     mark = config.tproxy_mark
     r.add("mangle", PREROUTING, "meta l4proto tcp", "mark", mark, "counter", "ct mark set mark")
-    r.add("mangle", OUTPUT, "oifname", "lo", "meta l4proto tcp", "mark", mark, "counter",
-          "return")
+    r.add("mangle", OUTPUT, "oifname", "lo", "meta l4proto tcp", "mark", mark, "counter", "return")
     owners = [("skuid", v) for v in config.proxy_uids] + [("skgid", v) for v in config.proxy_gids]
     for key, value in owners:
         for ip, loop, v6 in (("ip", loop4, False), ("ip6", LOOP6, True)):
-            r.add("mangle", OUTPUT, "oifname", "lo", "meta l4proto tcp", f"{ip} daddr", "!=",
-                  loop, key, value, "counter", "meta mark set", OUTBOUND_MARK, v6=v6)
-    r.add("mangle", OUTPUT, "meta l4proto tcp", "ct", "mark", mark, "counter", "meta mark set",
-          "ct", "mark")
+            r.add(
+                "mangle",
+                OUTPUT,
+                "oifname",
+                "lo",
+                "meta l4proto tcp",
+                f"{ip} daddr",
+                "!=",
+                loop,
+                key,
+                value,
+                "counter",
+                "meta mark set",
+                OUTBOUND_MARK,
+                v6=v6,
+            )
+    r.add(
+        "mangle",
+        OUTPUT,
+        "meta l4proto tcp",
+        "ct",
+        "mark",
+        mark,
+        "counter",
+        "meta mark set",
+        "ct",
+        "mark",
+    )
     r.insert("mangle", INBOUND, 0, "meta l4proto tcp", "mark", mark, "counter", "return")
-    r.insert("mangle", INBOUND, 1, "iifname", "lo", "meta l4proto tcp", "ip saddr",
-             PASSTHROUGH_V4, "counter", "return")
-    r.insert("mangle", INBOUND, 1, "iifname", "lo", "meta l4proto tcp", "ip6 saddr", PASSTHROUGH_V6,
-             "counter", "return", v6=True)
-    r.insert("mangle", INBOUND, 2, "iifname", "lo", "meta l4proto tcp", "mark", "!=",
-             OUTBOUND_MARK, "counter", "return")
+    r.insert(
+        "mangle",
+        INBOUND,
+        1,
+        "iifname",
+        "lo",
+        "meta l4proto tcp",
+        "ip saddr",
+        PASSTHROUGH_V4,
+        "counter",
+        "return",
+    )
+    r.insert(
+        "mangle",
+        INBOUND,
+        1,
+        "iifname",
+        "lo",
+        "meta l4proto tcp",
+        "ip6 saddr",
+        PASSTHROUGH_V6,
+        "counter",
+        "return",
+        v6=True,
+    )
+    r.insert(
+        "mangle",
+        INBOUND,
+        2,
+        "iifname",
+        "lo",
+        "meta l4proto tcp",
+        "mark",
+        "!=",
+        OUTBOUND_MARK,
+        "counter",
+        "return",
+    )

@@ -47,20 +47,43 @@ def has_shape(shape: BuiltinShape, r: BuiltinRule) -> bool:
     match shape:
         case "iface_return":  # -i/-o IFACE -j RETURN
             ifaces = [i for i in (r.in_interface, r.out_interface) if i]
-            return (r.target == "RETURN" and r.table in ("nat", "mangle") and len(ifaces) == 1
-                    and not ifaces[0].startswith("!")
-                    and r.protocol in _ANY_PROTOCOL and r.any_address and not r.modules)
+            return (
+                r.target == "RETURN"
+                and r.table in ("nat", "mangle")
+                and len(ifaces) == 1
+                and not ifaces[0].startswith("!")
+                and r.protocol in _ANY_PROTOCOL
+                and r.any_address
+                and not r.modules
+            )
         case "mark_connmark":  # mangle: -p tcp -m mark|connmark --mark M -j CONNMARK ...
-            return (r.target == "CONNMARK" and r.table == "mangle" and r.protocol == "tcp"
-                    and not r.in_interface and not r.out_interface and r.any_address
-                    and r.modules[:1] in (("mark",), ("connmark",)))
+            return (
+                r.target == "CONNMARK"
+                and r.table == "mangle"
+                and r.protocol == "tcp"
+                and not r.in_interface
+                and not r.out_interface
+                and r.any_address
+                and r.modules[:1] in (("mark",), ("connmark",))
+            )
         case "lo_owner_mark":  # mangle: ... -o lo -p tcp -m owner ... -j MARK
-            return (r.target == "MARK" and r.table == "mangle" and r.protocol == "tcp"
-                    and r.out_interface == "lo" and "owner" in r.modules)
+            return (
+                r.target == "MARK"
+                and r.table == "mangle"
+                and r.protocol == "tcp"
+                and r.out_interface == "lo"
+                and "owner" in r.modules
+            )
         case "lo_mark_return":  # mangle: -o lo -p tcp -m mark --mark M -j RETURN
-            return (r.target == "RETURN" and r.table == "mangle" and r.protocol == "tcp"
-                    and r.out_interface == "lo" and not r.in_interface and r.any_address
-                    and r.modules[:1] == ("mark",))
+            return (
+                r.target == "RETURN"
+                and r.table == "mangle"
+                and r.protocol == "tcp"
+                and r.out_interface == "lo"
+                and not r.in_interface
+                and r.any_address
+                and r.modules[:1] == ("mark",)
+            )
         case _:
             assert_never(shape)
 
@@ -70,8 +93,13 @@ def is_our_builtin_rule(rule: BuiltinRule) -> bool:
     return is_our_chain(rule.target) or any(has_shape(s, rule) for s in BUILTIN_SHAPES)
 
 
-_SAVE_FIELDS = {"-p": "protocol", "-i": "in_interface", "-o": "out_interface", "-s": "src",
-                "-d": "dst"}
+_SAVE_FIELDS = {
+    "-p": "protocol",
+    "-i": "in_interface",
+    "-o": "out_interface",
+    "-s": "src",
+    "-d": "dst",
+}
 
 
 def save_line_rule(table: str, line: str) -> BuiltinRule:

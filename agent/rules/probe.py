@@ -93,8 +93,10 @@ def _nft_tables() -> frozenset[tuple[Family, str]] | None:
         with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER) as sock:
             sock.settimeout(2.0)
             # nlmsghdr(len, type, flags, seq, pid) + nfgenmsg(family=any, version 0, res_id 0)
-            sock.send(struct.pack("=IHHII", 20, NFT_MSG_GETTABLE, NLM_F_REQUEST_DUMP, 1, 0)
-                      + struct.pack("=BBH", 0, 0, 0))
+            sock.send(
+                struct.pack("=IHHII", 20, NFT_MSG_GETTABLE, NLM_F_REQUEST_DUMP, 1, 0)
+                + struct.pack("=BBH", 0, 0, 0)
+            )
             return frozenset(_read_tables(sock))
     except (OSError, ValueError):
         return None
@@ -114,7 +116,7 @@ def _read_tables(sock: socket.socket) -> list[tuple[Family, str]]:
             if kind == NLMSG_ERROR:
                 raise ValueError("netlink: error reply to the table dump")
             family = data[offset + 16]
-            name = _attribute(data[offset + 20:offset + length], NFTA_TABLE_NAME)
+            name = _attribute(data[offset + 20 : offset + length], NFTA_TABLE_NAME)
             if family in NFPROTO and name is not None:
                 tables.append((NFPROTO[family], name))
             offset += (length + 3) & ~3
@@ -127,6 +129,6 @@ def _attribute(attrs: bytes, wanted: int) -> str | None:
         if length < 4:
             return None
         if kind & 0x3FFF == wanted:
-            return attrs[offset + 4:offset + length].rstrip(b"\0").decode("ascii", "replace")
+            return attrs[offset + 4 : offset + length].rstrip(b"\0").decode("ascii", "replace")
         offset += (length + 3) & ~3
     return None

@@ -31,8 +31,13 @@ def save_tables(
 BasicKind = Literal["src", "dst", "in", "out", "proto"]
 BASIC_ORDER: tuple[BasicKind, ...] = ("src", "dst", "in", "out", "proto")
 """The matches iptables-save prints first, in this order, whatever order they were added in."""
-BASIC_FLAGS: dict[BasicKind, str] = {"src": "-s", "dst": "-d", "in": "-i", "out": "-o",
-                                      "proto": "-p"}
+BASIC_FLAGS: dict[BasicKind, str] = {
+    "src": "-s",
+    "dst": "-d",
+    "in": "-i",
+    "out": "-o",
+    "proto": "-p",
+}
 
 
 def save_line(rule: Rule, *, family: Family) -> str:

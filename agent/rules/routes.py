@@ -43,7 +43,9 @@ def apply_routes(netns_path: str, config: CaptureConfig) -> None:
 
 
 def remove_routes(
-    netns_path: str, *, mark: str = constants.TPROXY_MARK,
+    netns_path: str,
+    *,
+    mark: str = constants.TPROXY_MARK,
     table: str = constants.TPROXY_ROUTE_TABLE,
 ) -> None:
     """Undo apply_routes for the given TPROXY mark and table (Istio's defaults)."""

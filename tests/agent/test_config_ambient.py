@@ -43,7 +43,9 @@ def test_defaults_are_istios() -> None:
     assert a.ztunnelSocketPath == "/var/run/ztunnel/ztunnel.sock"
     assert a.systemNamespace == "istio-system"
     assert (a.hostProbeSnatAddress, a.hostProbeSnatAddressV6) == (
-        "169.254.7.127", "fd16:9254:7127:1337:ffff:ffff:ffff:ffff")
+        "169.254.7.127",
+        "fd16:9254:7127:1337:ffff:ffff:ffff:ffff",
+    )
 
 
 def test_istio_chart_default_selectors_parse_to_our_default() -> None:
@@ -51,16 +53,25 @@ def test_istio_chart_default_selectors_parse_to_our_default() -> None:
     s = settings_from_mapping({"ambient": {"enablementSelectors": raw}}, source="x")
     assert s.ambient.enablementSelectors == DEFAULT_ENABLEMENT_SELECTORS
     assert [e.to_dict() for e in DEFAULT_ENABLEMENT_SELECTORS] == [
-        {"podSelector": {"matchLabels": {"istio.io/dataplane-mode": "ambient"}},
-         "namespaceSelector": {}},
-        {"podSelector": {"matchExpressions": [{"key": "istio.io/dataplane-mode",
-                                               "operator": "NotIn", "values": ["none"]}]},
-         "namespaceSelector": {"matchLabels": {"istio.io/dataplane-mode": "ambient"}}},
+        {
+            "podSelector": {"matchLabels": {"istio.io/dataplane-mode": "ambient"}},
+            "namespaceSelector": {},
+        },
+        {
+            "podSelector": {
+                "matchExpressions": [
+                    {"key": "istio.io/dataplane-mode", "operator": "NotIn", "values": ["none"]}
+                ]
+            },
+            "namespaceSelector": {"matchLabels": {"istio.io/dataplane-mode": "ambient"}},
+        },
     ]
 
 
 def test_ambient_values_are_read(tmp_path: Path) -> None:
-    s = load(tmp_path, """
+    s = load(
+        tmp_path,
+        """
 ambient:
   enabled: true
   dnsCapture: false
@@ -78,17 +89,25 @@ ambient:
       - {key: example.com/tier, operator: In, values: [web, api]}
   - namespaceSelector: {}
   - {}
-""")
+""",
+    )
     a = s.ambient
     assert a.enabled and not a.dnsCapture and not a.ipv6 and not a.reconcileIptablesOnStartup
     assert a.enableAmbientDetectionRetry and a.ztunnelSocketPath == "/run/zt/zds.sock"
     assert a.systemNamespace == "kube-system"
     assert (a.hostProbeSnatAddress, a.hostProbeSnatAddressV6) == ("169.254.7.1", "fd00::7")
     assert a.enablementSelectors == (
-        EnablementSelector(podSelector=LabelSelector(matchExpressions=(
-            LabelSelectorRequirement("app", "Exists"),
-            LabelSelectorRequirement("example.com/tier", "In", ("web", "api"))))),
-        EnablementSelector(), EnablementSelector())
+        EnablementSelector(
+            podSelector=LabelSelector(
+                matchExpressions=(
+                    LabelSelectorRequirement("app", "Exists"),
+                    LabelSelectorRequirement("example.com/tier", "In", ("web", "api")),
+                )
+            )
+        ),
+        EnablementSelector(),
+        EnablementSelector(),
+    )
     assert s.repair == Settings().repair  # other sections untouched
 
 
@@ -100,76 +119,122 @@ def test_null_or_empty_selectors_enroll_nothing(tmp_path: Path) -> None:
 
 SEL = "ambient.enablementSelectors"
 BAD = {
-    "unknown-ambient-key": ("ambient: {shareHostNetworkNamespace: true}\n",
-                            "unknown key ambient.shareHostNetworkNamespace"),
+    "unknown-ambient-key": (
+        "ambient: {shareHostNetworkNamespace: true}\n",
+        "unknown key ambient.shareHostNetworkNamespace",
+    ),
     "ambient-not-mapping": ("ambient: true\n", "key ambient must be a mapping"),
     "bool-type": ("ambient: {enabled: 'yes'}\n", "key ambient.enabled must be true or false"),
-    "socket-relative": ("ambient: {ztunnelSocketPath: zt.sock}\n",
-                        "key ambient.ztunnelSocketPath must be an absolute path"),
-    "snat-v4-family": ("ambient: {hostProbeSnatAddress: 'fd00::1'}\n",
-                       "key ambient.hostProbeSnatAddress must be an IPv4 address"),
-    "snat-v6-garbage": ("ambient: {hostProbeSnatAddressV6: nope}\n",
-                        "key ambient.hostProbeSnatAddressV6 must be an IPv6 address"),
-    "system-namespace": ("ambient: {systemNamespace: Istio_System}\n",
-                         "key ambient.systemNamespace must be a namespace name"),
-    "selectors-not-list": ("ambient: {enablementSelectors: {podSelector: {}}}\n",
-                           f"key {SEL}: must be a list"),
-    "entry-not-mapping": ("ambient: {enablementSelectors: [x]}\n",
-                          f"key {SEL}[0]: must be a mapping"),
-    "entry-unknown-key": ("ambient: {enablementSelectors: [{podselector: {}}]}\n",
-                          f"key {SEL}[0].podselector: unknown key"),
-    "selector-unknown-key": ("ambient: {enablementSelectors: [{podSelector: {labels: {}}}]}\n",
-                             f"key {SEL}[0].podSelector.labels: unknown key"),
-    "operator": ("ambient: {enablementSelectors: [{}, {namespaceSelector: {matchExpressions: "
-                 "[{key: a, operator: Equals, values: [b]}]}}]}\n",
-                 f"key {SEL}[1].namespaceSelector.matchExpressions[0].operator: 'Equals' is not "
-                 "one of In, NotIn, Exists, DoesNotExist"),
-    "operator-case": ("ambient: {enablementSelectors: [{podSelector: {matchExpressions: "
-                      "[{key: a, operator: in, values: [b]}]}}]}\n", "'in' is not one of"),
-    "operator-missing": ("ambient: {enablementSelectors: [{podSelector: {matchExpressions: "
-                         "[{key: a}]}}]}\n", "operator: None is not one of"),
-    "in-without-values": ("ambient: {enablementSelectors: [{podSelector: {matchExpressions: "
-                          "[{key: a, operator: In}]}}]}\n",
-                          f"key {SEL}[0].podSelector.matchExpressions[0].values: must not be "
-                          "empty for operator In"),
-    "notin-empty-values": ("ambient: {enablementSelectors: [{podSelector: {matchExpressions: "
-                           "[{key: a, operator: NotIn, values: []}]}}]}\n",
-                           "must not be empty for operator NotIn"),
-    "exists-with-values": ("ambient: {enablementSelectors: [{podSelector: {matchExpressions: "
-                           "[{key: a, operator: Exists, values: [b]}]}}]}\n",
-                           "values: must be empty for operator Exists"),
-    "doesnotexist-with-values": ("ambient: {enablementSelectors: [{podSelector: "
-                                 "{matchExpressions: [{key: a, operator: DoesNotExist, "
-                                 "values: [b]}]}}]}\n",
-                                 "must be empty for operator DoesNotExist"),
-    "values-not-strings": ("ambient: {enablementSelectors: [{podSelector: {matchExpressions: "
-                           "[{key: a, operator: In, values: [1]}]}}]}\n",
-                           "values: must be a list of strings"),
-    "bad-value": ("ambient: {enablementSelectors: [{podSelector: {matchExpressions: "
-                  "[{key: a, operator: In, values: ['-x']}]}}]}\n",
-                  f"key {SEL}[0].podSelector.matchExpressions[0].values[0]: a label value"),
-    "bad-key": ("ambient: {enablementSelectors: [{podSelector: {matchExpressions: "
-                "[{key: 'a b', operator: Exists}]}}]}\n",
-                "matchExpressions[0].key: the name of a label key"),
-    "bad-key-prefix": ("ambient: {enablementSelectors: [{podSelector: {matchLabels: "
-                       "{'Istio.IO/mode': x}}}]}\n",
-                       "matchLabels.Istio.IO/mode: the prefix of a label key"),
-    "key-two-slashes": ("ambient: {enablementSelectors: [{podSelector: {matchLabels: "
-                        "{'a/b/c': x}}}]}\n", "with one '/'"),
-    "label-value-type": ("ambient: {enablementSelectors: [{podSelector: {matchLabels: "
-                         "{a: true}}}]}\n",
-                         f"key {SEL}[0].podSelector.matchLabels.a: must be a string, got bool"),
-    "label-value-long": ("ambient: {enablementSelectors: [{podSelector: {matchLabels: "
-                         "{a: " + "x" * 64 + "}}}]}\n", "a label value must be empty or 1-63"),
-    "expressions-not-list": ("ambient: {enablementSelectors: [{podSelector: "
-                             "{matchExpressions: {key: a}}}]}\n",
-                             "matchExpressions: must be a list"),
+    "socket-relative": (
+        "ambient: {ztunnelSocketPath: zt.sock}\n",
+        "key ambient.ztunnelSocketPath must be an absolute path",
+    ),
+    "snat-v4-family": (
+        "ambient: {hostProbeSnatAddress: 'fd00::1'}\n",
+        "key ambient.hostProbeSnatAddress must be an IPv4 address",
+    ),
+    "snat-v6-garbage": (
+        "ambient: {hostProbeSnatAddressV6: nope}\n",
+        "key ambient.hostProbeSnatAddressV6 must be an IPv6 address",
+    ),
+    "system-namespace": (
+        "ambient: {systemNamespace: Istio_System}\n",
+        "key ambient.systemNamespace must be a namespace name",
+    ),
+    "selectors-not-list": (
+        "ambient: {enablementSelectors: {podSelector: {}}}\n",
+        f"key {SEL}: must be a list",
+    ),
+    "entry-not-mapping": (
+        "ambient: {enablementSelectors: [x]}\n",
+        f"key {SEL}[0]: must be a mapping",
+    ),
+    "entry-unknown-key": (
+        "ambient: {enablementSelectors: [{podselector: {}}]}\n",
+        f"key {SEL}[0].podselector: unknown key",
+    ),
+    "selector-unknown-key": (
+        "ambient: {enablementSelectors: [{podSelector: {labels: {}}}]}\n",
+        f"key {SEL}[0].podSelector.labels: unknown key",
+    ),
+    "operator": (
+        "ambient: {enablementSelectors: [{}, {namespaceSelector: {matchExpressions: "
+        "[{key: a, operator: Equals, values: [b]}]}}]}\n",
+        f"key {SEL}[1].namespaceSelector.matchExpressions[0].operator: 'Equals' is not "
+        "one of In, NotIn, Exists, DoesNotExist",
+    ),
+    "operator-case": (
+        "ambient: {enablementSelectors: [{podSelector: {matchExpressions: "
+        "[{key: a, operator: in, values: [b]}]}}]}\n",
+        "'in' is not one of",
+    ),
+    "operator-missing": (
+        "ambient: {enablementSelectors: [{podSelector: {matchExpressions: [{key: a}]}}]}\n",
+        "operator: None is not one of",
+    ),
+    "in-without-values": (
+        "ambient: {enablementSelectors: [{podSelector: {matchExpressions: "
+        "[{key: a, operator: In}]}}]}\n",
+        f"key {SEL}[0].podSelector.matchExpressions[0].values: must not be empty for operator In",
+    ),
+    "notin-empty-values": (
+        "ambient: {enablementSelectors: [{podSelector: {matchExpressions: "
+        "[{key: a, operator: NotIn, values: []}]}}]}\n",
+        "must not be empty for operator NotIn",
+    ),
+    "exists-with-values": (
+        "ambient: {enablementSelectors: [{podSelector: {matchExpressions: "
+        "[{key: a, operator: Exists, values: [b]}]}}]}\n",
+        "values: must be empty for operator Exists",
+    ),
+    "doesnotexist-with-values": (
+        "ambient: {enablementSelectors: [{podSelector: "
+        "{matchExpressions: [{key: a, operator: DoesNotExist, "
+        "values: [b]}]}}]}\n",
+        "must be empty for operator DoesNotExist",
+    ),
+    "values-not-strings": (
+        "ambient: {enablementSelectors: [{podSelector: {matchExpressions: "
+        "[{key: a, operator: In, values: [1]}]}}]}\n",
+        "values: must be a list of strings",
+    ),
+    "bad-value": (
+        "ambient: {enablementSelectors: [{podSelector: {matchExpressions: "
+        "[{key: a, operator: In, values: ['-x']}]}}]}\n",
+        f"key {SEL}[0].podSelector.matchExpressions[0].values[0]: a label value",
+    ),
+    "bad-key": (
+        "ambient: {enablementSelectors: [{podSelector: {matchExpressions: "
+        "[{key: 'a b', operator: Exists}]}}]}\n",
+        "matchExpressions[0].key: the name of a label key",
+    ),
+    "bad-key-prefix": (
+        "ambient: {enablementSelectors: [{podSelector: {matchLabels: {'Istio.IO/mode': x}}}]}\n",
+        "matchLabels.Istio.IO/mode: the prefix of a label key",
+    ),
+    "key-two-slashes": (
+        "ambient: {enablementSelectors: [{podSelector: {matchLabels: {'a/b/c': x}}}]}\n",
+        "with one '/'",
+    ),
+    "label-value-type": (
+        "ambient: {enablementSelectors: [{podSelector: {matchLabels: {a: true}}}]}\n",
+        f"key {SEL}[0].podSelector.matchLabels.a: must be a string, got bool",
+    ),
+    "label-value-long": (
+        "ambient: {enablementSelectors: [{podSelector: {matchLabels: {a: " + "x" * 64 + "}}}]}\n",
+        "a label value must be empty or 1-63",
+    ),
+    "expressions-not-list": (
+        "ambient: {enablementSelectors: [{podSelector: {matchExpressions: {key: a}}}]}\n",
+        "matchExpressions: must be a list",
+    ),
 }
 
 
 @pytest.mark.parametrize(("text", "expected"), BAD.values(), ids=BAD.keys())
-def test_bad_ambient_config_names_key_path_and_file(tmp_path: Path, text: str,
-                                                    expected: str) -> None:
+def test_bad_ambient_config_names_key_path_and_file(
+    tmp_path: Path, text: str, expected: str
+) -> None:
     with pytest.raises(ConfigError) as err:
         load(tmp_path, text)
     assert expected in str(err.value)
@@ -177,7 +242,12 @@ def test_bad_ambient_config_names_key_path_and_file(tmp_path: Path, text: str,
 
 
 def test_empty_label_value_and_prefixed_key_are_valid(tmp_path: Path) -> None:
-    s = load(tmp_path, "ambient: {enablementSelectors: [{podSelector: {matchLabels: "
-                       "{'example.com/a': '', b: x.y_z-1}}}]}\n")
+    s = load(
+        tmp_path,
+        "ambient: {enablementSelectors: [{podSelector: {matchLabels: "
+        "{'example.com/a': '', b: x.y_z-1}}}]}\n",
+    )
     assert s.ambient.enablementSelectors[0].podSelector.matchLabels == (
-        ("example.com/a", ""), ("b", "x.y_z-1"))
+        ("example.com/a", ""),
+        ("b", "x.y_z-1"),
+    )

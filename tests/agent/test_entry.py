@@ -13,14 +13,20 @@ from plugin.fastjson import dumps
 
 def test_entry_is_the_same_for_every_pod_of_the_daemonset() -> None:
     settings = Settings(daemonSetName="istio-cni-node")
-    entries = [plugin_entry(settings, pod_name=name, pod_namespace="istio-system")
-               for name in ("istio-cni-node-abcde", "istio-cni-node-x9z8y", "")]
+    entries = [
+        plugin_entry(settings, pod_name=name, pod_namespace="istio-system")
+        for name in ("istio-cni-node-abcde", "istio-cni-node-x9z8y", "")
+    ]
     assert entries[0] == entries[1] == entries[2]
     assert entries[0] == {
-        "name": "istio-cni", "type": "istio-cni", "plugin_log_level": "info",
+        "name": "istio-cni",
+        "type": "istio-cni",
+        "plugin_log_level": "info",
         "cni_agent_run_dir": "/var/run/istio-cni",
         "exclude_namespaces": ["istio-system", "kube-system"],
-        "pod_namespace": "istio-system", "agent_pod_prefix": "istio-cni-node-"}
+        "pod_namespace": "istio-system",
+        "agent_pod_prefix": "istio-cni-node-",
+    }
 
 
 def test_without_daemonset_name_the_prefix_comes_from_the_pod_name() -> None:
@@ -38,9 +44,16 @@ def test_long_daemonset_name_is_cut_as_the_api_server_cuts_generate_name() -> No
     assert agent_pod_prefix(Settings(daemonSetName=name), "") == "d" * 58
 
 
-@pytest.mark.parametrize(("spec", "plugin"), [
-    ("debug", "debug"), ("none", "none"), ("default:warn,cni-plugin:debug", "debug"),
-    ("cni-agent:debug,repair:error", "info"), ("all:error", "error")])
+@pytest.mark.parametrize(
+    ("spec", "plugin"),
+    [
+        ("debug", "debug"),
+        ("none", "none"),
+        ("default:warn,cni-plugin:debug", "debug"),
+        ("cni-agent:debug,repair:error", "info"),
+        ("all:error", "error"),
+    ],
+)
 def test_plugin_log_level_is_a_plain_level(spec: str, plugin: str) -> None:
     entry = plugin_entry(Settings(logLevel=spec), pod_name="", pod_namespace="ns")
     assert entry["plugin_log_level"] == plugin
@@ -53,13 +66,17 @@ def test_log_as_json_only_when_set() -> None:
 
 
 def test_the_plugin_reads_the_entry_it_is_given() -> None:
-    settings = Settings(logLevel="default:info,cni-plugin:none", logAsJson=True,
-                        daemonSetName="cni")
+    settings = Settings(
+        logLevel="default:info,cni-plugin:none", logAsJson=True, daemonSetName="cni"
+    )
     entry = standalone_entry(settings, pod_name="", pod_namespace="istio-system")
     conf = parse(dumps(entry).encode(), command="ADD")
     assert (conf.log_level, conf.log_as_json) == ("none", True)
     assert (conf.pod_namespace, conf.agent_pod_prefix, conf.pod_name) == (
-        "istio-system", "cni-", "")
+        "istio-system",
+        "cni-",
+        "",
+    )
 
 
 AGENT_POD_CASES = {
@@ -75,28 +92,40 @@ AGENT_POD_CASES = {
 }
 
 
-@pytest.mark.parametrize(("namespace", "name", "expected"), AGENT_POD_CASES.values(),
-                         ids=AGENT_POD_CASES.keys())
+@pytest.mark.parametrize(
+    ("namespace", "name", "expected"), AGENT_POD_CASES.values(), ids=AGENT_POD_CASES.keys()
+)
 def test_agent_pods_are_the_namespace_plus_prefix_plus_five(
     namespace: str, name: str, expected: bool
 ) -> None:
-    entry = standalone_entry(Settings(daemonSetName="cni"), pod_name="",
-                             pod_namespace="istio-system")
+    entry = standalone_entry(
+        Settings(daemonSetName="cni"), pod_name="", pod_namespace="istio-system"
+    )
     conf = parse(dumps(entry).encode(), command="ADD")
     assert is_agent_pod(conf, Pod(name, namespace, "uid")) is expected
 
 
 def test_no_namespace_or_prefix_recognises_no_pod() -> None:
     for namespace, prefix in (("", "cni-"), ("istio-system", "")):
-        entry = {"cniVersion": "1.0.0", "name": "n", "type": "istio-cni",
-                 "pod_namespace": namespace, "agent_pod_prefix": prefix}
+        entry = {
+            "cniVersion": "1.0.0",
+            "name": "n",
+            "type": "istio-cni",
+            "pod_namespace": namespace,
+            "agent_pod_prefix": prefix,
+        }
         conf = parse(dumps(entry).encode(), command="ADD")
         assert not is_agent_pod(conf, Pod("cni-abc12", namespace or "x", ""))
 
 
 def test_an_entry_of_an_earlier_version_still_names_the_agent_pod() -> None:
-    entry = {"cniVersion": "1.0.0", "name": "n", "type": "istio-cni",
-             "pod_namespace": "istio-system", "pod_name": "istio-cni-node-abcde"}
+    entry = {
+        "cniVersion": "1.0.0",
+        "name": "n",
+        "type": "istio-cni",
+        "pod_namespace": "istio-system",
+        "pod_name": "istio-cni-node-abcde",
+    }
     conf = parse(dumps(entry).encode(), command="ADD")
     assert is_agent_pod(conf, Pod("istio-cni-node-abcde", "istio-system", ""))
     assert not is_agent_pod(conf, Pod("istio-cni-node-bbbbb", "istio-system", ""))

@@ -26,13 +26,16 @@ def imported_roots(source: Path) -> set[str]:
 
 def test_walker_sees_every_import_form(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
-    module.write_text("import os.path, json\nfrom yaml import safe_load\nfrom . import x\n"
-                      "def f():\n    import kubernetes\n")
+    module.write_text(
+        "import os.path, json\nfrom yaml import safe_load\nfrom . import x\n"
+        "def f():\n    import kubernetes\n"
+    )
     assert imported_roots(module) == {"os", "json", "yaml", "kubernetes"}
 
 
-@pytest.mark.parametrize("source", sorted(PLUGIN.rglob("*.py")),
-                         ids=lambda p: str(p.relative_to(PLUGIN.parent)))
+@pytest.mark.parametrize(
+    "source", sorted(PLUGIN.rglob("*.py")), ids=lambda p: str(p.relative_to(PLUGIN.parent))
+)
 def test_plugin_imports_only_the_standard_library(source: Path) -> None:
     foreign = imported_roots(source) - set(sys.stdlib_module_names) - {"plugin", "__future__"}
     assert not foreign, f"{source} imports {sorted(foreign)}: the plugin is standard library only"

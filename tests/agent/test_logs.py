@@ -52,9 +52,9 @@ def test_a_bare_level_sets_every_scope(stderr: Captured) -> None:
 
 def test_scopes_get_their_own_level(stderr: Captured) -> None:
     setup_logging(parse_log_levels("default:warn,install:debug,cni-plugin:error,repair:none"))
-    assert levels_of("", "agent", "agent.install", "agent.repair", "agent.ambient",
-                     PLUGIN_LOGGER) == [logging.WARNING, logging.WARNING, logging.DEBUG, NONE,
-                                        logging.WARNING, logging.ERROR]
+    assert levels_of(
+        "", "agent", "agent.install", "agent.repair", "agent.ambient", PLUGIN_LOGGER
+    ) == [logging.WARNING, logging.WARNING, logging.DEBUG, NONE, logging.WARNING, logging.ERROR]
     logging.getLogger("agent.install.watcher").debug("shown")
     logging.getLogger("agent.podserver.handlers").info("hidden: cni-agent is at the default")
     logging.getLogger("agent.repair.service").critical("hidden: repair is none")
@@ -95,8 +95,9 @@ def test_kubernetes_client_never_below_info(stderr: Captured) -> None:
 
 
 def _record(level: int = logging.WARNING, **fields: object) -> logging.LogRecord:
-    record = logging.LogRecord("agent.install", level, __file__, 1, "%s went %s",
-                               ("it", "wrong"), None)
+    record = logging.LogRecord(
+        "agent.install", level, __file__, 1, "%s went %s", ("it", "wrong"), None
+    )
     record.fields = fields
     return record
 
@@ -108,8 +109,9 @@ def test_key_value_format() -> None:
 
 
 def test_json_format_has_the_keys_and_fields() -> None:
-    obj = json.loads(JsonFormatter().format(_record(path="/x", n=2, ok=True, msg="clash",
-                                                    obj=["a"])))
+    obj = json.loads(
+        JsonFormatter().format(_record(path="/x", n=2, ok=True, msg="clash", obj=["a"]))
+    )
     assert list(obj)[:4] == ["time", "level", "scope", "msg"]
     assert obj["level"] == "warn" and obj["scope"] == "agent.install"
     assert obj["msg"] == "it went wrong" and obj["field.msg"] == "clash"
@@ -121,27 +123,32 @@ def test_json_format_carries_the_exception() -> None:
     try:
         raise ValueError("bad")
     except ValueError:
-        record = logging.LogRecord("agent", logging.ERROR, __file__, 1, "failed", (),
-                                   sys.exc_info())
+        record = logging.LogRecord(
+            "agent", logging.ERROR, __file__, 1, "failed", (), sys.exc_info()
+        )
     obj = json.loads(JsonFormatter().format(record))
     assert obj["level"] == "error" and "ValueError: bad" in obj["stack"]
 
 
 def test_level_names_are_istios() -> None:
-    names = [json.loads(JsonFormatter().format(_record(level)))["level"]
-             for level in (logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR,
-                           logging.CRITICAL)]
+    names = [
+        json.loads(JsonFormatter().format(_record(level)))["level"]
+        for level in (logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR, logging.CRITICAL)
+    ]
     assert names == ["debug", "info", "warn", "error", "fatal"]
 
 
 def test_agent_process_logs_json() -> None:
     """What the agent's commands call, in a fresh process: one JSON object per line."""
-    code = ("from agent.config import Settings; from agent.logs import setup_logging; "
-            "import logging; s = Settings(logLevel='default:info,foo:debug', logAsJson=True); "
-            "setup_logging(s.log_levels, as_json=s.logAsJson); "
-            "logging.getLogger('agent.install').info('hi', extra={'fields': {'a': 1}})")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=True, timeout=60)
+    code = (
+        "from agent.config import Settings; from agent.logs import setup_logging; "
+        "import logging; s = Settings(logLevel='default:info,foo:debug', logAsJson=True); "
+        "setup_logging(s.log_levels, as_json=s.logAsJson); "
+        "logging.getLogger('agent.install').info('hi', extra={'fields': {'a': 1}})"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
     objs = [json.loads(line) for line in done.stderr.splitlines()]
     assert [o["msg"] for o in objs][1:] == ["hi"] and objs[1]["a"] == 1
     assert objs[0]["level"] == "warn" and objs[0]["scopes"] == "foo"
@@ -149,12 +156,20 @@ def test_agent_process_logs_json() -> None:
 
 # -- the plugin's lines, as the /log handler writes them --------------------------------------
 
+
 def test_plugin_line_fields_are_kept_apart(stderr: Captured) -> None:
     setup_logging(parse_log_levels("debug"), as_json=True)
     rig = build_rig(InMemoryPods(make_pod()), ScriptedRedirector())
-    body = wire.encode(wire.log_request(
-        level="error", msg="ADD failed", pod_name="web-0", pod_namespace="shop",
-        container_id="c1", fields={"code": "11", "error": "x", "source": "spoofed"}))
+    body = wire.encode(
+        wire.log_request(
+            level="error",
+            msg="ADD failed",
+            pod_name="web-0",
+            pod_namespace="shop",
+            container_id="c1",
+            fields={"code": "11", "error": "x", "source": "spoofed"},
+        )
+    )
     assert rig.handlers.log(body).status == 200
     [obj] = [json.loads(line) for line in stderr.getvalue().splitlines()]
     assert (obj["level"], obj["scope"], obj["msg"]) == ("error", PLUGIN_LOGGER, "ADD failed")
@@ -164,9 +179,18 @@ def test_plugin_line_fields_are_kept_apart(stderr: Captured) -> None:
 
 def test_plugin_line_without_fields_is_still_accepted() -> None:
     rig = build_rig(InMemoryPods(make_pod()), ScriptedRedirector())
-    body = json.dumps({"level": "info", "msg": "m", "podName": "p", "podNamespace": "n",
-                       "containerId": "c"}).encode()
+    body = json.dumps(
+        {"level": "info", "msg": "m", "podName": "p", "podNamespace": "n", "containerId": "c"}
+    ).encode()
     assert rig.handlers.log(body).status == 200
-    bad = json.dumps({"level": "info", "msg": "m", "podName": "p", "podNamespace": "n",
-                      "containerId": "c", "fields": {"a": 1}}).encode()
+    bad = json.dumps(
+        {
+            "level": "info",
+            "msg": "m",
+            "podName": "p",
+            "podNamespace": "n",
+            "containerId": "c",
+            "fields": {"a": 1},
+        }
+    ).encode()
     assert rig.handlers.log(bad).status == 400

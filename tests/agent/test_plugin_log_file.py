@@ -49,8 +49,14 @@ def fields(record: logging.LogRecord) -> dict[str, object]:
     return dict(getattr(record, "fields", {}))
 
 
-def write(run_dir: Path, level: str, msg: str, name: str = wire.LOG_FILE_NAME,
-          stamp: str = "2024-05-06T07:08:09.123Z", **extra: str) -> None:
+def write(
+    run_dir: Path,
+    level: str,
+    msg: str,
+    name: str = wire.LOG_FILE_NAME,
+    stamp: str = "2024-05-06T07:08:09.123Z",
+    **extra: str,
+) -> None:
     with open(run_dir / name, "a") as f:
         f.write(json_line(stamp, level, msg, extra))
 
@@ -64,10 +70,17 @@ def test_lines_are_logged_at_their_level_and_time(
     assert forward_once(str(run_dir), settle=0) == 3
     records = plugin_records(agent_log)
     assert [(r.levelno, r.getMessage()) for r in records] == [
-        (logging.ERROR, "ADD failed"), (logging.WARNING, "DEL without agent"),
-        (logging.DEBUG, "detail")]
-    assert fields(records[0]) == {"source": "plugin", "via": "file", "pod": "ns/p",
-                                  "containerId": "c1", "error": "no agent"}
+        (logging.ERROR, "ADD failed"),
+        (logging.WARNING, "DEL without agent"),
+        (logging.DEBUG, "detail"),
+    ]
+    assert fields(records[0]) == {
+        "source": "plugin",
+        "via": "file",
+        "pod": "ns/p",
+        "containerId": "c1",
+        "error": "no agent",
+    }
     when = datetime.datetime(2024, 5, 6, 7, 8, 9, 123000, tzinfo=datetime.UTC).timestamp()
     assert records[0].created == pytest.approx(when)
     line = KeyValueFormatter().format(records[0])
@@ -115,10 +128,10 @@ def test_a_line_appended_while_forwarding_is_kept(
     real_sleep = time.sleep
 
     def during_settle(seconds: float) -> None:
-        os.write(held, json_line("2024-01-01T00:00:00.000Z", "info", "opened before", {})
-                 .encode())
-        assert append_line(str(run_dir), json_line("2024-01-01T00:00:01.000Z", "info",
-                                                   "after the rename", {}))
+        os.write(held, json_line("2024-01-01T00:00:00.000Z", "info", "opened before", {}).encode())
+        assert append_line(
+            str(run_dir), json_line("2024-01-01T00:00:01.000Z", "info", "after the rename", {})
+        )
         real_sleep(0)
 
     monkeypatch.setattr("agent.plugin_log_file.time.sleep", during_settle)
@@ -135,26 +148,32 @@ def test_a_line_appended_while_forwarding_is_kept(
 def test_a_file_left_halfway_is_forwarded_first(
     run_dir: Path, agent_log: pytest.LogCaptureFixture
 ) -> None:
-    write(run_dir, "info", "left by an agent that stopped",
-          name=wire.LOG_FILE_NAME + CLAIMED_SUFFIX)
+    write(
+        run_dir, "info", "left by an agent that stopped", name=wire.LOG_FILE_NAME + CLAIMED_SUFFIX
+    )
     write(run_dir, "info", "new")
     assert forward_once(str(run_dir), settle=0) == 1
     assert os.listdir(run_dir) == [wire.LOG_FILE_NAME]
     assert forward_once(str(run_dir), settle=0) == 1
     assert [r.getMessage() for r in plugin_records(agent_log)] == [
-        "left by an agent that stopped", "new"]
+        "left by an agent that stopped",
+        "new",
+    ]
 
 
 def test_a_line_that_is_not_the_plugins_json_is_kept_as_text(
     run_dir: Path, agent_log: pytest.LogCaptureFixture
 ) -> None:
     (run_dir / wire.LOG_FILE_NAME).write_text(
-        'garbage line\n\n{"level":"loud","msg":"x"}\n{"level":"info","msg":"ok","n":3}\n')
+        'garbage line\n\n{"level":"loud","msg":"x"}\n{"level":"info","msg":"ok","n":3}\n'
+    )
     assert forward_once(str(run_dir), settle=0) == 3
     records = plugin_records(agent_log)
     assert [(r.levelno, r.getMessage()) for r in records] == [
-        (logging.WARNING, "garbage line"), (logging.WARNING, '{"level":"loud","msg":"x"}'),
-        (logging.INFO, "ok")]
+        (logging.WARNING, "garbage line"),
+        (logging.WARNING, '{"level":"loud","msg":"x"}'),
+        (logging.INFO, "ok"),
+    ]
     assert fields(records[0])["unparsed"] == "true" and fields(records[2])["n"] == "3"
 
 
@@ -176,7 +195,9 @@ def test_the_timer_forwards_at_start_and_then_periodically(
         thread.join(5)
     assert not thread.is_alive()
     assert [r.getMessage() for r in plugin_records(agent_log)] == [
-        "before the agent", "while the agent runs"]
+        "before the agent",
+        "while the agent runs",
+    ]
 
 
 def test_plugin_without_agent_then_the_real_pod_server(
@@ -196,7 +217,9 @@ def test_plugin_without_agent_then_the_real_pod_server(
         assert forward_once(str(run_dir), settle=0) == 2
         late = [r for r in plugin_records(agent_log) if fields(r).get("via") == "file"]
         assert [(r.levelno, r.getMessage().split(" ")[0]) for r in late] == [
-            (logging.ERROR, "ADD"), (logging.WARNING, "DEL")]
+            (logging.ERROR, "ADD"),
+            (logging.WARNING, "DEL"),
+        ]
         assert all(fields(r)["containerId"] == "a1" for r in late)
         assert all(fields(r)["pod"] == "default/app-1" for r in late)
 
@@ -213,8 +236,7 @@ def test_plugin_without_agent_then_the_real_pod_server(
 def test_plugin_json_lines_and_forwarded_lines_read_alike(run_dir: Path) -> None:
     """With logAsJson the plugin's stderr line and the agent's line for it have the same keys."""
     err = io.StringIO()
-    plog = PluginLog("info", stderr=err, fields={"pod": "ns/p"}, as_json=True,
-                     run_dir=str(run_dir))
+    plog = PluginLog("info", stderr=err, fields={"pod": "ns/p"}, as_json=True, run_dir=str(run_dir))
     plog.agent_unreachable()
     plog.warn("no agent", error="refused")
     plugin_line = json.loads(err.getvalue())
@@ -235,5 +257,6 @@ def test_plugin_json_lines_and_forwarded_lines_read_alike(run_dir: Path) -> None
     agent_line = json.loads(handler_out.getvalue())
     assert list(plugin_line)[:4] == list(agent_line)[:4] == ["time", "level", "scope", "msg"]
     assert {k: agent_line[k] for k in ("time", "level", "msg", "pod", "error")} == {
-        k: plugin_line[k] for k in ("time", "level", "msg", "pod", "error")}
+        k: plugin_line[k] for k in ("time", "level", "msg", "pod", "error")
+    }
     assert (agent_line["scope"], agent_line["source"]) == (PLUGIN_LOGGER, "plugin")

@@ -138,22 +138,46 @@ class FakeNetnsFinder:
 
     def __call__(self, pods: Sequence[Any]) -> dict[str, str]:
         self.journal.append(("find_netns", *(p["metadata"]["uid"] for p in pods)))
-        return {p["metadata"]["uid"]: self.by_uid[p["metadata"]["uid"]] for p in pods
-                if p["metadata"]["uid"] in self.by_uid}
+        return {
+            p["metadata"]["uid"]: self.by_uid[p["metadata"]["uid"]]
+            for p in pods
+            if p["metadata"]["uid"] in self.by_uid
+        }
 
 
-def pod(name: str = "web-0", *, namespace: str = "app", uid: str = "uid-1",
-        ips: Sequence[str] = ("10.0.0.5",), labels: dict[str, str] | None = None,
-        annotations: dict[str, str] | None = None, phase: str = "Running") -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace, "uid": uid,
-                         "labels": dict(labels or {}), "annotations": dict(annotations or {}),
-                         "resourceVersion": "1"},
-            "spec": {"serviceAccountName": "web", "containers": [{"name": "app"}]},
-            "status": {"phase": phase, "podIPs": [{"ip": ip} for ip in ips],
-                       **({"podIP": ips[0]} if ips else {})}}
+def pod(
+    name: str = "web-0",
+    *,
+    namespace: str = "app",
+    uid: str = "uid-1",
+    ips: Sequence[str] = ("10.0.0.5",),
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    phase: str = "Running",
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": uid,
+            "labels": dict(labels or {}),
+            "annotations": dict(annotations or {}),
+            "resourceVersion": "1",
+        },
+        "spec": {"serviceAccountName": "web", "containers": [{"name": "app"}]},
+        "status": {
+            "phase": phase,
+            "podIPs": [{"ip": ip} for ip in ips],
+            **({"podIP": ips[0]} if ips else {}),
+        },
+    }
 
 
 def namespace(name: str = "app", labels: dict[str, str] | None = None) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": name, "labels": dict(labels or {}), "resourceVersion": "1"}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": name, "labels": dict(labels or {}), "resourceVersion": "1"},
+    }

@@ -32,15 +32,29 @@ MODE = "istio.io/dataplane-mode"
 DEFAULT = DEFAULT_ENABLEMENT_SELECTORS
 
 
-def pod(name: str = "app", ns: str = "shop", *, labels: dict[str, str] | None = None,
-        annotations: dict[str, str] | None = None, host_network: bool = False,
-        phase: str = "Running", ips: tuple[str, ...] = ("10.0.0.5",)) -> dict[str, Any]:
+def pod(
+    name: str = "app",
+    ns: str = "shop",
+    *,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    host_network: bool = False,
+    phase: str = "Running",
+    ips: tuple[str, ...] = ("10.0.0.5",),
+) -> dict[str, Any]:
     return {
-        "metadata": {"name": name, "namespace": ns, "labels": labels or {},
-                     "annotations": annotations or {}},
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "labels": labels or {},
+            "annotations": annotations or {},
+        },
         "spec": {"hostNetwork": host_network, "containers": [{"name": "app"}]},
-        "status": {"phase": phase, "podIPs": [{"ip": ip} for ip in ips],
-                   **({"podIP": ips[0]} if ips else {})},
+        "status": {
+            "phase": phase,
+            "podIPs": [{"ip": ip} for ip in ips],
+            **({"podIP": ips[0]} if ips else {}),
+        },
     }
 
 
@@ -54,46 +68,107 @@ SIDECAR = {"sidecar.istio.io/status": '{"containers":["istio-proxy"]}'}
 
 CASES: dict[str, tuple[dict[str, Any], dict[str, Any] | None, bool, str]] = {
     "namespace-ambient": (pod(), AMBIENT_NS, True, "enablement selector 1 matches"),
-    "pod-ambient-plain-namespace": (pod(labels={MODE: "ambient"}), PLAIN_NS, True,
-                                    "enablement selector 0 matches"),
-    "pod-ambient-namespace-ambient": (pod(labels={MODE: "ambient"}), AMBIENT_NS, True,
-                                      "enablement selector 0 matches"),
-    "pod-none-opts-out": (pod(labels={MODE: "none"}), AMBIENT_NS, False,
-                          "pod opts out with istio.io/dataplane-mode=none"),
+    "pod-ambient-plain-namespace": (
+        pod(labels={MODE: "ambient"}),
+        PLAIN_NS,
+        True,
+        "enablement selector 0 matches",
+    ),
+    "pod-ambient-namespace-ambient": (
+        pod(labels={MODE: "ambient"}),
+        AMBIENT_NS,
+        True,
+        "enablement selector 0 matches",
+    ),
+    "pod-none-opts-out": (
+        pod(labels={MODE: "none"}),
+        AMBIENT_NS,
+        False,
+        "pod opts out with istio.io/dataplane-mode=none",
+    ),
     "neither-labelled": (pod(), PLAIN_NS, False, "no enablement selector matches"),
-    "namespace-none": (pod(), namespace(labels={MODE: "none"}), False,
-                       "no enablement selector matches"),
-    "namespace-other-value": (pod(), namespace(labels={MODE: "sidecar"}), False,
-                              "no enablement selector matches"),
-    "pod-other-value-namespace-ambient": (pod(labels={MODE: "other"}), AMBIENT_NS, True,
-                                          "enablement selector 1 matches"),
-    "no-namespace-object": (pod(labels={MODE: "ambient"}), None, True,
-                            "enablement selector 0 matches"),
-    "host-network": (pod(labels={MODE: "ambient"}, host_network=True), AMBIENT_NS, False,
-                     "pod uses the host network"),
-    "sidecar": (pod(annotations=SIDECAR), AMBIENT_NS, False,
-                "pod has a sidecar (sidecar.istio.io/status)"),
-    "sidecar-even-when-pod-says-ambient": (pod(labels={MODE: "ambient"}, annotations=SIDECAR),
-                                           PLAIN_NS, False, "pod has a sidecar"),
-    "succeeded": (pod(phase="Succeeded"), AMBIENT_NS, False,
-                  "pod has terminated (phase Succeeded)"),
+    "namespace-none": (
+        pod(),
+        namespace(labels={MODE: "none"}),
+        False,
+        "no enablement selector matches",
+    ),
+    "namespace-other-value": (
+        pod(),
+        namespace(labels={MODE: "sidecar"}),
+        False,
+        "no enablement selector matches",
+    ),
+    "pod-other-value-namespace-ambient": (
+        pod(labels={MODE: "other"}),
+        AMBIENT_NS,
+        True,
+        "enablement selector 1 matches",
+    ),
+    "no-namespace-object": (
+        pod(labels={MODE: "ambient"}),
+        None,
+        True,
+        "enablement selector 0 matches",
+    ),
+    "host-network": (
+        pod(labels={MODE: "ambient"}, host_network=True),
+        AMBIENT_NS,
+        False,
+        "pod uses the host network",
+    ),
+    "sidecar": (
+        pod(annotations=SIDECAR),
+        AMBIENT_NS,
+        False,
+        "pod has a sidecar (sidecar.istio.io/status)",
+    ),
+    "sidecar-even-when-pod-says-ambient": (
+        pod(labels={MODE: "ambient"}, annotations=SIDECAR),
+        PLAIN_NS,
+        False,
+        "pod has a sidecar",
+    ),
+    "succeeded": (
+        pod(phase="Succeeded"),
+        AMBIENT_NS,
+        False,
+        "pod has terminated (phase Succeeded)",
+    ),
     "failed": (pod(phase="Failed"), AMBIENT_NS, False, "pod has terminated (phase Failed)"),
-    "pending-phase-enrolls": (pod(phase="Pending", ips=()), AMBIENT_NS, True,
-                              "enablement selector 1 matches"),
-    "ztunnel": (pod("ztunnel-x", "istio-system", labels={"app": "ztunnel"}),
-                namespace("istio-system", {MODE: "ambient"}), False, "pod is a ztunnel"),
-    "app-ztunnel-elsewhere-is-a-pod": (pod(labels={"app": "ztunnel"}), AMBIENT_NS, True,
-                                       "enablement selector 1 matches"),
-    "excluded-namespace": (pod("a", "kube-system", labels={MODE: "ambient"}),
-                           namespace("kube-system"), False,
-                           "namespace kube-system is excluded"),
+    "pending-phase-enrolls": (
+        pod(phase="Pending", ips=()),
+        AMBIENT_NS,
+        True,
+        "enablement selector 1 matches",
+    ),
+    "ztunnel": (
+        pod("ztunnel-x", "istio-system", labels={"app": "ztunnel"}),
+        namespace("istio-system", {MODE: "ambient"}),
+        False,
+        "pod is a ztunnel",
+    ),
+    "app-ztunnel-elsewhere-is-a-pod": (
+        pod(labels={"app": "ztunnel"}),
+        AMBIENT_NS,
+        True,
+        "enablement selector 1 matches",
+    ),
+    "excluded-namespace": (
+        pod("a", "kube-system", labels={MODE: "ambient"}),
+        namespace("kube-system"),
+        False,
+        "namespace kube-system is excluded",
+    ),
 }
 
 
-@pytest.mark.parametrize(("the_pod", "the_ns", "enroll", "reason"), CASES.values(),
-                         ids=CASES.keys())
-def test_should_enroll_follows_istio(the_pod: dict[str, Any], the_ns: dict[str, Any] | None,
-                                     enroll: bool, reason: str) -> None:
+@pytest.mark.parametrize(
+    ("the_pod", "the_ns", "enroll", "reason"), CASES.values(), ids=CASES.keys()
+)
+def test_should_enroll_follows_istio(
+    the_pod: dict[str, Any], the_ns: dict[str, Any] | None, enroll: bool, reason: str
+) -> None:
     decision = should_enroll(the_pod, the_ns, DEFAULT, exclude_namespaces=("kube-system",))
     assert decision.enroll is enroll
     assert reason in decision.reason
@@ -108,8 +183,9 @@ def test_a_terminating_pod_is_decided_like_any_other() -> None:
 def test_the_system_namespace_is_configurable() -> None:
     z = pod("ztunnel-x", "kube-system", labels={"app": "ztunnel"})
     assert should_enroll(z, namespace("kube-system", {MODE: "ambient"}), DEFAULT).enroll
-    assert not should_enroll(z, namespace("kube-system", {MODE: "ambient"}), DEFAULT,
-                             system_namespace="kube-system").enroll
+    assert not should_enroll(
+        z, namespace("kube-system", {MODE: "ambient"}), DEFAULT, system_namespace="kube-system"
+    ).enroll
 
 
 def test_no_selectors_enroll_nothing() -> None:
@@ -125,15 +201,23 @@ def test_empty_selectors_match_everything() -> None:
 
 
 def test_custom_selectors_decide_and_none_is_only_a_label_then() -> None:
-    selectors = parse_enablement_selectors([
-        {"podSelector": {"matchLabels": {"team": "pay"}},
-         "namespaceSelector": {"matchExpressions": [{"key": "env", "operator": "In",
-                                                     "values": ["prod", "stage"]}]}},
-    ])
+    selectors = parse_enablement_selectors(
+        [
+            {
+                "podSelector": {"matchLabels": {"team": "pay"}},
+                "namespaceSelector": {
+                    "matchExpressions": [
+                        {"key": "env", "operator": "In", "values": ["prod", "stage"]}
+                    ]
+                },
+            },
+        ]
+    )
     prod = namespace(labels={"env": "prod"})
     assert should_enroll(pod(labels={"team": "pay"}), prod, selectors).enroll
-    assert not should_enroll(pod(labels={"team": "pay"}), namespace(labels={"env": "dev"}),
-                             selectors).enroll
+    assert not should_enroll(
+        pod(labels={"team": "pay"}), namespace(labels={"env": "dev"}), selectors
+    ).enroll
     assert not should_enroll(pod(), prod, selectors).enroll
     assert should_enroll(pod(labels={"team": "pay", MODE: "none"}), prod, selectors).enroll
 
@@ -153,15 +237,18 @@ OPERATOR_CASES = [
 
 
 @pytest.mark.parametrize(("op", "values", "labels", "matches"), OPERATOR_CASES)
-def test_match_expression_operators(op: Any, values: tuple[str, ...], labels: dict[str, str],
-                                    matches: bool) -> None:
+def test_match_expression_operators(
+    op: Any, values: tuple[str, ...], labels: dict[str, str], matches: bool
+) -> None:
     sel = LabelSelector(matchExpressions=(LabelSelectorRequirement("k", op, values),))
     assert selector_matches(sel, labels) is matches
 
 
 def test_match_labels_need_key_and_value_and_all_terms() -> None:
-    sel = LabelSelector(matchLabels=(("a", "1"), ("b", "")),
-                        matchExpressions=(LabelSelectorRequirement("c", "Exists"),))
+    sel = LabelSelector(
+        matchLabels=(("a", "1"), ("b", "")),
+        matchExpressions=(LabelSelectorRequirement("c", "Exists"),),
+    )
     assert selector_matches(sel, {"a": "1", "b": "", "c": "x"})
     assert not selector_matches(sel, {"a": "1", "c": "x"})
     assert not selector_matches(sel, {"a": "2", "b": "", "c": "x"})
@@ -180,8 +267,9 @@ def test_namespace_change_matters_only_when_the_match_flips() -> None:
     assert namespace_change_matters(PLAIN_NS, AMBIENT_NS, DEFAULT)
     assert namespace_change_matters(AMBIENT_NS, PLAIN_NS, DEFAULT)
     assert not namespace_change_matters(PLAIN_NS, namespace(labels={"x": "y"}), DEFAULT)
-    assert not namespace_change_matters(AMBIENT_NS, namespace(labels={MODE: "ambient", "x": "y"}),
-                                        DEFAULT)
+    assert not namespace_change_matters(
+        AMBIENT_NS, namespace(labels={MODE: "ambient", "x": "y"}), DEFAULT
+    )
 
 
 def enrolled(state: str, **kwargs: Any) -> dict[str, Any]:
@@ -192,63 +280,112 @@ UPDATE_CASES: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any] | N
     "labelled-namespace-adds": (pod(), AMBIENT_NS, None, "add", "enablement selector 1"),
     "no-ip-yet-waits": (pod(ips=()), AMBIENT_NS, None, "none", "no IP yet"),
     "enrolled-stays": (enrolled("enabled"), AMBIENT_NS, None, "none", "no change needed"),
-    "unlabelled-namespace-removes": (enrolled("enabled"), PLAIN_NS, None, "remove",
-                                     "should not be"),
-    "pod-opts-out-removes": (enrolled("enabled", labels={MODE: "none"}), AMBIENT_NS, None,
-                             "remove", "opts out"),
+    "unlabelled-namespace-removes": (
+        enrolled("enabled"),
+        PLAIN_NS,
+        None,
+        "remove",
+        "should not be",
+    ),
+    "pod-opts-out-removes": (
+        enrolled("enabled", labels={MODE: "none"}),
+        AMBIENT_NS,
+        None,
+        "remove",
+        "opts out",
+    ),
     "pending-retries-add": (enrolled("pending"), AMBIENT_NS, None, "add", "selector"),
     "pending-not-wanted-removes": (enrolled("pending"), PLAIN_NS, None, "remove", "pending"),
-    "terminated-enrolled-released": (enrolled("enabled", phase="Succeeded"), AMBIENT_NS, None,
-                                     "remove-deleted", "terminated"),
-    "terminated-pending-released": (enrolled("pending", phase="Failed"), AMBIENT_NS, None,
-                                    "remove-deleted", "terminated"),
+    "terminated-enrolled-released": (
+        enrolled("enabled", phase="Succeeded"),
+        AMBIENT_NS,
+        None,
+        "remove-deleted",
+        "terminated",
+    ),
+    "terminated-pending-released": (
+        enrolled("pending", phase="Failed"),
+        AMBIENT_NS,
+        None,
+        "remove-deleted",
+        "terminated",
+    ),
     "terminated-never-enrolled": (pod(phase="Succeeded"), AMBIENT_NS, None, "none", "terminated"),
     "not-wanted-not-enrolled": (pod(), PLAIN_NS, None, "none", "no change needed"),
-    "other-annotation-value-is-not-enrolled": (enrolled("disabled"), PLAIN_NS, None, "none",
-                                               "no change needed (none)"),
-    "ip-change-syncs-probe-set": (enrolled("enabled", ips=("10.0.0.9",)), AMBIENT_NS,
-                                  enrolled("enabled"), "sync-host-probe", "10.0.0.9"),
-    "same-ips-no-sync": (enrolled("enabled"), AMBIENT_NS, enrolled("enabled"), "none",
-                         "no change"),
-    "excluded-namespace-removes": (enrolled("enabled", ns="kube-system"),
-                                   namespace("kube-system", {MODE: "ambient"}), None, "remove",
-                                   "excluded"),
-    "ztunnel-left-alone": (pod("z", "istio-system", labels={"app": "ztunnel"}),
-                           namespace("istio-system", {MODE: "ambient"}), None, "none", "ztunnel"),
+    "other-annotation-value-is-not-enrolled": (
+        enrolled("disabled"),
+        PLAIN_NS,
+        None,
+        "none",
+        "no change needed (none)",
+    ),
+    "ip-change-syncs-probe-set": (
+        enrolled("enabled", ips=("10.0.0.9",)),
+        AMBIENT_NS,
+        enrolled("enabled"),
+        "sync-host-probe",
+        "10.0.0.9",
+    ),
+    "same-ips-no-sync": (enrolled("enabled"), AMBIENT_NS, enrolled("enabled"), "none", "no change"),
+    "excluded-namespace-removes": (
+        enrolled("enabled", ns="kube-system"),
+        namespace("kube-system", {MODE: "ambient"}),
+        None,
+        "remove",
+        "excluded",
+    ),
+    "ztunnel-left-alone": (
+        pod("z", "istio-system", labels={"app": "ztunnel"}),
+        namespace("istio-system", {MODE: "ambient"}),
+        None,
+        "none",
+        "ztunnel",
+    ),
 }
 
 
-@pytest.mark.parametrize(("the_pod", "the_ns", "old", "action", "reason"), UPDATE_CASES.values(),
-                         ids=UPDATE_CASES.keys())
+@pytest.mark.parametrize(
+    ("the_pod", "the_ns", "old", "action", "reason"), UPDATE_CASES.values(), ids=UPDATE_CASES.keys()
+)
 def test_pod_update_action_follows_istios_informer(
-    the_pod: dict[str, Any], the_ns: dict[str, Any], old: dict[str, Any] | None, action: str,
+    the_pod: dict[str, Any],
+    the_ns: dict[str, Any],
+    old: dict[str, Any] | None,
+    action: str,
     reason: str,
 ) -> None:
-    got = pod_update_action(the_pod, the_ns, DEFAULT, old_pod=old,
-                            exclude_namespaces=("kube-system",))
+    got = pod_update_action(
+        the_pod, the_ns, DEFAULT, old_pod=old, exclude_namespaces=("kube-system",)
+    )
     assert got.action == action
     assert reason in got.reason
 
 
-@pytest.mark.parametrize(("the_pod", "the_ns", "release"), [
-    (enrolled("enabled"), PLAIN_NS, True),
-    (enrolled("pending"), PLAIN_NS, True),
-    (pod(), AMBIENT_NS, True),
-    (pod(), PLAIN_NS, False),
-    (pod(host_network=True), AMBIENT_NS, False),
-])
+@pytest.mark.parametrize(
+    ("the_pod", "the_ns", "release"),
+    [
+        (enrolled("enabled"), PLAIN_NS, True),
+        (enrolled("pending"), PLAIN_NS, True),
+        (pod(), AMBIENT_NS, True),
+        (pod(), PLAIN_NS, False),
+        (pod(host_network=True), AMBIENT_NS, False),
+    ],
+)
 def test_release_on_delete(the_pod: dict[str, Any], the_ns: dict[str, Any], release: bool) -> None:
     assert release_on_delete(the_pod, the_ns, DEFAULT) is release
 
 
-@pytest.mark.parametrize(("annotations", "state"), [
-    ({}, "none"),
-    ({REDIRECTION_ANNOTATION: "enabled"}, "enabled"),
-    ({REDIRECTION_ANNOTATION: "pending"}, "pending"),
-    ({REDIRECTION_ANNOTATION: "disabled"}, "none"),
-    ({REDIRECTION_ANNOTATION: "Enabled"}, "none"),
-    ({REDIRECTION_ANNOTATION: ""}, "none"),
-])
+@pytest.mark.parametrize(
+    ("annotations", "state"),
+    [
+        ({}, "none"),
+        ({REDIRECTION_ANNOTATION: "enabled"}, "enabled"),
+        ({REDIRECTION_ANNOTATION: "pending"}, "pending"),
+        ({REDIRECTION_ANNOTATION: "disabled"}, "none"),
+        ({REDIRECTION_ANNOTATION: "Enabled"}, "none"),
+        ({REDIRECTION_ANNOTATION: ""}, "none"),
+    ],
+)
 def test_redirection_state_as_istio_reads_it(annotations: dict[str, str], state: str) -> None:
     assert redirection_state(pod(annotations=annotations)) == state
     assert redirection_annotation_state(pod(annotations=annotations)) == state
@@ -260,13 +397,24 @@ def test_redirection_state_of_odd_objects() -> None:
     assert redirection_state({}) == "none"
 
 
-@pytest.mark.parametrize(("state", "data", "ignore_not_found"), [
-    (True, b'{"metadata":{"annotations":{"ambient.istio.io/redirection":"enabled"}}}', False),
-    ("enabled", b'{"metadata":{"annotations":{"ambient.istio.io/redirection":"enabled"}}}', False),
-    ("pending", b'{"metadata":{"annotations":{"ambient.istio.io/redirection":"pending"}}}', False),
-    (False, b'{"metadata":{"annotations":{"ambient.istio.io/redirection":null}}}', True),
-    ("none", b'{"metadata":{"annotations":{"ambient.istio.io/redirection":null}}}', True),
-])
+@pytest.mark.parametrize(
+    ("state", "data", "ignore_not_found"),
+    [
+        (True, b'{"metadata":{"annotations":{"ambient.istio.io/redirection":"enabled"}}}', False),
+        (
+            "enabled",
+            b'{"metadata":{"annotations":{"ambient.istio.io/redirection":"enabled"}}}',
+            False,
+        ),
+        (
+            "pending",
+            b'{"metadata":{"annotations":{"ambient.istio.io/redirection":"pending"}}}',
+            False,
+        ),
+        (False, b'{"metadata":{"annotations":{"ambient.istio.io/redirection":null}}}', True),
+        ("none", b'{"metadata":{"annotations":{"ambient.istio.io/redirection":null}}}', True),
+    ],
+)
 def test_annotation_patch_is_istios(state: Any, data: bytes, ignore_not_found: bool) -> None:
     patch = annotation_patch(state)
     assert patch.data == data  # byte for byte Istio's annotation*Patch

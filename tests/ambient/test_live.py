@@ -61,17 +61,32 @@ class Bed:
         namespaces = NamespaceCache(self.core, self.node)
         ztunnel = ZdsServer(self.settings.ztunnelSocketPath)
         self.mesh = MeshDataplane(
-            pod_rules=InpodRules(), host_rules=self.host, ztunnel=ztunnel,
+            pod_rules=InpodRules(),
+            host_rules=self.host,
+            ztunnel=ztunnel,
             annotator=StatusAnnotator(self.core),
-            find_netns=netns_by_address(netns_dir="/run/netns", proc_dir="/proc",
-                                        read_addresses=netns_addresses),
-            options_for=rule_options_for(PodRuleOptions(ipv6=False)))
-        watch = AmbientWatch(pods=pods, namespaces=namespaces, mesh=self.mesh,
-                             selectors=DEFAULT_ENABLEMENT_SELECTORS,
-                             exclude_namespaces=["kube-system"], system_namespace="istio-system")
-        self.service = AmbientService(settings=self.settings, pods=pods, namespaces=namespaces,
-                                      mesh=self.mesh, ztunnel=ztunnel, watch=watch,
-                                      start_pod_cache=True)
+            find_netns=netns_by_address(
+                netns_dir="/run/netns", proc_dir="/proc", read_addresses=netns_addresses
+            ),
+            options_for=rule_options_for(PodRuleOptions(ipv6=False)),
+        )
+        watch = AmbientWatch(
+            pods=pods,
+            namespaces=namespaces,
+            mesh=self.mesh,
+            selectors=DEFAULT_ENABLEMENT_SELECTORS,
+            exclude_namespaces=["kube-system"],
+            system_namespace="istio-system",
+        )
+        self.service = AmbientService(
+            settings=self.settings,
+            pods=pods,
+            namespaces=namespaces,
+            mesh=self.mesh,
+            ztunnel=ztunnel,
+            watch=watch,
+            start_pod_cache=True,
+        )
         self.service.start()
         wait_for(self.service.ready, "ambient service ready (ZDS listening)", timeout=30)
         return self.service
@@ -131,8 +146,9 @@ def pod_netns() -> Iterator[list[str]]:
             netns.delete(name)
 
 
-def running_pod(node_pods: NodePods, pod_netns: list[str], namespace: str, name: str,
-                **options: Any) -> tuple[dict[str, Any], str]:
+def running_pod(
+    node_pods: NodePods, pod_netns: list[str], namespace: str, name: str, **options: Any
+) -> tuple[dict[str, Any], str]:
     """An API pod reported Running with an IP that a real netns of ours holds."""
     ip = f"10.77.{next(_ips)}.5"
     ns_name = netns.unique_name("amb-pod")
@@ -156,8 +172,11 @@ def label_namespace(core: Any, namespace: str, labels: Mapping[str, str | None])
 
 def rules_of(ns_name: str) -> list[str]:
     """The pod's saved rules without comments and packet counters (they change by themselves)."""
-    return [re.sub(r"\[\d+:\d+\]", "", line) for line in saved_rules(ns_name).splitlines()
-            if not line.startswith("#")]
+    return [
+        re.sub(r"\[\d+:\d+\]", "", line)
+        for line in saved_rules(ns_name).splitlines()
+        if not line.startswith("#")
+    ]
 
 
 def inpod_chains(ns_name: str) -> int:
@@ -167,11 +186,17 @@ def inpod_chains(ns_name: str) -> int:
 
 
 def test_namespace_label_enrolls_and_releases_running_pods(
-        bed: Bed, ztunnel: ZtunnelDouble, kube_core: Any, node_pods: NodePods,
-        pod_netns: list[str], namespace: str) -> None:
+    bed: Bed,
+    ztunnel: ZtunnelDouble,
+    kube_core: Any,
+    node_pods: NodePods,
+    pod_netns: list[str],
+    namespace: str,
+) -> None:
     pod, ns_name = running_pod(node_pods, pod_netns, namespace, "web")
-    _opted_out, out_ns = running_pod(node_pods, pod_netns, namespace, "quiet",
-                                    labels={"istio.io/dataplane-mode": "none"})
+    _opted_out, out_ns = running_pod(
+        node_pods, pod_netns, namespace, "quiet", labels={"istio.io/dataplane-mode": "none"}
+    )
     bed.start()
     ztunnel.connect()
     uid, ip = pod["metadata"]["uid"], pod["status"]["podIP"]
@@ -191,8 +216,13 @@ def test_namespace_label_enrolls_and_releases_running_pods(
 
 
 def test_pod_label_enrolls_and_opt_out_releases(
-        bed: Bed, ztunnel: ZtunnelDouble, kube_core: Any, node_pods: NodePods,
-        pod_netns: list[str], namespace: str) -> None:
+    bed: Bed,
+    ztunnel: ZtunnelDouble,
+    kube_core: Any,
+    node_pods: NodePods,
+    pod_netns: list[str],
+    namespace: str,
+) -> None:
     _pod, ns_name = running_pod(node_pods, pod_netns, namespace, "web")
     bed.start()
     ztunnel.connect()
@@ -200,14 +230,20 @@ def test_pod_label_enrolls_and_opt_out_releases(
     wait_for(lambda: annotation(kube_core, namespace, "web") == "enabled", "annotation enabled")
     assert inpod_chains(ns_name) > 0
     kube_core.patch_namespaced_pod(
-        "web", namespace, {"metadata": {"labels": {"istio.io/dataplane-mode": "none"}}})
+        "web", namespace, {"metadata": {"labels": {"istio.io/dataplane-mode": "none"}}}
+    )
     wait_for(lambda: annotation(kube_core, namespace, "web") is None, "annotation removed")
     assert inpod_chains(ns_name) == 0
 
 
 def test_agent_restart_keeps_pods_captured_without_duplicates(
-        bed: Bed, ztunnel: ZtunnelDouble, kube_core: Any, node_pods: NodePods,
-        pod_netns: list[str], namespace: str) -> None:
+    bed: Bed,
+    ztunnel: ZtunnelDouble,
+    kube_core: Any,
+    node_pods: NodePods,
+    pod_netns: list[str],
+    namespace: str,
+) -> None:
     label_namespace(kube_core, namespace, AMBIENT)
     pod, ns_name = running_pod(node_pods, pod_netns, namespace, "web")
     uid = pod["metadata"]["uid"]
@@ -228,8 +264,13 @@ def test_agent_restart_keeps_pods_captured_without_duplicates(
 
 
 def test_pod_deleted_while_ztunnel_is_away(
-        bed: Bed, ztunnel: ZtunnelDouble, kube_core: Any, node_pods: NodePods,
-        pod_netns: list[str], namespace: str) -> None:
+    bed: Bed,
+    ztunnel: ZtunnelDouble,
+    kube_core: Any,
+    node_pods: NodePods,
+    pod_netns: list[str],
+    namespace: str,
+) -> None:
     label_namespace(kube_core, namespace, AMBIENT)
     pod, _ = running_pod(node_pods, pod_netns, namespace, "web")
     uid, ip = pod["metadata"]["uid"], pod["status"]["podIP"]
@@ -247,8 +288,15 @@ def test_pod_deleted_while_ztunnel_is_away(
 
 
 def test_cni_add_of_ambient_pod_through_the_pod_server(
-        bed: Bed, ztunnel: ZtunnelDouble, kube_core: Any, sim_node: str, node_pods: NodePods,
-        pod_netns: list[str], namespace: str, tmp_path: Path) -> None:
+    bed: Bed,
+    ztunnel: ZtunnelDouble,
+    kube_core: Any,
+    sim_node: str,
+    node_pods: NodePods,
+    pod_netns: list[str],
+    namespace: str,
+    tmp_path: Path,
+) -> None:
     label_namespace(kube_core, namespace, AMBIENT)
     service = bed.start()
     ztunnel.connect()
@@ -257,19 +305,37 @@ def test_cni_add_of_ambient_pod_through_the_pod_server(
     pod_netns.append(ns_name)
     pod = node_pods.create(namespace, "fresh")  # no IP yet: the ADD brings it
     enroller = AmbientEnroller(
-        namespaces=NamespaceCache(kube_core, sim_node), mesh=bed.mesh,
-        selectors=DEFAULT_ENABLEMENT_SELECTORS, exclude_namespaces=["kube-system"],
-        system_namespace="istio-system", detection_retry=True)
+        namespaces=NamespaceCache(kube_core, sim_node),
+        mesh=bed.mesh,
+        selectors=DEFAULT_ENABLEMENT_SELECTORS,
+        exclude_namespaces=["kube-system"],
+        system_namespace="istio-system",
+        detection_retry=True,
+    )
     settings = replace(Settings(), cniAgentRunDir=str(tmp_path / "run"))
-    server = PodService(settings, sim_node, lambda: None,  # type: ignore[arg-type,return-value]
-                        install_ready=lambda: True, ambient=enroller,
-                        cache=PodCache(kube_core, sim_node))
+    server = PodService(
+        settings,
+        sim_node,
+        lambda: None,  # type: ignore[arg-type,return-value]
+        install_ready=lambda: True,
+        ambient=enroller,
+        cache=PodCache(kube_core, sim_node),
+    )
     server.start()
     try:
-        body = wire.encode(wire.cni_request(
-            command="ADD", container_id="c-fresh", netns=f"/run/netns/{ns_name}",
-            ifname="eth0", pod_name="fresh", pod_namespace=namespace, pod_uid="",
-            cni_version="1.0.0", prev_result={"ips": [{"address": "10.77.250.9/24"}]}))
+        body = wire.encode(
+            wire.cni_request(
+                command="ADD",
+                container_id="c-fresh",
+                netns=f"/run/netns/{ns_name}",
+                ifname="eth0",
+                pod_name="fresh",
+                pod_namespace=namespace,
+                pod_uid="",
+                cni_version="1.0.0",
+                prev_result={"ips": [{"address": "10.77.250.9/24"}]},
+            )
+        )
         status, reply = call(settings.socket_path, "POST", wire.COMMAND_PATHS["ADD"], body)
         assert status == 200, reply
         assert reply["result"] == wire.RESULT_REDIRECTED

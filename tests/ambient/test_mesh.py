@@ -37,9 +37,13 @@ class Parts:
         self.netns = tmp_path / "netns-1"
         self.netns.touch()
         self.mesh = MeshDataplane(
-            pod_rules=self.rules, host_rules=self.host, ztunnel=self.ztunnel,
-            annotator=self.annotator, find_netns=self.finder,
-            options_for=rule_options_for(PodRuleOptions()))
+            pod_rules=self.rules,
+            host_rules=self.host,
+            ztunnel=self.ztunnel,
+            annotator=self.annotator,
+            find_netns=self.finder,
+            options_for=rule_options_for(PodRuleOptions()),
+        )
 
 
 @pytest.fixture
@@ -50,8 +54,11 @@ def parts(tmp_path: Path) -> Parts:
 def test_add_runs_in_istios_order_and_enrolls(parts: Parts) -> None:
     parts.mesh.add(pod(), str(parts.netns))
     assert parts.journal == [
-        ("rules.apply", str(parts.netns)), ("ztunnel.add", "uid-1"),
-        ("host.add", "uid-1", "10.0.0.5"), ("annotate", "app/web-0", "enabled")]
+        ("rules.apply", str(parts.netns)),
+        ("ztunnel.add", "uid-1"),
+        ("host.add", "uid-1", "10.0.0.5"),
+        ("annotate", "app/web-0", "enabled"),
+    ]
     assert [p.uid for p in parts.mesh.snapshot()] == ["uid-1"]
     assert parts.ztunnel.workloads["uid-1"].service_account == "web"
 
@@ -108,8 +115,11 @@ def test_remove_of_live_pod_runs_in_istios_order(parts: Parts) -> None:
     parts.journal.clear()
     parts.mesh.remove(pod(), deleted=False)
     assert parts.journal == [
-        ("host.remove", "uid-1"), ("rules.remove", str(parts.netns)),
-        ("ztunnel.remove", "uid-1"), ("annotate", "app/web-0", "None")]
+        ("host.remove", "uid-1"),
+        ("rules.remove", str(parts.netns)),
+        ("ztunnel.remove", "uid-1"),
+        ("annotate", "app/web-0", "None"),
+    ]
     assert parts.mesh.snapshot() == [] and parts.rules.programmed == {}
 
 
@@ -153,8 +163,11 @@ def test_reconcile_keeps_good_rules_and_reapplies_missing(parts: Parts, tmp_path
     other.touch()
     parts.rules.programmed[str(parts.netns)] = PodRuleOptions()  # as a previous run left it
     parts.finder.by_uid = {"uid-1": str(parts.netns), "uid-2": str(other)}
-    pods = [pod(), pod("web-1", uid="uid-2", ips=("10.0.0.6",)),
-            pod("web-2", uid="uid-3", ips=("10.0.0.7",))]
+    pods = [
+        pod(),
+        pod("web-1", uid="uid-2", ips=("10.0.0.6",)),
+        pod("web-2", uid="uid-3", ips=("10.0.0.7",)),
+    ]
     report = parts.mesh.reconcile(pods, reapply_rules=True)
     assert report.found == ["uid-1", "uid-2"] and report.missing == ["uid-3"]
     assert report.reapplied == ["uid-2"]
@@ -178,14 +191,20 @@ def test_reconcile_does_not_prune_while_an_ip_is_unknown(parts: Parts) -> None:
     assert set(parts.host.entries) == {"uid-1"}
 
 
-@pytest.mark.parametrize(("annotations", "expected"), [
-    ({}, PodRuleOptions()),
-    ({"ambient.istio.io/dns-capture": "false"}, PodRuleOptions(dns_proxy="disabled")),
-    ({"ambient.istio.io/dns-capture": "T"}, PodRuleOptions(dns_proxy="enabled")),
-    ({"ambient.istio.io/dns-capture": "yes"}, PodRuleOptions()),
-    ({"ambient.istio.io/bypass-inbound-capture": "true"}, PodRuleOptions(ingress=True)),
-    ({"istio.io/reroute-virtual-interfaces": " tun0, ,ppp0"},
-     PodRuleOptions(virtual_interfaces=("tun0", "ppp0"))),
-], ids=["none", "dns-off", "dns-on-go-bool", "dns-invalid-ignored", "ingress", "virt"])
+@pytest.mark.parametrize(
+    ("annotations", "expected"),
+    [
+        ({}, PodRuleOptions()),
+        ({"ambient.istio.io/dns-capture": "false"}, PodRuleOptions(dns_proxy="disabled")),
+        ({"ambient.istio.io/dns-capture": "T"}, PodRuleOptions(dns_proxy="enabled")),
+        ({"ambient.istio.io/dns-capture": "yes"}, PodRuleOptions()),
+        ({"ambient.istio.io/bypass-inbound-capture": "true"}, PodRuleOptions(ingress=True)),
+        (
+            {"istio.io/reroute-virtual-interfaces": " tun0, ,ppp0"},
+            PodRuleOptions(virtual_interfaces=("tun0", "ppp0")),
+        ),
+    ],
+    ids=["none", "dns-off", "dns-on-go-bool", "dns-invalid-ignored", "ingress", "virt"],
+)
 def test_pod_level_overrides(annotations: dict[str, str], expected: PodRuleOptions) -> None:
     assert rule_options_for(PodRuleOptions())(pod(annotations=annotations)) == expected

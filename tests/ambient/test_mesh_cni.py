@@ -55,28 +55,48 @@ class Rig:
         self.ztunnel = FakeZtunnelLink(self.journal)
         self.annotator = FakeAnnotator(self.journal)
         self.mesh = MeshDataplane(
-            pod_rules=self.rules, host_rules=FakeHostProbeRules(self.journal),
-            ztunnel=self.ztunnel, annotator=self.annotator,
+            pod_rules=self.rules,
+            host_rules=FakeHostProbeRules(self.journal),
+            ztunnel=self.ztunnel,
+            annotator=self.annotator,
             find_netns=FakeNetnsFinder(self.journal),
-            options_for=rule_options_for(PodRuleOptions()))
+            options_for=rule_options_for(PodRuleOptions()),
+        )
         self.namespaces = FakeNamespaces(namespace("app", AMBIENT), namespace("plain"))
         self.netns = tmp_path / "cni-1"
         self.netns.touch()
         self.redirector = RealDecisions()
         self.handlers = PodHandlers(
-            pods=InMemoryPods(*pods), redirector=self.redirector, sandboxes=SandboxStore(),
-            readiness=lambda: None, metrics=PluginMetrics(CollectorRegistry()),
+            pods=InMemoryPods(*pods),
+            redirector=self.redirector,
+            sandboxes=SandboxStore(),
+            readiness=lambda: None,
+            metrics=PluginMetrics(CollectorRegistry()),
             ambient=AmbientEnroller(
-                namespaces=self.namespaces, mesh=self.mesh,
-                selectors=DEFAULT_ENABLEMENT_SELECTORS, exclude_namespaces=["kube-system"],
-                system_namespace="istio-system", detection_retry=retry))
+                namespaces=self.namespaces,
+                mesh=self.mesh,
+                selectors=DEFAULT_ENABLEMENT_SELECTORS,
+                exclude_namespaces=["kube-system"],
+                system_namespace="istio-system",
+                detection_retry=retry,
+            ),
+        )
 
     def body(self, command: str = "ADD", name: str = "web-0", ns: str = "app") -> bytes:
         prev = {"cniVersion": "1.0.0", "ips": [{"address": "10.0.0.5/24"}]}
-        return wire.encode(wire.cni_request(
-            command=command, container_id="c1", netns=str(self.netns), ifname="eth0",
-            pod_name=name, pod_namespace=ns, pod_uid="", cni_version="1.0.0",
-            prev_result=prev))
+        return wire.encode(
+            wire.cni_request(
+                command=command,
+                container_id="c1",
+                netns=str(self.netns),
+                ifname="eth0",
+                pod_name=name,
+                pod_namespace=ns,
+                pod_uid="",
+                cni_version="1.0.0",
+                prev_result=prev,
+            )
+        )
 
 
 def new_pod(name: str = "web-0", ns: str = "app", **kw: Any) -> dict[str, Any]:
@@ -128,12 +148,17 @@ def test_namespace_lookup_failure_with_retry_fails_closed(tmp_path: Path) -> Non
     assert rig.namespaces.retries == [True]
 
 
-@pytest.mark.parametrize(("the_pod", "ns"), [
-    (new_pod(labels={"istio.io/dataplane-mode": "none"}), "app"),
-    (new_pod("web-0", "plain"), "plain"),
-], ids=["opt-out", "plain-namespace"])
+@pytest.mark.parametrize(
+    ("the_pod", "ns"),
+    [
+        (new_pod(labels={"istio.io/dataplane-mode": "none"}), "app"),
+        (new_pod("web-0", "plain"), "plain"),
+    ],
+    ids=["opt-out", "plain-namespace"],
+)
 def test_not_ambient_pods_keep_the_sidecar_decision(
-        tmp_path: Path, the_pod: dict[str, Any], ns: str) -> None:
+    tmp_path: Path, the_pod: dict[str, Any], ns: str
+) -> None:
     rig = Rig(tmp_path, the_pod)
     reply = rig.handlers.add(rig.body(ns=ns))
     assert reply.result == wire.RESULT_SKIPPED and rig.mesh.snapshot() == []

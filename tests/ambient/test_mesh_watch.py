@@ -57,10 +57,15 @@ class FakeMesh:
 
 
 def make(store: FakeStore, mesh: FakeMesh, events: list[str] | None = None) -> AmbientWatch:
-    return AmbientWatch(pods=store, namespaces=store, mesh=mesh,
-                        selectors=DEFAULT_ENABLEMENT_SELECTORS, exclude_namespaces=["kube-system"],
-                        system_namespace="istio-system",
-                        on_event=(events.append if events is not None else None))
+    return AmbientWatch(
+        pods=store,
+        namespaces=store,
+        mesh=mesh,
+        selectors=DEFAULT_ENABLEMENT_SELECTORS,
+        exclude_namespaces=["kube-system"],
+        system_namespace="istio-system",
+        on_event=(events.append if events is not None else None),
+    )
 
 
 def test_namespace_label_enrolls_its_running_pods() -> None:
@@ -79,8 +84,9 @@ def test_namespace_update_without_selector_change_does_nothing() -> None:
     store, mesh = FakeStore(), FakeMesh()
     store.put(pod())
     watch = make(store, mesh)
-    watch.handle(Event("namespace", "update", namespace(labels={"a": "1"}),
-                       namespace(labels={"a": "2"})))
+    watch.handle(
+        Event("namespace", "update", namespace(labels={"a": "1"}), namespace(labels={"a": "2"}))
+    )
     assert watch.pending() == 0
 
 

@@ -34,8 +34,12 @@ class Bed:
     def __init__(self, tmp_path: Path) -> None:
         self.socket_path = str(tmp_path / "run" / "ztunnel" / "ztunnel.sock")
         self.registry = CollectorRegistry()
-        self.server = ZdsServer(self.socket_path, metrics=ZdsMetrics(self.registry),
-                                io_timeout=IO_TIMEOUT, keepalive_interval=KEEPALIVE)
+        self.server = ZdsServer(
+            self.socket_path,
+            metrics=ZdsMetrics(self.registry),
+            io_timeout=IO_TIMEOUT,
+            keepalive_interval=KEEPALIVE,
+        )
         self.namespaces: list[str] = []
         self.doubles: list[ZtunnelDouble] = []
 
@@ -44,8 +48,14 @@ class Bed:
         ns = netns.unique_name(f"zds-{name}")
         path = netns.add(ns)
         self.namespaces.append(ns)
-        return AmbientPod(uid=f"uid-{name}", name=name, namespace="shop",
-                          service_account=f"sa-{name}", ips=("10.0.0.9",), netns_path=str(path))
+        return AmbientPod(
+            uid=f"uid-{name}",
+            name=name,
+            namespace="shop",
+            service_account=f"sa-{name}",
+            ips=("10.0.0.9",),
+            netns_path=str(path),
+        )
 
     def ztunnel(self, hello_version: int = zds_pb2.V1) -> ZtunnelDouble:
         double = ZtunnelDouble(self.socket_path, hello_version=hello_version)
@@ -166,8 +176,14 @@ def test_a_file_in_the_way_is_not_replaced(tmp_path: Path) -> None:
 
 def test_snapshot_on_connect_carries_pods_added_while_away(bed: Bed) -> None:
     first, second, from_source = bed.pod("first"), bed.pod("second"), bed.pod("restored")
-    gone = AmbientPod(uid="uid-gone", name="gone", namespace="shop", service_account="sa",
-                      ips=(), netns_path="/run/netns/zds-does-not-exist")
+    gone = AmbientPod(
+        uid="uid-gone",
+        name="gone",
+        namespace="shop",
+        service_account="sa",
+        ips=(),
+        netns_path="/run/netns/zds-does-not-exist",
+    )
     bed.server.set_snapshot_source(lambda: [from_source, gone])
     for pod in (first, second):
         with pytest.raises(ZtunnelNotConnected, match=f"shop/{pod.name}"):
@@ -177,15 +193,22 @@ def test_snapshot_on_connect_carries_pods_added_while_away(bed: Bed) -> None:
     ztunnel = bed.connected_ztunnel()
 
     requests = kinds(ztunnel)
-    assert sorted(requests[:-1]) == [("add", "uid-first", True), ("add", "uid-restored", True),
-                                     ("add", "uid-second", True), ("keep", "uid-gone", False)]
+    assert sorted(requests[:-1]) == [
+        ("add", "uid-first", True),
+        ("add", "uid-restored", True),
+        ("add", "uid-second", True),
+        ("keep", "uid-gone", False),
+    ]
     assert requests[-1] == ("snapshot_sent", "", False)
     workloads = ztunnel.workloads()
     assert set(workloads) == {"uid-first", "uid-second", "uid-restored"}
     for pod in (first, second, from_source):
         held = workloads[pod.uid]
         assert (held.name, held.namespace, held.service_account) == (
-            pod.name, "shop", f"sa-{pod.name}")
+            pod.name,
+            "shop",
+            f"sa-{pod.name}",
+        )
         assert held.netns_inode == os.stat(pod.netns_path).st_ino  # that pod's namespace
     assert bed.server.connected and bed.gauge() == 1
 
@@ -286,8 +309,10 @@ def test_pod_deleted_while_ztunnel_is_away_is_not_in_the_next_snapshot(bed: Bed)
     assert len(ztunnel.requests) == sent_before
     ztunnel.connect()
     ztunnel.wait_for("snapshot 2", lambda z: z.snapshots == 2)
-    assert kinds(ztunnel)[sent_before:] == [("add", "uid-stays", True),
-                                            ("snapshot_sent", "", False)]
+    assert kinds(ztunnel)[sent_before:] == [
+        ("add", "uid-stays", True),
+        ("snapshot_sent", "", False),
+    ]
     # ztunnel reconciles on SnapshotSent: the pod it still had is dropped.
     assert set(ztunnel.workloads()) == {"uid-stays"}
     assert tcp_in(goes, TCP_PORTS[2]) == "error|ConnectionRefusedError"

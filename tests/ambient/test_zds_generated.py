@@ -19,8 +19,13 @@ GENERATED = ("zds_pb2.py", "zds_pb2.pyi")
 @pytest.fixture(scope="module")
 def regenerated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("zds")
-    done = subprocess.run([str(ROOT / "ci/gen-zds"), str(out)], capture_output=True, text=True,
-                          env={**os.environ, "PYTHON": sys.executable}, check=False)
+    done = subprocess.run(
+        [str(ROOT / "ci/gen-zds"), str(out)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHON": sys.executable},
+        check=False,
+    )
     assert done.returncode == 0, f"ci/gen-zds failed: {done.stderr}"
     return out
 
@@ -29,7 +34,8 @@ def regenerated(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_committed_code_is_regenerated_unchanged(regenerated: Path, name: str) -> None:
     committed = (ROOT / "agent/ambient" / name).read_text()
     assert (regenerated / name).read_text() == committed, (
-        f"agent/ambient/{name} is not what ci/gen-zds makes of zds.proto: run ci/gen-zds")
+        f"agent/ambient/{name} is not what ci/gen-zds makes of zds.proto: run ci/gen-zds"
+    )
 
 
 def test_protobuf_lower_bound_matches_the_generated_code() -> None:

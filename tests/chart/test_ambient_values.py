@@ -23,8 +23,12 @@ from tests.chart.test_render_valid import VALIDATE
 
 pytestmark = pytest.mark.chart
 
-AMBIENT_GRANTS = {("", "namespaces", "get"), ("", "namespaces", "list"),
-                  ("", "namespaces", "watch"), ("", "pods/status", "patch")}
+AMBIENT_GRANTS = {
+    ("", "namespaces", "get"),
+    ("", "namespaces", "list"),
+    ("", "namespaces", "watch"),
+    ("", "pods/status", "patch"),
+}
 
 
 def loaded(docs: list[dict[str, Any]]) -> Settings:
@@ -75,50 +79,69 @@ def test_the_netns_dir_is_mounted_with_host_to_container_propagation(helm: Helm)
         m = mounts(docs)
         for path in ("/var/run/netns", "/host/var/run/netns"):
             assert m[path]["mountPropagation"] == "HostToContainer", (sets, path)
-        netns = [v for v in only(docs, "DaemonSet")["spec"]["template"]["spec"]["volumes"]
-                 if v["name"] == "cni-netns-dir"]
+        netns = [
+            v
+            for v in only(docs, "DaemonSet")["spec"]["template"]["spec"]["volumes"]
+            if v["name"] == "cni-netns-dir"
+        ]
         assert len(netns) == 1
 
 
 EACH_VALUE: dict[str, tuple[list[str], dict[str, Any]]] = {
     "dns-capture": (["ambient.dnsCapture=false"], {"dnsCapture": False}),
     "ipv6": (["ambient.ipv6=false"], {"ipv6": False}),
-    "reconcile": (["ambient.reconcileIptablesOnStartup=false"],
-                  {"reconcileIptablesOnStartup": False}),
-    "detection-retry": (["ambient.enableAmbientDetectionRetry=true"],
-                        {"enableAmbientDetectionRetry": True}),
-    "socket": (["ambient.ztunnelSocketPath=/run/zt/zds.sock"],
-               {"ztunnelSocketPath": "/run/zt/zds.sock"}),
+    "reconcile": (
+        ["ambient.reconcileIptablesOnStartup=false"],
+        {"reconcileIptablesOnStartup": False},
+    ),
+    "detection-retry": (
+        ["ambient.enableAmbientDetectionRetry=true"],
+        {"enableAmbientDetectionRetry": True},
+    ),
+    "socket": (
+        ["ambient.ztunnelSocketPath=/run/zt/zds.sock"],
+        {"ztunnelSocketPath": "/run/zt/zds.sock"},
+    ),
     "system-namespace": (["ambient.systemNamespace=mesh"], {"systemNamespace": "mesh"}),
-    "snat": (["ambient.hostProbeSnatAddress=169.254.7.1"],
-             {"hostProbeSnatAddress": "169.254.7.1"}),
+    "snat": (["ambient.hostProbeSnatAddress=169.254.7.1"], {"hostProbeSnatAddress": "169.254.7.1"}),
     "snat-v6": (["ambient.hostProbeSnatAddressV6=fd00::7"], {"hostProbeSnatAddressV6": "fd00::7"}),
-    "cni-prefix": (["cni.ambient.dnsCapture=false", "cni.ambient.ipv6=false"],
-                   {"dnsCapture": False, "ipv6": False}),
+    "cni-prefix": (
+        ["cni.ambient.dnsCapture=false", "cni.ambient.ipv6=false"],
+        {"dnsCapture": False, "ipv6": False},
+    ),
     "env-dns": (["env.AMBIENT_DNS_CAPTURE=false"], {"dnsCapture": False}),
     "env-ipv6": (["env.AMBIENT_IPV6=0"], {"ipv6": False}),
-    "env-reconcile": (["env.AMBIENT_RECONCILE_POD_RULES_ON_STARTUP=false"],
-                      {"reconcileIptablesOnStartup": False}),
-    "env-retry": (["env.ENABLE_AMBIENT_DETECTION_RETRY=true"],
-                  {"enableAmbientDetectionRetry": True}),
-    "env-socket": (["env.ZTUNNEL_UDS_ADDRESS=/run/zt/zds.sock"],
-                   {"ztunnelSocketPath": "/run/zt/zds.sock"}),
+    "env-reconcile": (
+        ["env.AMBIENT_RECONCILE_POD_RULES_ON_STARTUP=false"],
+        {"reconcileIptablesOnStartup": False},
+    ),
+    "env-retry": (
+        ["env.ENABLE_AMBIENT_DETECTION_RETRY=true"],
+        {"enableAmbientDetectionRetry": True},
+    ),
+    "env-socket": (
+        ["env.ZTUNNEL_UDS_ADDRESS=/run/zt/zds.sock"],
+        {"ztunnelSocketPath": "/run/zt/zds.sock"},
+    ),
     "env-system-namespace": (["env.SYSTEM_NAMESPACE=mesh"], {"systemNamespace": "mesh"}),
     "env-snat": (["env.HOST_PROBE_SNAT_IP=169.254.7.1"], {"hostProbeSnatAddress": "169.254.7.1"}),
     "env-snat-v6": (["env.HOST_PROBE_SNAT_IPV6=fd00::7"], {"hostProbeSnatAddressV6": "fd00::7"}),
     "compat-1.25": (["compatibilityVersion=1.25"], {"reconcileIptablesOnStartup": False}),
-    "compat-1.25-overridden": (["compatibilityVersion=1.25",
-                                "ambient.reconcileIptablesOnStartup=true"],
-                               {"reconcileIptablesOnStartup": True}),
+    "compat-1.25-overridden": (
+        ["compatibilityVersion=1.25", "ambient.reconcileIptablesOnStartup=true"],
+        {"reconcileIptablesOnStartup": True},
+    ),
     "profile-overridden": (["profile=ambient", "ambient.enabled=false"], {"enabled": False}),
 }
 
 
 @pytest.mark.parametrize(("sets", "expected"), EACH_VALUE.values(), ids=EACH_VALUE.keys())
-def test_each_value_reaches_the_agent(helm: Helm, sets: list[str],
-                                      expected: dict[str, Any]) -> None:
-    ambient = loaded(helm.render(sets=[*sets, "ambient.enabled=true"]
-                                 if "enabled" not in expected else sets)).ambient
+def test_each_value_reaches_the_agent(
+    helm: Helm, sets: list[str], expected: dict[str, Any]
+) -> None:
+    ambient = loaded(
+        helm.render(sets=[*sets, "ambient.enabled=true"] if "enabled" not in expected else sets)
+    ).ambient
     want = AmbientSettings(**{"enabled": True, **expected})
     assert ambient == want
 
@@ -148,9 +171,12 @@ def test_custom_enablement_selectors(helm: Helm, tmp_path: Path) -> None:
     (selector,) = loaded(helm.render(values=[values])).ambient.enablementSelectors
     assert selector.to_dict() == {
         "podSelector": {"matchLabels": {"example.com/mesh": "ambient"}},
-        "namespaceSelector": {"matchExpressions": [
-            {"key": "tier", "operator": "In", "values": ["web", "api"]},
-            {"key": "legacy", "operator": "DoesNotExist"}]},
+        "namespaceSelector": {
+            "matchExpressions": [
+                {"key": "tier", "operator": "In", "values": ["web", "api"]},
+                {"key": "legacy", "operator": "DoesNotExist"},
+            ]
+        },
     }
 
 
@@ -164,28 +190,41 @@ def test_enablement_selector_env_is_istios_yaml_text(helm: Helm, tmp_path: Path)
     # Istio's ConfigMap carries AMBIENT_ENABLEMENT_SELECTOR as the YAML text of the list.
     text = yaml.safe_dump([{"podSelector": {"matchLabels": {"mesh": "yes"}}}])
     values = tmp_path / "values.yaml"
-    values.write_text(yaml.safe_dump({"env": {"AMBIENT_ENABLED": "true",
-                                              "AMBIENT_ENABLEMENT_SELECTOR": text}}))
+    values.write_text(
+        yaml.safe_dump({"env": {"AMBIENT_ENABLED": "true", "AMBIENT_ENABLEMENT_SELECTOR": text}})
+    )
     (selector,) = loaded(helm.render(values=[values])).ambient.enablementSelectors
-    assert selector.to_dict() == {"podSelector": {"matchLabels": {"mesh": "yes"}},
-                                  "namespaceSelector": {}}
+    assert selector.to_dict() == {
+        "podSelector": {"matchLabels": {"mesh": "yes"}},
+        "namespaceSelector": {},
+    }
 
 
 @pytest.mark.parametrize(
     ("sets", "first", "second"),
     [
-        (["ambient.dnsCapture=true", "env.AMBIENT_DNS_CAPTURE=false"],
-         "ambient.dnsCapture", "env.AMBIENT_DNS_CAPTURE"),
-        (["ambient.enabled=true", "env.AMBIENT_ENABLED=false"],
-         "ambient.enabled", "env.AMBIENT_ENABLED"),
+        (
+            ["ambient.dnsCapture=true", "env.AMBIENT_DNS_CAPTURE=false"],
+            "ambient.dnsCapture",
+            "env.AMBIENT_DNS_CAPTURE",
+        ),
+        (
+            ["ambient.enabled=true", "env.AMBIENT_ENABLED=false"],
+            "ambient.enabled",
+            "env.AMBIENT_ENABLED",
+        ),
         (["ambient.ipv6=true", "cni.ambient.ipv6=false"], "ambient.ipv6", "cni.ambient.ipv6"),
-        (["ambient.ztunnelSocketPath=/a/z.sock", "env.ZTUNNEL_UDS_ADDRESS=/b/z.sock"],
-         "ambient.ztunnelSocketPath", "env.ZTUNNEL_UDS_ADDRESS"),
+        (
+            ["ambient.ztunnelSocketPath=/a/z.sock", "env.ZTUNNEL_UDS_ADDRESS=/b/z.sock"],
+            "ambient.ztunnelSocketPath",
+            "env.ZTUNNEL_UDS_ADDRESS",
+        ),
     ],
     ids=["env-dns", "env-enabled", "cni-prefix", "env-socket"],
 )
-def test_a_setting_given_two_ways_fails_naming_both(helm: Helm, sets: list[str], first: str,
-                                                    second: str) -> None:
+def test_a_setting_given_two_ways_fails_naming_both(
+    helm: Helm, sets: list[str], first: str, second: str
+) -> None:
     proc = helm.template(sets=sets, check=False)
     assert proc.returncode != 0, "accepted"
     assert first in proc.stderr and second in proc.stderr, proc.stderr
@@ -195,28 +234,50 @@ BAD_VALUES = [
     pytest.param("ambient.enabled=yes", "ambient.enabled", id="enabled-type"),
     pytest.param("ambient.dnsCapture=on", "ambient.dnsCapture", id="dns-type"),
     pytest.param("ambient.ipv6=1", "ambient.ipv6", id="ipv6-type"),
-    pytest.param("ambient.reconcileIptablesOnStartup=no", "ambient.reconcileIptablesOnStartup",
-                 id="reconcile-type"),
-    pytest.param("ambient.shareHostNetworkNamespace=maybe", "ambient.shareHostNetworkNamespace",
-                 id="share-type"),
-    pytest.param("ambient.enableAmbientDetectionRetry=x", "ambient.enableAmbientDetectionRetry",
-                 id="retry-type"),
-    pytest.param("ambient.ztunnelSocketPath=run/z.sock", "ambient.ztunnelSocketPath",
-                 id="socket-relative"),
-    pytest.param("ambient.ztunnelSocketPath=/var/run/ztunnel/", "ambient.ztunnelSocketPath",
-                 id="socket-is-a-dir"),
-    pytest.param("ambient.systemNamespace=Istio_System", "ambient.systemNamespace",
-                 id="system-namespace"),
-    pytest.param("ambient.hostProbeSnatAddress=169.254.7", "ambient.hostProbeSnatAddress",
-                 id="snat"),
-    pytest.param("ambient.hostProbeSnatAddressV6=fd::zz", "ambient.hostProbeSnatAddressV6",
-                 id="snat-v6"),
+    pytest.param(
+        "ambient.reconcileIptablesOnStartup=no",
+        "ambient.reconcileIptablesOnStartup",
+        id="reconcile-type",
+    ),
+    pytest.param(
+        "ambient.shareHostNetworkNamespace=maybe",
+        "ambient.shareHostNetworkNamespace",
+        id="share-type",
+    ),
+    pytest.param(
+        "ambient.enableAmbientDetectionRetry=x",
+        "ambient.enableAmbientDetectionRetry",
+        id="retry-type",
+    ),
+    pytest.param(
+        "ambient.ztunnelSocketPath=run/z.sock", "ambient.ztunnelSocketPath", id="socket-relative"
+    ),
+    pytest.param(
+        "ambient.ztunnelSocketPath=/var/run/ztunnel/",
+        "ambient.ztunnelSocketPath",
+        id="socket-is-a-dir",
+    ),
+    pytest.param(
+        "ambient.systemNamespace=Istio_System", "ambient.systemNamespace", id="system-namespace"
+    ),
+    pytest.param(
+        "ambient.hostProbeSnatAddress=169.254.7", "ambient.hostProbeSnatAddress", id="snat"
+    ),
+    pytest.param(
+        "ambient.hostProbeSnatAddressV6=fd::zz", "ambient.hostProbeSnatAddressV6", id="snat-v6"
+    ),
     pytest.param("ambient.enableDns=true", "ambient.enableDns", id="unknown-key"),
     pytest.param("cni.ambient.dnsCapture=on", "cni.ambient.dnsCapture", id="cni-prefix"),
-    pytest.param("ambient.enablementSelectors[0].podSelektor.matchLabels.a=b",
-                 "ambient.enablementSelectors.0.podSelektor", id="selector-entry-key"),
-    pytest.param("ambient.enablementSelectors[0].podSelector.matchLabels.a=-x-",
-                 "ambient.enablementSelectors.0.podSelector.matchLabels.a", id="label-value"),
+    pytest.param(
+        "ambient.enablementSelectors[0].podSelektor.matchLabels.a=b",
+        "ambient.enablementSelectors.0.podSelektor",
+        id="selector-entry-key",
+    ),
+    pytest.param(
+        "ambient.enablementSelectors[0].podSelector.matchLabels.a=-x-",
+        "ambient.enablementSelectors.0.podSelector.matchLabels.a",
+        id="label-value",
+    ),
 ]
 
 
@@ -236,33 +297,47 @@ BAD_SELECTORS = {
 
 
 @pytest.mark.parametrize(("expression", "leaf"), BAD_SELECTORS.values(), ids=BAD_SELECTORS.keys())
-def test_bad_selector_expression_is_rejected_naming_it(helm: Helm, tmp_path: Path,
-                                                       expression: str, leaf: str) -> None:
+def test_bad_selector_expression_is_rejected_naming_it(
+    helm: Helm, tmp_path: Path, expression: str, leaf: str
+) -> None:
     values = tmp_path / "values.yaml"
-    values.write_text("ambient:\n  enablementSelectors:\n    - podSelector:\n"
-                      f"        matchExpressions: [{expression}]\n")
+    values.write_text(
+        "ambient:\n  enablementSelectors:\n    - podSelector:\n"
+        f"        matchExpressions: [{expression}]\n"
+    )
     proc = helm.template(values=[values], check=False)
     assert proc.returncode != 0, "accepted"
     where = "enablementSelectors.0.podSelector.matchExpressions.0"
-    assert (f"ambient.{where}" in proc.stderr
-            or f"/ambient/{where.replace('.', '/')}" in proc.stderr), proc.stderr
+    assert (
+        f"ambient.{where}" in proc.stderr or f"/ambient/{where.replace('.', '/')}" in proc.stderr
+    ), proc.stderr
     assert leaf in proc.stderr
 
 
 BAD_ENV = {
-    "enabled": ("env.AMBIENT_ENABLED=yes", "env.AMBIENT_ENABLED: \"yes\" is not a boolean"),
-    "dns": ("env.AMBIENT_DNS_CAPTURE=on", "env.AMBIENT_DNS_CAPTURE: \"on\" is not a boolean"),
-    "socket": ("env.ZTUNNEL_UDS_ADDRESS=z.sock",
-               "env.ZTUNNEL_UDS_ADDRESS: \"z.sock\" is not an absolute path"),
-    "namespace": ("env.SYSTEM_NAMESPACE=Mesh", "env.SYSTEM_NAMESPACE: \"Mesh\" is not a namespace"),
-    "snat": ("env.HOST_PROBE_SNAT_IP=300.1.1.1",
-             "env.HOST_PROBE_SNAT_IP: \"300.1.1.1\" is not an IPv4 address"),
-    "snat-v6": ("env.HOST_PROBE_SNAT_IPV6=10.0.0.1",
-                "env.HOST_PROBE_SNAT_IPV6: \"10.0.0.1\" is not an IPv6 address"),
-    "selector-not-list": ("env.AMBIENT_ENABLEMENT_SELECTOR=podSelector: {}",
-                          "env.AMBIENT_ENABLEMENT_SELECTOR: not a YAML list"),
-    "selector-entry-key": ("env.AMBIENT_ENABLEMENT_SELECTOR=[{podselector: {}}]",
-                           "env.AMBIENT_ENABLEMENT_SELECTOR: unknown key \"podselector\""),
+    "enabled": ("env.AMBIENT_ENABLED=yes", 'env.AMBIENT_ENABLED: "yes" is not a boolean'),
+    "dns": ("env.AMBIENT_DNS_CAPTURE=on", 'env.AMBIENT_DNS_CAPTURE: "on" is not a boolean'),
+    "socket": (
+        "env.ZTUNNEL_UDS_ADDRESS=z.sock",
+        'env.ZTUNNEL_UDS_ADDRESS: "z.sock" is not an absolute path',
+    ),
+    "namespace": ("env.SYSTEM_NAMESPACE=Mesh", 'env.SYSTEM_NAMESPACE: "Mesh" is not a namespace'),
+    "snat": (
+        "env.HOST_PROBE_SNAT_IP=300.1.1.1",
+        'env.HOST_PROBE_SNAT_IP: "300.1.1.1" is not an IPv4 address',
+    ),
+    "snat-v6": (
+        "env.HOST_PROBE_SNAT_IPV6=10.0.0.1",
+        'env.HOST_PROBE_SNAT_IPV6: "10.0.0.1" is not an IPv6 address',
+    ),
+    "selector-not-list": (
+        "env.AMBIENT_ENABLEMENT_SELECTOR=podSelector: {}",
+        "env.AMBIENT_ENABLEMENT_SELECTOR: not a YAML list",
+    ),
+    "selector-entry-key": (
+        "env.AMBIENT_ENABLEMENT_SELECTOR=[{podselector: {}}]",
+        'env.AMBIENT_ENABLEMENT_SELECTOR: unknown key "podselector"',
+    ),
 }
 
 
@@ -288,12 +363,18 @@ def test_cluster_role_grants_ambient_rights_only_when_on(
     helm: Helm, sets: list[str], extra: set[tuple[str, str, str]]
 ) -> None:
     role = only(helm.render(sets=sets), "ClusterRole")
-    base = {("", "pods", "get"), ("", "pods", "list"), ("", "pods", "watch"),
-            ("", "events", "create"), ("", "nodes", "get")}
+    base = {
+        ("", "pods", "get"),
+        ("", "pods", "list"),
+        ("", "pods", "watch"),
+        ("", "events", "create"),
+        ("", "nodes", "get"),
+    }
     assert grants(role["rules"]) == base | extra
     # pods/status appears in one rule only, whichever feature asked for it.
     assert sum("pods/status" in r["resources"] for r in role["rules"]) == (
-        1 if ("", "pods/status", "patch") in extra else 0)
+        1 if ("", "pods/status", "patch") in extra else 0
+    )
     assert not any(r.get("resourceNames") for r in role["rules"])
 
 
@@ -306,8 +387,11 @@ def test_cluster_role_grants_ambient_rights_only_when_on(
     ],
     ids=["true-is-what-we-do", "false-cannot-be-honoured", "unset"],
 )
-def test_share_host_network_namespace(helm4: Helm, sets: list[str],  # noqa: F811
-                                      ignored: bool) -> None:
+def test_share_host_network_namespace(
+    helm4: Helm,  # noqa: F811
+    sets: list[str],
+    ignored: bool,
+) -> None:
     text = notes(helm4, *sets)
     assert ("  - ambient.shareHostNetworkNamespace\n" in text) is ignored
     docs = helm4.render(sets=sets)
@@ -320,7 +404,7 @@ def test_notes_say_ambient_is_on(helm4: Helm, sets: list[str]) -> None:  # noqa:
     text = notes(helm4, *sets)
     assert "Ambient mode: on" in text
     assert "/var/run/ztunnel/ztunnel.sock" in text
-    assert "WARNING" not in text and "ambient" not in text[text.find("Ignored:"):]
+    assert "WARNING" not in text and "ambient" not in text[text.find("Ignored:") :]
 
 
 def test_notes_say_ambient_is_off_by_default(helm4: Helm) -> None:  # noqa: F811
@@ -345,7 +429,9 @@ def test_ambient_manifests_lint_clean_and_are_valid_kubernetes(helm: Helm, tmp_p
     rendered.write_text(helm.template(sets=["profile=ambient"]).stdout)
     proc = subprocess.run(
         [sys.executable, str(VALIDATE), "--kube", "1.29", "--kube", "1.37", str(rendered)],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "INVALID" not in proc.stdout and "ClusterRole/istio-cni" in proc.stdout

@@ -66,16 +66,37 @@ def test_helm_install_rejects_bad_value_naming_it(helm: Helm, setting: str, path
     if helm.version.startswith("3."):
         proc = helm.template(sets=[setting], check=False)
     else:
-        proc = helm.call("install", "istio-cni", str(CHART), "--namespace", "kube-system",
-                        "--dry-run=client", "--set", setting, check=False)
+        proc = helm.call(
+            "install",
+            "istio-cni",
+            str(CHART),
+            "--namespace",
+            "kube-system",
+            "--dry-run=client",
+            "--set",
+            setting,
+            check=False,
+        )
     assert proc.returncode != 0
     assert names_value(proc.stderr, path), proc.stderr
 
 
 def test_good_values_of_every_kind_are_accepted(helm: Helm) -> None:
-    helm.template(sets=[
-        "cniBinDir=/opt/cni/bin", "logLevel=debug", "pullPolicy=Always", "platform=kind",
-        "repair.mode=label", "chained=false", "metricsPort=15020", "ruleBackend=nftables",
-        "uninstallOnStop=never", "excludeNamespaces={a,b-c}", "provider=multus",
-        "seLinuxOptions.type=spc_t", "resourceQuota.pods=10", "cniConfFileName=10-x.conflist",
-    ])
+    helm.template(
+        sets=[
+            "cniBinDir=/opt/cni/bin",
+            "logLevel=debug",
+            "pullPolicy=Always",
+            "platform=kind",
+            "repair.mode=label",
+            "chained=false",
+            "metricsPort=15020",
+            "ruleBackend=nftables",
+            "uninstallOnStop=never",
+            "excludeNamespaces={a,b-c}",
+            "provider=multus",
+            "seLinuxOptions.type=spc_t",
+            "resourceQuota.pods=10",
+            "cniConfFileName=10-x.conflist",
+        ]
+    )

@@ -45,26 +45,30 @@ def test_every_preset_loads(helm: Helm, tmp_path: Path, platform: str) -> None:
 
 
 def test_values_reach_the_config(helm: Helm, tmp_path: Path) -> None:
-    settings = load_rendered(helm, tmp_path, sets=[
-        "logLevel=debug",
-        "excludeNamespaces={istio-system,payments}",
-        "cniBinDir=/usr/libexec/cni",
-        "cniConfDir=/etc/cni/custom.d",
-        "cniConfFileName=10-calico.conflist",
-        "chained=false",
-        "cniAgentRunDir=/run/istio-cni",
-        "istioOwnedCNIConfig=true",
-        "istioOwnedCNIConfigFileName=01-istio.conflist",
-        "metricsPort=16000",
-        "ruleBackend=nftables",
-        "uninstallOnStop=never",
-        "conflictsPerMinuteWarning=9",
-        "repair.enabled=false",
-        "repair.mode=label",
-        "repair.labelKey=example.com/broken",
-        "repair.labelValue=yes",
-        "repair.initContainerName=check",
-    ])
+    settings = load_rendered(
+        helm,
+        tmp_path,
+        sets=[
+            "logLevel=debug",
+            "excludeNamespaces={istio-system,payments}",
+            "cniBinDir=/usr/libexec/cni",
+            "cniConfDir=/etc/cni/custom.d",
+            "cniConfFileName=10-calico.conflist",
+            "chained=false",
+            "cniAgentRunDir=/run/istio-cni",
+            "istioOwnedCNIConfig=true",
+            "istioOwnedCNIConfigFileName=01-istio.conflist",
+            "metricsPort=16000",
+            "ruleBackend=nftables",
+            "uninstallOnStop=never",
+            "conflictsPerMinuteWarning=9",
+            "repair.enabled=false",
+            "repair.mode=label",
+            "repair.labelKey=example.com/broken",
+            "repair.labelValue=yes",
+            "repair.initContainerName=check",
+        ],
+    )
     assert settings == Settings(
         cniBinDir="/usr/libexec/cni",
         cniConfDir="/etc/cni/custom.d",
@@ -81,7 +85,10 @@ def test_values_reach_the_config(helm: Helm, tmp_path: Path) -> None:
         conflictsPerMinuteWarning=9,
         daemonSetName="istio-cni",
         repair=RepairSettings(
-            enabled=False, mode="label", labelKey="example.com/broken", labelValue="yes",
+            enabled=False,
+            mode="label",
+            labelKey="example.com/broken",
+            labelValue="yes",
             initContainerName="check",
         ),
     )
@@ -93,7 +100,9 @@ def test_empty_exclude_list_loads_as_empty(helm: Helm, tmp_path: Path) -> None:
     empty.write_text("excludeNamespaces: []\n")
     assert load_rendered(helm, tmp_path, values=[empty]).excludeNamespaces == ()
     assert load_rendered(helm, tmp_path, sets=["excludeNamespaces=null"]).excludeNamespaces == (
-        "istio-system", "kube-system")
+        "istio-system",
+        "kube-system",
+    )
 
 
 def test_container_paths_in_the_config_are_the_mounts(helm: Helm, tmp_path: Path) -> None:

@@ -23,7 +23,11 @@ def test_container_is_unprivileged_with_only_the_needed_capabilities(helm: Helm)
     assert sc["privileged"] is False
     assert sc["capabilities"]["drop"] == ["ALL"]
     assert set(sc["capabilities"]["add"]) == {
-        "NET_ADMIN", "NET_RAW", "SYS_ADMIN", "SYS_PTRACE", "DAC_OVERRIDE",
+        "NET_ADMIN",
+        "NET_RAW",
+        "SYS_ADMIN",
+        "SYS_PTRACE",
+        "DAC_OVERRIDE",
     }
     assert sc["runAsUser"] == 0
     assert sc["readOnlyRootFilesystem"] is True
@@ -33,8 +37,8 @@ def test_container_is_unprivileged_with_only_the_needed_capabilities(helm: Helm)
 
 
 def test_capabilities_are_each_justified_in_the_template(helm: Helm) -> None:
-    text = (helm.template().stdout)
-    block = text[text.index("capabilities:"):text.index("volumeMounts:")]
+    text = helm.template().stdout
+    block = text[text.index("capabilities:") : text.index("volumeMounts:")]
     # Chart comments do not survive rendering into YAML values, but they do into the text.
     for cap in ("NET_ADMIN", "NET_RAW", "SYS_ADMIN", "SYS_PTRACE", "DAC_OVERRIDE"):
         line = block.index(f"- {cap}")
@@ -52,10 +56,15 @@ def test_host_network_probes_and_ports_follow_metrics_port(helm: Helm) -> None:
 
 
 def test_downward_api_environment(helm: Helm) -> None:
-    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
-           for e in agent_container(helm.render())["env"]}
-    assert env == {"NODE_NAME": "spec.nodeName", "POD_NAME": "metadata.name",
-                   "POD_NAMESPACE": "metadata.namespace"}
+    env = {
+        e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
+        for e in agent_container(helm.render())["env"]
+    }
+    assert env == {
+        "NODE_NAME": "spec.nodeName",
+        "POD_NAME": "metadata.name",
+        "POD_NAMESPACE": "metadata.namespace",
+    }
 
 
 def test_host_mounts(helm: Helm) -> None:
@@ -71,8 +80,13 @@ def test_host_mounts(helm: Helm) -> None:
     assert volumes["cni-agent-run-dir"]["hostPath"]["type"] == "DirectoryOrCreate"
     # Only the dirs the agent writes are writable.
     writable = {p for p, m in mnt.items() if not m.get("readOnly")}
-    assert writable == {"/host/opt/cni/bin", "/host/etc/cni/net.d", "/run/istio-cni",
-                        "/run/xtables.lock", "/tmp"}
+    assert writable == {
+        "/host/opt/cni/bin",
+        "/host/etc/cni/net.d",
+        "/run/istio-cni",
+        "/run/xtables.lock",
+        "/tmp",
+    }
 
 
 def test_scheduling_defaults_reach_every_linux_node(helm: Helm) -> None:
@@ -82,22 +96,34 @@ def test_scheduling_defaults_reach_every_linux_node(helm: Helm) -> None:
     assert spec["priorityClassName"] == "system-node-critical"
     assert spec["terminationGracePeriodSeconds"] == 30
     ds = only(helm.render(), "DaemonSet")
-    assert ds["spec"]["updateStrategy"] == {"type": "RollingUpdate",
-                                            "rollingUpdate": {"maxUnavailable": 1}}
+    assert ds["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 1},
+    }
 
 
 def test_operator_settings_reach_the_pod(helm: Helm) -> None:
-    docs = helm.render(sets=[
-        "tolerations[0].key=dedicated", "tolerations[0].operator=Equal",
-        "tolerations[0].value=mesh", "nodeSelector.pool=mesh", "priorityClassName=",
-        "podAnnotations.team=net", "podLabels.tier=node", "imagePullSecrets={regcred}",
-        "resources.limits.memory=200Mi", "pullPolicy=Always", "updateStrategy.type=OnDelete",
-        "updateStrategy.rollingUpdate=null", "appArmorProfile.type=Unconfined",
-        "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
-        ".nodeSelectorTerms[0].matchExpressions[0].key=mesh",
-        "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
-        ".nodeSelectorTerms[0].matchExpressions[0].operator=Exists",
-    ])
+    docs = helm.render(
+        sets=[
+            "tolerations[0].key=dedicated",
+            "tolerations[0].operator=Equal",
+            "tolerations[0].value=mesh",
+            "nodeSelector.pool=mesh",
+            "priorityClassName=",
+            "podAnnotations.team=net",
+            "podLabels.tier=node",
+            "imagePullSecrets={regcred}",
+            "resources.limits.memory=200Mi",
+            "pullPolicy=Always",
+            "updateStrategy.type=OnDelete",
+            "updateStrategy.rollingUpdate=null",
+            "appArmorProfile.type=Unconfined",
+            "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+            ".nodeSelectorTerms[0].matchExpressions[0].key=mesh",
+            "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+            ".nodeSelectorTerms[0].matchExpressions[0].operator=Exists",
+        ]
+    )
     ds = only(docs, "DaemonSet")
     spec, c = pod_spec(docs), agent_container(docs)
     assert spec["tolerations"] == [{"key": "dedicated", "operator": "Equal", "value": "mesh"}]
@@ -124,8 +150,10 @@ def test_standard_labels_and_stable_selector(helm: Helm) -> None:
         assert labels["app.kubernetes.io/part-of"] == "istio"
     ds = only(docs, "DaemonSet")
     selector = ds["spec"]["selector"]["matchLabels"]
-    assert selector == {"app.kubernetes.io/name": "istio-cni",
-                        "app.kubernetes.io/instance": "istio-cni"}
+    assert selector == {
+        "app.kubernetes.io/name": "istio-cni",
+        "app.kubernetes.io/instance": "istio-cni",
+    }
     assert selector.items() <= ds["spec"]["template"]["metadata"]["labels"].items()
 
 
@@ -133,10 +161,14 @@ def test_standard_labels_and_stable_selector(helm: Helm) -> None:
     ("sets", "image"),
     [
         ([], "ghcr.io/istio-cni/istio-cni:0.1.0"),
-        (["global.hub=mirror.example/istio", "global.tag=1.0"],
-         "mirror.example/istio/istio-cni:1.0"),
-        (["hub=own.example", "global.hub=mirror.example", "tag=2.0", "global.tag=1.0"],
-         "own.example/istio-cni:2.0"),
+        (
+            ["global.hub=mirror.example/istio", "global.tag=1.0"],
+            "mirror.example/istio/istio-cni:1.0",
+        ),
+        (
+            ["hub=own.example", "global.hub=mirror.example", "tag=2.0", "global.tag=1.0"],
+            "own.example/istio-cni:2.0",
+        ),
     ],
     ids=["default", "global", "own-wins"],
 )

@@ -13,8 +13,13 @@ pytestmark = pytest.mark.chart
 
 
 def demo(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(REPO_ROOT / "ci" / "demo"), *args], capture_output=True, text=True,
-                          timeout=600, check=False)
+    return subprocess.run(
+        [str(REPO_ROOT / "ci" / "demo"), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
 
 
 def test_demo_renders_and_validates_a_platform() -> None:

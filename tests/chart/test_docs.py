@@ -21,8 +21,12 @@ CHART_README = REPO_ROOT / "ci" / "chart-readme"
 
 
 def run_readme(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(root / "ci" / "chart-readme"), *args],
-                          capture_output=True, text=True, check=False)
+    return subprocess.run(
+        [sys.executable, str(root / "ci" / "chart-readme"), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
 
 
 def test_chart_readme_is_up_to_date() -> None:
@@ -63,8 +67,8 @@ def test_check_fails_naming_the_readme_when_a_comment_changed(repo_copy: Path) -
 @pytest.mark.parametrize(
     ("old", "new", "key"),
     [
-        ("# -- Overrides the chart name in resource names. Default \"\".\n", "", "nameOverride"),
-        ("  # -- Value of that label. Default \"true\".\n", "", "repair.labelValue"),
+        ('# -- Overrides the chart name in resource names. Default "".\n', "", "nameOverride"),
+        ('  # -- Value of that label. Default "true".\n', "", "repair.labelValue"),
     ],
     ids=["top-level", "nested"],
 )
@@ -94,7 +98,7 @@ def notes(helm: Helm, *sets: str) -> str:
     for s in sets:
         args += ["--set", s]
     out = helm.run(*args)
-    return out[out.index("NOTES:"):]
+    return out[out.index("NOTES:") :]
 
 
 def test_notes_say_what_was_installed_and_how_to_check_it(helm4: Helm) -> None:

@@ -36,14 +36,17 @@ pytestmark = pytest.mark.chart
 ISTIO_CHART = REPO_ROOT / "tests" / "testdata" / "istio-chart"
 NAMESPACE = "istio-system"  # Istio's usual one; ours never creates a quota in kube-system
 BASE = ["global.hub=reg.example/istio", "global.tag=1.2.3"]
-ISTIO_PROFILES = sorted(p.stem.removeprefix("profile-")
-                        for p in (ISTIO_CHART / "files").glob("profile-*.yaml"))
-ISTIO_PLATFORMS = sorted(p.removeprefix("platform-") for p in ISTIO_PROFILES
-                         if p.startswith("platform-"))
+ISTIO_PROFILES = sorted(
+    p.stem.removeprefix("profile-") for p in (ISTIO_CHART / "files").glob("profile-*.yaml")
+)
+ISTIO_PLATFORMS = sorted(
+    p.removeprefix("platform-") for p in ISTIO_PROFILES if p.startswith("platform-")
+)
 
 
-def render(helm: Helm, chart: Path, sets: list[str], values: list[Path],
-           kube_version: str | None) -> list[dict[str, Any]]:
+def render(
+    helm: Helm, chart: Path, sets: list[str], values: list[Path], kube_version: str | None
+) -> list[dict[str, Any]]:
     args = ["template", "istio-cni", str(chart), "--namespace", NAMESPACE]
     if kube_version:
         args += ["--kube-version", kube_version]
@@ -58,12 +61,15 @@ def repair_of(enabled: bool, repair: bool, delete: bool, label: bool) -> str:
     """Istio's repair controller: repairPods > deletePods > labelPods, else no action."""
     if not enabled:
         return "off"
-    return ("repair-in-place" if repair else "delete" if delete else
-            "label" if label else "off")
+    return "repair-in-place" if repair else "delete" if delete else "label" if label else "off"
 
 
-AMBIENT_GRANTS = {("", "namespaces", "get"), ("", "namespaces", "list"),
-                  ("", "namespaces", "watch"), ("", "pods/status", "patch")}
+AMBIENT_GRANTS = {
+    ("", "namespaces", "get"),
+    ("", "namespaces", "list"),
+    ("", "namespaces", "watch"),
+    ("", "pods/status", "patch"),
+}
 
 
 def selectors(parsed: tuple[EnablementSelector, ...]) -> list[dict[str, Any]]:
@@ -77,14 +83,24 @@ def all_grants(docs: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
 def istio_settings(docs: list[dict[str, Any]]) -> dict[str, Any]:
     ds = only(docs, "DaemonSet")
     container = ds["spec"]["template"]["spec"]["containers"][0]
-    data = next(d for d in of_kind(docs, "ConfigMap")
-                if d["metadata"]["name"] == "istio-cni-config")["data"]
+    data = next(
+        d for d in of_kind(docs, "ConfigMap") if d["metadata"]["name"] == "istio-cni-config"
+    )["data"]
     # The container's env wins over the ConfigMap it also reads (envFrom), as in the kubelet.
     env = {**data, **{e["name"]: e["value"] for e in container["env"] if "value" in e}}
-    paths = {v["name"]: v["hostPath"]["path"]
-             for v in ds["spec"]["template"]["spec"]["volumes"] if "hostPath" in v}
-    level = next((a.split("=", 1)[1] for a in container.get("args", [])
-                  if a.startswith("--log_output_level=")), "info")
+    paths = {
+        v["name"]: v["hostPath"]["path"]
+        for v in ds["spec"]["template"]["spec"]["volumes"]
+        if "hostPath" in v
+    }
+    level = next(
+        (
+            a.split("=", 1)[1]
+            for a in container.get("args", [])
+            if a.startswith("--log_output_level=")
+        ),
+        "info",
+    )
     quotas = of_kind(docs, "ResourceQuota")
 
     def flag(name: str) -> bool:
@@ -96,10 +112,15 @@ def istio_settings(docs: list[dict[str, Any]]) -> dict[str, Any]:
         "cniNetnsDir": paths["cni-netns-dir"],
         "cniConfFileName": env.get("CNI_CONF_NAME", ""),
         "chained": flag("CHAINED_CNI_PLUGIN"),
-        "nad": sorted(n["metadata"]["namespace"]
-                      for n in of_kind(docs, "NetworkAttachmentDefinition")),
-        "repair": repair_of(flag("REPAIR_ENABLED"), flag("REPAIR_REPAIR_PODS"),
-                            flag("REPAIR_DELETE_PODS"), flag("REPAIR_LABEL_PODS")),
+        "nad": sorted(
+            n["metadata"]["namespace"] for n in of_kind(docs, "NetworkAttachmentDefinition")
+        ),
+        "repair": repair_of(
+            flag("REPAIR_ENABLED"),
+            flag("REPAIR_REPAIR_PODS"),
+            flag("REPAIR_DELETE_PODS"),
+            flag("REPAIR_LABEL_PODS"),
+        ),
         "logLevel": level,
         "quota": int(quotas[0]["spec"]["hard"]["pods"]) if quotas else None,
         "image": container["image"],
@@ -111,15 +132,23 @@ def istio_settings(docs: list[dict[str, Any]]) -> dict[str, Any]:
             "reconcileIptablesOnStartup": flag("AMBIENT_RECONCILE_POD_RULES_ON_STARTUP"),
             "enableAmbientDetectionRetry": flag("ENABLE_AMBIENT_DETECTION_RETRY"),
             # What Istio's agent parses: the YAML text, through the same selector rules.
-            "enablementSelectors": selectors(parse_enablement_selectors(
-                yaml.safe_load(env["AMBIENT_ENABLEMENT_SELECTOR"]))),
+            "enablementSelectors": selectors(
+                parse_enablement_selectors(yaml.safe_load(env["AMBIENT_ENABLEMENT_SELECTOR"]))
+            ),
             "socketDir": paths.get("cni-ztunnel-sock-dir"),
-            "rbac": any(r["metadata"]["name"].endswith("-ambient")
-                        for r in of_kind(docs, "ClusterRole")),
+            "rbac": any(
+                r["metadata"]["name"].endswith("-ambient") for r in of_kind(docs, "ClusterRole")
+            ),
         },
         "_grants": all_grants(docs),
-        "_netnsPropagation": next((m.get("mountPropagation") for m in container["volumeMounts"]
-                                   if m["mountPath"] == "/host/var/run/netns"), None),
+        "_netnsPropagation": next(
+            (
+                m.get("mountPropagation")
+                for m in container["volumeMounts"]
+                if m["mountPath"] == "/host/var/run/netns"
+            ),
+            None,
+        ),
     }
 
 
@@ -127,8 +156,11 @@ def our_settings(docs: list[dict[str, Any]]) -> dict[str, Any]:
     config = agent_config(docs)
     settings = settings_from_mapping(config, source="rendered config.yaml")  # the agent loads it
     ds = only(docs, "DaemonSet")
-    paths = {v["name"]: v["hostPath"]["path"]
-             for v in ds["spec"]["template"]["spec"]["volumes"] if "hostPath" in v}
+    paths = {
+        v["name"]: v["hostPath"]["path"]
+        for v in ds["spec"]["template"]["spec"]["volumes"]
+        if "hostPath" in v
+    }
     quotas = of_kind(docs, "ResourceQuota")
     return {
         "cniBinDir": paths["cni-bin-dir"],
@@ -136,8 +168,9 @@ def our_settings(docs: list[dict[str, Any]]) -> dict[str, Any]:
         "cniNetnsDir": paths["cni-netns-dir"],
         "cniConfFileName": settings.cniConfFileName,
         "chained": settings.chained,
-        "nad": sorted(n["metadata"]["namespace"]
-                      for n in of_kind(docs, "NetworkAttachmentDefinition")),
+        "nad": sorted(
+            n["metadata"]["namespace"] for n in of_kind(docs, "NetworkAttachmentDefinition")
+        ),
         "repair": settings.repair.mode if settings.repair.enabled else "off",
         "logLevel": settings.logLevel,
         "quota": int(quotas[0]["spec"]["hard"]["pods"]) if quotas else None,
@@ -154,13 +187,22 @@ def our_settings(docs: list[dict[str, Any]]) -> dict[str, Any]:
             "rbac": all_grants(docs) >= AMBIENT_GRANTS,
         },
         "_grants": all_grants(docs),
-        "_netnsPropagation": {path: m.get("mountPropagation") for path, m in mounts(docs).items()
-                              if path in (settings.mountedNetnsDir, paths["cni-netns-dir"])},
+        "_netnsPropagation": {
+            path: m.get("mountPropagation")
+            for path, m in mounts(docs).items()
+            if path in (settings.mountedNetnsDir, paths["cni-netns-dir"])
+        },
     }
 
 
-def compare(helm: Helm, sets: list[str], values: list[Path] = (),  # type: ignore[assignment]
-            kube_version: str | None = None, *, variant_ignored: bool = False) -> None:
+def compare(
+    helm: Helm,
+    sets: list[str],
+    values: list[Path] = (),  # type: ignore[assignment]
+    kube_version: str | None = None,
+    *,
+    variant_ignored: bool = False,
+) -> None:
     theirs = istio_settings(render(helm, ISTIO_CHART, sets, list(values), kube_version))
     ours = our_settings(render(helm, CHART, sets, list(values), kube_version))
 
@@ -204,28 +246,35 @@ def test_every_istio_profile(helm: Helm, profile: str) -> None:
 def test_every_istio_platform(helm: Helm, platform: str, key: str) -> None:
     # Istio's chart finds GKE's bin dir from the API server's version (its gke profile leaves
     # cniBinDir empty); a `-gke` version lets both charts see a GKE cluster.
-    compare(helm, [f"{key}={platform}"],
-            kube_version="v1.31.0-gke.100" if platform == "gke" else None)
+    compare(
+        helm, [f"{key}={platform}"], kube_version="v1.31.0-gke.100" if platform == "gke" else None
+    )
 
 
 @pytest.mark.parametrize("platform", ISTIO_PLATFORMS)
 def test_istio_platform_profile_as_a_values_file(helm: Helm, platform: str) -> None:
     path = ISTIO_CHART / "files" / f"profile-platform-{platform}.yaml"
-    compare(helm, [], values=[path],
-            kube_version="v1.31.0-gke.100" if platform == "gke" else None)
+    compare(helm, [], values=[path], kube_version="v1.31.0-gke.100" if platform == "gke" else None)
 
 
-@pytest.mark.parametrize("version", sorted(
-    p.stem.removeprefix("profile-compatibility-version-")
-    for p in (ISTIO_CHART / "files").glob("profile-compatibility-version-*.yaml")))
+@pytest.mark.parametrize(
+    "version",
+    sorted(
+        p.stem.removeprefix("profile-compatibility-version-")
+        for p in (ISTIO_CHART / "files").glob("profile-compatibility-version-*.yaml")
+    ),
+)
 def test_every_compatibility_version(helm: Helm, version: str) -> None:
     compare(helm, [f"compatibilityVersion={version}"])
 
 
 EXAMPLES = {
     "cni-bin-dir": ["cni.cniBinDir=/usr/libexec/cni"],
-    "cni-prefix-paths": ["cni.cniConfDir=/etc/cni/custom.d", "cni.cniNetnsDir=/run/netns",
-                         "cni.cniConfFileName=10-calico.conflist"],
+    "cni-prefix-paths": [
+        "cni.cniConfDir=/etc/cni/custom.d",
+        "cni.cniNetnsDir=/run/netns",
+        "cni.cniConfFileName=10-calico.conflist",
+    ],
     "delete-pods": ["repair.deletePods=true", "repair.repairPods=false"],
     "delete-pods-but-repair-default-wins": ["repair.deletePods=true"],
     "label-pods": ["repair.labelPods=true", "repair.repairPods=false"],
@@ -260,11 +309,16 @@ EXAMPLES = {
     "ambient-compat-1.25": ["profile=ambient", "compatibilityVersion=1.25"],
     "ambient-env-dns": ["ambient.enabled=true", "env.AMBIENT_DNS_CAPTURE=false"],
     "ambient-env-ipv6": ["ambient.enabled=true", "env.AMBIENT_IPV6=false"],
-    "ambient-env-reconcile": ["ambient.enabled=true",
-                              "env.AMBIENT_RECONCILE_POD_RULES_ON_STARTUP=false"],
+    "ambient-env-reconcile": [
+        "ambient.enabled=true",
+        "env.AMBIENT_RECONCILE_POD_RULES_ON_STARTUP=false",
+    ],
     "ambient-env-retry": ["ambient.enabled=true", "env.ENABLE_AMBIENT_DETECTION_RETRY=true"],
-    "ambient-with-label-repair": ["ambient.enabled=true", "repair.labelPods=true",
-                                  "repair.repairPods=false"],
+    "ambient-with-label-repair": [
+        "ambient.enabled=true",
+        "repair.labelPods=true",
+        "repair.repairPods=false",
+    ],
 }
 
 

@@ -22,20 +22,43 @@ pytestmark = pytest.mark.chart
     [
         (["logLevel=debug", "logging.level=info"], "logLevel", "logging.level"),
         (["repair.mode=label", "repair.deletePods=true"], "repair.mode", "repair.deletePods"),
-        (["resourceQuota.enabled=true", "resourceQuotas.enabled=false"],
-         "resourceQuota.enabled", "resourceQuotas.enabled"),
+        (
+            ["resourceQuota.enabled=true", "resourceQuotas.enabled=false"],
+            "resourceQuota.enabled",
+            "resourceQuotas.enabled",
+        ),
         (["cniBinDir=/a", "cni.cniBinDir=/b"], "cniBinDir", "cni.cniBinDir"),
-        (["repair.labelKey=a", "repair.brokenPodLabelKey=b"],
-         "repair.labelKey", "repair.brokenPodLabelKey"),
-        (["cniConfFileName=a.conf", "env.CNI_CONF_NAME=b.conf"],
-         "cniConfFileName", "env.CNI_CONF_NAME"),
-        (["repair.deletePods=true", "env.REPAIR_DELETE_PODS=true"],
-         "repair.deletePods", "env.REPAIR_DELETE_PODS"),
-        (["ruleBackend=iptables-nft", "env.NATIVE_NFTABLES=true"],
-         "ruleBackend", "env.NATIVE_NFTABLES"),
+        (
+            ["repair.labelKey=a", "repair.brokenPodLabelKey=b"],
+            "repair.labelKey",
+            "repair.brokenPodLabelKey",
+        ),
+        (
+            ["cniConfFileName=a.conf", "env.CNI_CONF_NAME=b.conf"],
+            "cniConfFileName",
+            "env.CNI_CONF_NAME",
+        ),
+        (
+            ["repair.deletePods=true", "env.REPAIR_DELETE_PODS=true"],
+            "repair.deletePods",
+            "env.REPAIR_DELETE_PODS",
+        ),
+        (
+            ["ruleBackend=iptables-nft", "env.NATIVE_NFTABLES=true"],
+            "ruleBackend",
+            "env.NATIVE_NFTABLES",
+        ),
     ],
-    ids=["log-level", "repair", "quota", "cni-prefix", "label-key", "env", "env-repair",
-         "env-backend"],
+    ids=[
+        "log-level",
+        "repair",
+        "quota",
+        "cni-prefix",
+        "label-key",
+        "env",
+        "env-repair",
+        "env-backend",
+    ],
 )
 def test_a_setting_given_two_ways_fails_naming_both(
     helm: Helm, sets: list[str], first: str, second: str
@@ -53,9 +76,13 @@ def test_the_same_value_under_x_and_cni_x_is_accepted(helm: Helm) -> None:
 
 @pytest.mark.parametrize(
     ("setting", "path"),
-    [("cniBinDIr=/x", "cniBinDIr"), ("cni.cniBinDIr=/x", "cniBinDIr"),
-     ("repair.fixPods=true", "fixPods"), ("logging.levels=debug", "levels"),
-     ("resourceQuotas.size=1", "size")],
+    [
+        ("cniBinDIr=/x", "cniBinDIr"),
+        ("cni.cniBinDIr=/x", "cniBinDIr"),
+        ("repair.fixPods=true", "fixPods"),
+        ("logging.levels=debug", "levels"),
+        ("resourceQuotas.size=1", "size"),
+    ],
     ids=["top", "cni-prefix", "repair", "logging", "quotas"],
 )
 def test_a_key_neither_ours_nor_istios_is_rejected(helm: Helm, setting: str, path: str) -> None:
@@ -80,8 +107,16 @@ def test_global_stays_open_for_an_umbrella_chart(helm: Helm) -> None:
         (["env.FORCE_IPTABLES_BINARY=ebpf"], "env.FORCE_IPTABLES_BINARY"),
         (["env.CNI_AGENT_RUN_DIR=run"], "env.CNI_AGENT_RUN_DIR"),
     ],
-    ids=["profile", "global-profile", "compat", "global-platform", "env-bool", "env-port",
-         "env-iptables", "env-path"],
+    ids=[
+        "profile",
+        "global-profile",
+        "compat",
+        "global-platform",
+        "env-bool",
+        "env-port",
+        "env-iptables",
+        "env-path",
+    ],
 )
 def test_bad_istio_values_fail_naming_them(helm: Helm, sets: list[str], message: str) -> None:
     proc = helm.template(sets=sets, check=False)
@@ -90,15 +125,24 @@ def test_bad_istio_values_fail_naming_them(helm: Helm, sets: list[str], message:
 
 
 def test_env_reaches_the_config_and_the_container(helm: Helm) -> None:
-    docs = helm.render(sets=[
-        "env.CNI_CONF_GROUP_READ=true", "env.MONITORING_PORT=15020",
-        "env.CNI_AGENT_RUN_DIR=/run/cni", "env.REPAIR_ENABLED=false",
-        "env.FORCE_IPTABLES_BINARY=legacy", "env.ISTIO_OWNED_CNI_CONFIG=true",
-        "env.ZTUNNEL_UDS_ADDRESS=/x.sock",
-    ])
+    docs = helm.render(
+        sets=[
+            "env.CNI_CONF_GROUP_READ=true",
+            "env.MONITORING_PORT=15020",
+            "env.CNI_AGENT_RUN_DIR=/run/cni",
+            "env.REPAIR_ENABLED=false",
+            "env.FORCE_IPTABLES_BINARY=legacy",
+            "env.ISTIO_OWNED_CNI_CONFIG=true",
+            "env.ZTUNNEL_UDS_ADDRESS=/x.sock",
+        ]
+    )
     s = settings_from_mapping(agent_config(docs), source="config.yaml")
     assert (s.cniConfGroupRead, s.metricsPort, s.cniAgentRunDir, s.repair.enabled) == (
-        True, 15020, "/run/cni", False)
+        True,
+        15020,
+        "/run/cni",
+        False,
+    )
     assert (s.ruleBackend, s.istioOwnedCNIConfig) == ("iptables-legacy", True)
     env = {e["name"]: e.get("value") for e in agent_container(docs)["env"]}
     assert env["ZTUNNEL_UDS_ADDRESS"] == "/x.sock" and env["MONITORING_PORT"] == "15020"
@@ -106,9 +150,12 @@ def test_env_reaches_the_config_and_the_container(helm: Helm) -> None:
 
 @pytest.mark.parametrize(
     ("sets", "backend"),
-    [(["global.nativeNftables=true"], "nftables"), (["env.NATIVE_NFTABLES=1"], "nftables"),
-     (["env.FORCE_IPTABLES_BINARY=nft"], "iptables-nft"),
-     (["global.nativeNftables=true", "ruleBackend=iptables-legacy"], "iptables-legacy")],
+    [
+        (["global.nativeNftables=true"], "nftables"),
+        (["env.NATIVE_NFTABLES=1"], "nftables"),
+        (["env.FORCE_IPTABLES_BINARY=nft"], "iptables-nft"),
+        (["global.nativeNftables=true", "ruleBackend=iptables-legacy"], "iptables-legacy"),
+    ],
     ids=["global", "env", "force-nft", "ours-wins-over-global"],
 )
 def test_rule_backend_from_istio(helm: Helm, sets: list[str], backend: str) -> None:
@@ -116,9 +163,16 @@ def test_rule_backend_from_istio(helm: Helm, sets: list[str], backend: str) -> N
 
 
 def test_our_new_values_reach_the_config(helm: Helm) -> None:
-    config = agent_config(helm.render(sets=[
-        "cniConfGroupRead=true", "logAsJson=true", "removeNotReadyTaint=true",
-        "fullnameOverride=cni-node"]))
+    config = agent_config(
+        helm.render(
+            sets=[
+                "cniConfGroupRead=true",
+                "logAsJson=true",
+                "removeNotReadyTaint=true",
+                "fullnameOverride=cni-node",
+            ]
+        )
+    )
     assert config["cniConfGroupRead"] is True and config["logAsJson"] is True
     assert config["removeNotReadyTaint"] is True
     assert config["daemonSetName"] == "cni-node"
@@ -128,8 +182,13 @@ def test_our_new_values_reach_the_config(helm: Helm) -> None:
 def test_image_pull_settings_from_global(helm: Helm) -> None:
     docs = helm.render()
     assert "imagePullPolicy" not in agent_container(docs)  # Kubernetes' default, as Istio
-    docs = helm.render(sets=["global.imagePullPolicy=Always",
-                             "global.imagePullSecrets={shared}", "imagePullSecrets={own}"])
+    docs = helm.render(
+        sets=[
+            "global.imagePullPolicy=Always",
+            "global.imagePullSecrets={shared}",
+            "imagePullSecrets={own}",
+        ]
+    )
     assert agent_container(docs)["imagePullPolicy"] == "Always"
     pod = only(docs, "DaemonSet")["spec"]["template"]["spec"]
     assert pod["imagePullSecrets"] == [{"name": "own"}, {"name": "shared"}]
@@ -141,8 +200,9 @@ def test_image_pull_settings_from_global(helm: Helm) -> None:
 def test_default_resources_from_global(helm: Helm) -> None:
     docs = helm.render(sets=["global.defaultResources.requests.cpu=50m"])
     assert agent_container(docs)["resources"]["requests"]["cpu"] == "50m"
-    docs = helm.render(sets=["global.defaultResources.requests.cpu=50m",
-                             "resources.requests.cpu=70m"])
+    docs = helm.render(
+        sets=["global.defaultResources.requests.cpu=50m", "resources.requests.cpu=70m"]
+    )
     assert agent_container(docs)["resources"]["requests"]["cpu"] == "70m"
 
 
@@ -158,7 +218,9 @@ def test_pod_labels_and_annotations_for_istio(helm: Helm) -> None:
     assert annotations["prometheus.io/path"] == "/metrics"
     # The selector is immutable: unchanged.
     assert ds["spec"]["selector"]["matchLabels"] == {
-        "app.kubernetes.io/name": "istio-cni", "app.kubernetes.io/instance": "istio-cni"}
+        "app.kubernetes.io/name": "istio-cni",
+        "app.kubernetes.io/instance": "istio-cni",
+    }
 
 
 def test_daemonset_labels_and_revision(helm: Helm) -> None:
@@ -189,8 +251,10 @@ def test_not_ready_taint_rbac_only_when_enabled(helm: Helm, enabled: bool) -> No
 
 @pytest.mark.parametrize(
     ("scope", "kinds"),
-    [("cluster", {"ClusterRole", "ClusterRoleBinding"}),
-     ("namespace", {"DaemonSet", "ConfigMap", "ServiceAccount", "Role", "RoleBinding"})],
+    [
+        ("cluster", {"ClusterRole", "ClusterRoleBinding"}),
+        ("namespace", {"DaemonSet", "ConfigMap", "ServiceAccount", "Role", "RoleBinding"}),
+    ],
 )
 def test_resource_scope(helm: Helm, scope: str, kinds: set[str]) -> None:
     docs = helm.render(sets=[f"global.resourceScope={scope}"])
@@ -198,15 +262,31 @@ def test_resource_scope(helm: Helm, scope: str, kinds: set[str]) -> None:
 
 
 def test_notes_name_ignored_istio_keys(helm4: Helm) -> None:  # noqa: F811
-    text = notes(helm4, "ambient.configDir=/etc/ambient-config", "pilot.enabled=true",
-                 "trustedZtunnelNamespace=kube-system", "global.networkPolicy.enabled=true",
-                 "repair.hub=x", "useAppArmorAnnotation=false", "meshConfig.a=b",
-                 "env.AMBIENT_DISABLE_SAFE_UPGRADE=true", "env.EXCLUDE_NAMESPACES=a",
-                 "ambient.dnsCapture=false", "env.ZTUNNEL_UDS_ADDRESS=/x/z.sock")
-    ignored = text[text.index("Ignored:"):text.index("Check it:")]
-    for key in ("ambient.configDir", "pilot", "global.networkPolicy", "trustedZtunnelNamespace",
-                "repair.hub", "useAppArmorAnnotation", "meshConfig",
-                "env.AMBIENT_DISABLE_SAFE_UPGRADE"):
+    text = notes(
+        helm4,
+        "ambient.configDir=/etc/ambient-config",
+        "pilot.enabled=true",
+        "trustedZtunnelNamespace=kube-system",
+        "global.networkPolicy.enabled=true",
+        "repair.hub=x",
+        "useAppArmorAnnotation=false",
+        "meshConfig.a=b",
+        "env.AMBIENT_DISABLE_SAFE_UPGRADE=true",
+        "env.EXCLUDE_NAMESPACES=a",
+        "ambient.dnsCapture=false",
+        "env.ZTUNNEL_UDS_ADDRESS=/x/z.sock",
+    )
+    ignored = text[text.index("Ignored:") : text.index("Check it:")]
+    for key in (
+        "ambient.configDir",
+        "pilot",
+        "global.networkPolicy",
+        "trustedZtunnelNamespace",
+        "repair.hub",
+        "useAppArmorAnnotation",
+        "meshConfig",
+        "env.AMBIENT_DISABLE_SAFE_UPGRADE",
+    ):
         assert f"  - {key}\n" in ignored, key
     # These have an effect here.
     for key in ("EXCLUDE_NAMESPACES", "ambient.dnsCapture", "ZTUNNEL_UDS_ADDRESS"):
@@ -222,7 +302,8 @@ def test_istio_values_file_installs(helm: Helm, tmp_path: Path) -> None:
         "cni:\n  cniBinDir: /var/lib/cni/bin\n  repair:\n    repairPods: false\n"
         "    deletePods: true\n  resourceQuotas:\n    enabled: true\n"
         "  env:\n    EXCLUDE_NAMESPACES: kube-system,payments\n"
-        "  ambient:\n    enabled: false\n  provider: default\n  istioOwnedCNIConfigFileName: ''\n")
+        "  ambient:\n    enabled: false\n  provider: default\n  istioOwnedCNIConfigFileName: ''\n"
+    )
     docs = helm.render(values=[values], namespace="istio-system")
     config = agent_config(docs)
     settings = settings_from_mapping(config, source=str(values))

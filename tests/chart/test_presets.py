@@ -31,8 +31,12 @@ EXPECTED: dict[str, dict[str, Any]] = {
     "default": {},
     "gke": {"bin": "/home/kubernetes/bin"},  # quota: not in kube-system, see below
     "openshift": {
-        "bin": "/var/lib/cni/bin", "conf": "/etc/cni/multus/net.d", "chained": False,
-        "file": "istio-cni.conf", "scc": "system:openshift:scc:privileged", "nad": True,
+        "bin": "/var/lib/cni/bin",
+        "conf": "/etc/cni/multus/net.d",
+        "chained": False,
+        "file": "istio-cni.conf",
+        "scc": "system:openshift:scc:privileged",
+        "nad": True,
         "selinux": "spc_t",
     },
     "eks": {},
@@ -66,7 +70,9 @@ def test_preset_renders_its_platform(helm: Helm, preset: str) -> None:
     assert mnt[config["mountedCniBinDir"]]["name"] == "cni-bin-dir"
     assert mnt[config["mountedCniConfDir"]]["name"] == "cni-conf-dir"
     assert (config["mountedCniBinDir"], config["mountedCniConfDir"]) == (
-        "/host/opt/cni/bin", "/host/etc/cni/net.d")
+        "/host/opt/cni/bin",
+        "/host/etc/cni/net.d",
+    )
     # The netns dir: at the node path (what the runtime passes) and where repair looks.
     netns = want.get("netns", STD_NETNS)
     assert paths["cni-netns-dir"] == netns
@@ -128,24 +134,46 @@ def test_values_file_starts_with_a_comment_naming_its_source(platform: str) -> N
 @pytest.mark.parametrize(
     ("sets", "check"),
     [
-        (["platform=k3s", "cniBinDir=/opt/custom/bin"],
-         lambda d: host_paths(d)["cni-bin-dir"] == "/opt/custom/bin"
-         and host_paths(d)["cni-conf-dir"] == K3S_CONF),
+        (
+            ["platform=k3s", "cniBinDir=/opt/custom/bin"],
+            lambda d: (
+                host_paths(d)["cni-bin-dir"] == "/opt/custom/bin"
+                and host_paths(d)["cni-conf-dir"] == K3S_CONF
+            ),
+        ),
         (["platform=openshift", "chained=true"], lambda d: agent_config(d)["chained"] is True),
-        (["platform=openshift", "cniConfFileName="],
-         lambda d: agent_config(d)["cniConfFileName"] == ""),
-        (["platform=openshift", "provider="],
-         lambda d: of_kind(d, "NetworkAttachmentDefinition") == []),
-        (["platform=openshift", "psp_cluster_role="],
-         lambda d: all(b["roleRef"]["kind"] == "Role" for b in of_kind(d, "RoleBinding"))),
-        (["platform=minikube", "cniNetnsDir=/run/netns"],
-         lambda d: host_paths(d)["cni-netns-dir"] == "/run/netns"),
-        (["platform=rke2", "seLinuxOptions.type=container_t"],
-         lambda d: agent_container(d)["securityContext"]["seLinuxOptions"]
-         == {"type": "container_t"}),
+        (
+            ["platform=openshift", "cniConfFileName="],
+            lambda d: agent_config(d)["cniConfFileName"] == "",
+        ),
+        (
+            ["platform=openshift", "provider="],
+            lambda d: of_kind(d, "NetworkAttachmentDefinition") == [],
+        ),
+        (
+            ["platform=openshift", "psp_cluster_role="],
+            lambda d: all(b["roleRef"]["kind"] == "Role" for b in of_kind(d, "RoleBinding")),
+        ),
+        (
+            ["platform=minikube", "cniNetnsDir=/run/netns"],
+            lambda d: host_paths(d)["cni-netns-dir"] == "/run/netns",
+        ),
+        (
+            ["platform=rke2", "seLinuxOptions.type=container_t"],
+            lambda d: (
+                agent_container(d)["securityContext"]["seLinuxOptions"] == {"type": "container_t"}
+            ),
+        ),
     ],
-    ids=["bin-dir", "chained", "empty-conf-file-name", "no-multus", "no-scc", "netns-dir",
-         "selinux-type"],
+    ids=[
+        "bin-dir",
+        "chained",
+        "empty-conf-file-name",
+        "no-multus",
+        "no-scc",
+        "netns-dir",
+        "selinux-type",
+    ],
 )
 def test_explicit_value_overrides_the_preset(helm: Helm, sets: list[str], check: Any) -> None:
     assert check(helm.render(sets=sets))
@@ -188,4 +216,7 @@ def test_gke_quota_for_node_critical_pods_outside_kube_system(
     assert found["spec"]["hard"] == {"pods": "5000"}
     scope = found["spec"]["scopeSelector"]["matchExpressions"][0]
     assert (scope["scopeName"], scope["operator"], scope["values"]) == (
-        "PriorityClass", "In", ["system-node-critical"])
+        "PriorityClass",
+        "In",
+        ["system-node-critical"],
+    )

@@ -24,8 +24,11 @@ def grants(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
 
 
 BASE = {
-    ("", "pods", "get"), ("", "pods", "list"), ("", "pods", "watch"),
-    ("", "events", "create"), ("", "nodes", "get"),
+    ("", "pods", "get"),
+    ("", "pods", "list"),
+    ("", "pods", "watch"),
+    ("", "events", "create"),
+    ("", "nodes", "get"),
 }
 
 
@@ -54,12 +57,17 @@ def test_cluster_role_is_bound_to_the_agents_service_account(helm: Helm) -> None
     binding, sa = only(docs, "ClusterRoleBinding"), only(docs, "ServiceAccount")
     role = only(docs, "ClusterRole")
     assert binding["roleRef"] == {
-        "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
         "name": role["metadata"]["name"],
     }
-    assert binding["subjects"] == [{
-        "kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": "kube-system",
-    }]
+    assert binding["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "name": sa["metadata"]["name"],
+            "namespace": "kube-system",
+        }
+    ]
     ds = only(docs, "DaemonSet")
     assert ds["spec"]["template"]["spec"]["serviceAccountName"] == sa["metadata"]["name"]
 
@@ -69,10 +77,14 @@ def test_daemonset_get_is_limited_to_the_own_daemonset_in_its_namespace(helm: He
     role = only(docs, "Role")
     ds = only(docs, "DaemonSet")
     assert role["metadata"]["namespace"] == ds["metadata"]["namespace"] == "kube-system"
-    assert role["rules"] == [{
-        "apiGroups": ["apps"], "resources": ["daemonsets"],
-        "resourceNames": [ds["metadata"]["name"]], "verbs": ["get"],
-    }]
+    assert role["rules"] == [
+        {
+            "apiGroups": ["apps"],
+            "resources": ["daemonsets"],
+            "resourceNames": [ds["metadata"]["name"]],
+            "verbs": ["get"],
+        }
+    ]
     (binding,) = [b for b in of_kind(docs, "RoleBinding") if b["roleRef"]["kind"] == "Role"]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
 
@@ -83,8 +95,10 @@ def test_daemonset_get_is_limited_to_the_own_daemonset_in_its_namespace(helm: He
         ([], None),
         (["psp_cluster_role=restricted-psp-user"], "restricted-psp-user"),
         (["platform=openshift"], "system:openshift:scc:privileged"),
-        (["platform=openshift", "psp_cluster_role=system:openshift:scc:hostaccess"],
-         "system:openshift:scc:hostaccess"),
+        (
+            ["platform=openshift", "psp_cluster_role=system:openshift:scc:hostaccess"],
+            "system:openshift:scc:hostaccess",
+        ),
     ],
     ids=["none", "psp", "openshift-scc", "openshift-other-scc"],
 )
@@ -92,8 +106,9 @@ def test_psp_cluster_role_is_bound_only_when_set(
     helm: Helm, sets: list[str], bound: str | None
 ) -> None:
     docs = helm.render(sets=sets)
-    to_cluster_roles = [b for b in of_kind(docs, "RoleBinding")
-                        if b["roleRef"]["kind"] == "ClusterRole"]
+    to_cluster_roles = [
+        b for b in of_kind(docs, "RoleBinding") if b["roleRef"]["kind"] == "ClusterRole"
+    ]
     if bound is None:
         assert to_cluster_roles == []
         return

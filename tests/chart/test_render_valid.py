@@ -22,7 +22,16 @@ VALIDATE = REPO_ROOT / "ci" / "validate-manifests"
 
 def test_every_platform_of_the_issue_has_a_values_file() -> None:
     assert set(PLATFORMS) == {
-        "gke", "openshift", "eks", "aks", "iks", "k3s", "k3d", "microk8s", "minikube", "kind",
+        "gke",
+        "openshift",
+        "eks",
+        "aks",
+        "iks",
+        "k3s",
+        "k3d",
+        "microk8s",
+        "minikube",
+        "kind",
         "rke2",
     }
 
@@ -50,7 +59,9 @@ def test_rendered_manifests_are_valid_for_kubernetes_1_29_and_1_37(
     rendered.write_text(helm.template(values=platform_values(preset)).stdout)
     proc = subprocess.run(
         [sys.executable, str(VALIDATE), "--kube", "1.29", "--kube", "1.37", str(rendered)],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "INVALID" not in proc.stdout
@@ -65,7 +76,9 @@ def test_validator_rejects_a_field_the_kubernetes_version_lacks(helm: Helm, tmp_
     rendered.write_text(helm.template(sets=["appArmorProfile.type=Unconfined"]).stdout)
     proc = subprocess.run(
         [sys.executable, str(VALIDATE), "--kube", "1.29", "--kube", "1.37", str(rendered)],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert proc.returncode == 1
     assert "INVALID 1.29  DaemonSet/istio-cni" in proc.stdout

@@ -18,15 +18,17 @@ SETUP_HELM = REPO_ROOT / "ci" / "setup-helm"
 
 
 def run_setup(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", str(SETUP_HELM)], env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
+    return subprocess.run(
+        ["bash", str(SETUP_HELM)], env=env, capture_output=True, text=True, timeout=300, check=False
+    )
 
 
 def test_second_run_keeps_the_cached_binaries() -> None:
     for version in HELM_VERSIONS:
         if not os.access(cache_dir() / "helm" / version / "helm", os.X_OK):
-            pytest.fail(f"Helm {version} missing in {cache_dir()}: run ci/setup-helm",
-                        pytrace=False)
+            pytest.fail(
+                f"Helm {version} missing in {cache_dir()}: run ci/setup-helm", pytrace=False
+            )
     before = {v: (cache_dir() / "helm" / v / "helm").stat().st_mtime_ns for v in HELM_VERSIONS}
     proc = run_setup(dict(os.environ))
     assert proc.returncode == 0, proc.stderr

@@ -18,21 +18,31 @@ pytestmark = pytest.mark.chart
 def umbrella(helm: Helm, tmp_path: Path) -> Path:
     chart = tmp_path / "mesh"
     chart.mkdir()
-    (chart / "Chart.yaml").write_text(yaml.safe_dump({
-        "apiVersion": "v2",
-        "name": "mesh",
-        "version": "1.0.0",
-        "dependencies": [{
-            "name": "istio-cni",
-            "version": yaml.safe_load((CHART / "Chart.yaml").read_text())["version"],
-            "repository": f"file://{CHART}",
-            "condition": "istio-cni.enabled",
-        }],
-    }))
-    (chart / "values.yaml").write_text(yaml.safe_dump({
-        "global": {"hub": "registry.example/mesh", "tag": "1.2.3"},
-        "istio-cni": {"enabled": True},
-    }))
+    (chart / "Chart.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v2",
+                "name": "mesh",
+                "version": "1.0.0",
+                "dependencies": [
+                    {
+                        "name": "istio-cni",
+                        "version": yaml.safe_load((CHART / "Chart.yaml").read_text())["version"],
+                        "repository": f"file://{CHART}",
+                        "condition": "istio-cni.enabled",
+                    }
+                ],
+            }
+        )
+    )
+    (chart / "values.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "global": {"hub": "registry.example/mesh", "tag": "1.2.3"},
+                "istio-cni": {"enabled": True},
+            }
+        )
+    )
     helm.run("dependency", "build", str(chart))
     assert (chart / "charts").is_dir() and list((chart / "charts").glob("istio-cni-*.tgz"))
     return chart
@@ -47,7 +57,8 @@ def test_enabled_renders_the_daemonset_with_global_hub_and_tag(helm: Helm, umbre
 
 def test_own_hub_and_tag_win_over_global(helm: Helm, umbrella: Path) -> None:
     docs = helm.render(
-        chart=umbrella, release="mesh",
+        chart=umbrella,
+        release="mesh",
         sets=["istio-cni.hub=own.example/cni", "istio-cni.tag=9.9"],
     )
     assert agent_container(docs)["image"] == "own.example/cni/istio-cni:9.9"
@@ -56,8 +67,10 @@ def test_own_hub_and_tag_win_over_global(helm: Helm, umbrella: Path) -> None:
 def test_subchart_values_and_presets_pass_through(helm: Helm, umbrella: Path) -> None:
     docs = helm.render(chart=umbrella, release="mesh", sets=["istio-cni.platform=gke"])
     volumes = of_kind(docs, "DaemonSet")[0]["spec"]["template"]["spec"]["volumes"]
-    assert {"name": "cni-bin-dir",
-            "hostPath": {"path": "/home/kubernetes/bin", "type": "DirectoryOrCreate"}} in volumes
+    assert {
+        "name": "cni-bin-dir",
+        "hostPath": {"path": "/home/kubernetes/bin", "type": "DirectoryOrCreate"},
+    } in volumes
 
 
 def test_disabled_renders_none_of_it(helm: Helm, umbrella: Path) -> None:
@@ -66,7 +79,8 @@ def test_disabled_renders_none_of_it(helm: Helm, umbrella: Path) -> None:
 
 
 def test_bad_subchart_value_names_it(helm: Helm, umbrella: Path) -> None:
-    proc = helm.template(chart=umbrella, release="mesh", sets=["istio-cni.logLevel=loud"],
-                         check=False)
+    proc = helm.template(
+        chart=umbrella, release="mesh", sets=["istio-cni.logLevel=loud"], check=False
+    )
     assert proc.returncode != 0
     assert "istio-cni" in proc.stderr and "logLevel" in proc.stderr

@@ -49,12 +49,19 @@ def run_istio(pilot_agent: str, case: dict[str, Any], scratch: Path) -> dict[str
     env = {**BASE_ENV, **case["env"], "DRY_RUN_FILE_PATH": str(out)}
     proc = subprocess.run(
         [pilot_agent, "istio-iptables", *case["argv"]],
-        env=env, capture_output=True, text=True, timeout=60, check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     text = out.read_text() if out.exists() else ""
     lines = [line for line in text.splitlines() if line.split(" ", 1)[0] not in ISTIO_COMMANDS]
-    errors = [line for line in proc.stderr.splitlines() + proc.stdout.splitlines()
-              if "error" in line.lower()]
+    errors = [
+        line
+        for line in proc.stderr.splitlines() + proc.stdout.splitlines()
+        if "error" in line.lower()
+    ]
     return {"rc": proc.returncode, "lines": lines, "error": "\n".join(errors[-3:])}
 
 
@@ -73,8 +80,9 @@ COUNTERS = re.compile(r"\bcounter packets \d+ bytes \d+")
 
 
 def _nft(args: list[str], stdin: str = "") -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["nft", *args], input=stdin, capture_output=True, text=True,
-                          timeout=60, check=False)
+    return subprocess.run(
+        ["nft", *args], input=stdin, capture_output=True, text=True, timeout=60, check=False
+    )
 
 
 def _ruleset() -> str:
@@ -86,7 +94,7 @@ def logged_transaction(output: str) -> list[str]:
     lines = output.splitlines()
     for i, line in enumerate(lines):
         if line.endswith(PROGRAMMED):
-            rest = lines[i + 1:]
+            rest = lines[i + 1 :]
             end = next((j for j, text in enumerate(rest) if not text.strip()), len(rest))
             return rest[:end]
     return []
@@ -96,12 +104,20 @@ def run_istio_native(pilot_agent: str, case: dict[str, Any]) -> dict[str, Any]:
     _nft(["flush", "ruleset"])
     proc = subprocess.run(
         [pilot_agent, "istio-iptables", *case["argv"]],
-        env={**BASE_ENV, **case["env"]}, capture_output=True, text=True, timeout=60, check=False,
+        env={**BASE_ENV, **case["env"]},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     output = proc.stdout + "\n" + proc.stderr
     errors = [line for line in output.splitlines() if "error" in line.lower()]
-    return {"rc": proc.returncode, "lines": logged_transaction(output), "ruleset": _ruleset(),
-            "error": "\n".join(errors[-3:])}
+    return {
+        "rc": proc.returncode,
+        "lines": logged_transaction(output),
+        "ruleset": _ruleset(),
+        "error": "\n".join(errors[-3:]),
+    }
 
 
 def run_ours_native(case: dict[str, Any]) -> dict[str, Any]:
@@ -142,10 +158,16 @@ def main(spec_path: str, out_path: str) -> int:
     return 0
 
 
-def _write(out_path: str, cases: list[dict[str, Any]], istio: list[dict[str, Any]],
-           ours: list[dict[str, Any]]) -> None:
-    results = [{"index": c["index"], "istio": i, "ours": o}
-               for c, i, o in zip(cases, istio, ours, strict=True)]
+def _write(
+    out_path: str,
+    cases: list[dict[str, Any]],
+    istio: list[dict[str, Any]],
+    ours: list[dict[str, Any]],
+) -> None:
+    results = [
+        {"index": c["index"], "istio": i, "ours": o}
+        for c, i, o in zip(cases, istio, ours, strict=True)
+    ]
     Path(out_path).write_text(json.dumps(results))
 
 

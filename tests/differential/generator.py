@@ -62,8 +62,12 @@ OPTS: tuple[Opt, ...] = (
     Opt("istio-service-cidr", "i", _env("istio-service-cidr"), "cidrs*"),
     Opt("istio-service-exclude-cidr", "x", _env("istio-service-exclude-cidr"), "cidrs"),
     Opt("istio-outbound-ports", "q", _env("istio-outbound-ports"), "ports"),
-    Opt("istio-local-outbound-ports-exclude", "o", _env("istio-local-outbound-ports-exclude"),
-        "ports"),
+    Opt(
+        "istio-local-outbound-ports-exclude",
+        "o",
+        _env("istio-local-outbound-ports-exclude"),
+        "ports",
+    ),
     Opt("kube-virt-interfaces", "k", _env("kube-virt-interfaces"), "ifaces"),
     Opt("istio-inbound-tproxy-mark", "t", _env("istio-inbound-tproxy-mark"), "mark"),
     Opt("istio-inbound-tproxy-route-table", "r", _env("istio-inbound-tproxy-route-table"), "table"),
@@ -87,15 +91,34 @@ mode, compared by the nftables differential)."""
 
 IFACES = ("eth0", "eth1", "net1", "veth-ab12", "tap0", "ens3.100", "k-virt_1")
 V4_CIDRS = (
-    "10.0.0.0/8", "10.96.0.0/12", "172.16.0.0/16", "192.168.1.0/24", "0.0.0.0/0", "1.2.3.4/32",
-    "127.0.0.1/32", "127.0.0.0/8", "10.1.2.3/16", "169.254.169.254/32", "100.64.0.0/10",
+    "10.0.0.0/8",
+    "10.96.0.0/12",
+    "172.16.0.0/16",
+    "192.168.1.0/24",
+    "0.0.0.0/0",
+    "1.2.3.4/32",
+    "127.0.0.1/32",
+    "127.0.0.0/8",
+    "10.1.2.3/16",
+    "169.254.169.254/32",
+    "100.64.0.0/10",
 )
 V6_CIDRS = (
-    "fd00::/8", "2001:db8::/32", "::/0", "::1/128", "fd00:10:96::/112", "2001:DB8::1/128",
-    "fe80::/10", "2001:db8:0:0:0:0:0:1/64",
+    "fd00::/8",
+    "2001:db8::/32",
+    "::/0",
+    "::1/128",
+    "fd00:10:96::/112",
+    "2001:DB8::1/128",
+    "fe80::/10",
+    "2001:db8:0:0:0:0:0:1/64",
 )
-MAPPED_CIDRS = ("::ffff:10.0.0.0/104", "::ffff:127.0.0.1/128", "::ffff:192.168.0.1/128",
-                "::ffff:0:0/96")
+MAPPED_CIDRS = (
+    "::ffff:10.0.0.0/104",
+    "::ffff:127.0.0.1/128",
+    "::ffff:192.168.0.1/128",
+    "::ffff:0:0/96",
+)
 USERS = ("istio-proxy", "root", "nobody", "daemon", "no-such-user")
 
 
@@ -111,21 +134,40 @@ class Generator:
         r = self.rng
         links: list[tuple[str, tuple[str, ...]]] = []
         if r.random() < 0.25:
-            links.append(("lo", tuple(r.sample(["fd00::1/128", "10.9.9.9/32", "2001:db8::9/128"],
-                                               r.randint(1, 2)))))
+            links.append(
+                (
+                    "lo",
+                    tuple(
+                        r.sample(["fd00::1/128", "10.9.9.9/32", "2001:db8::9/128"], r.randint(1, 2))
+                    ),
+                )
+            )
         # Mostly hosts with a usable address: without one istio-iptables (and `rules`) refuse.
         for n in range(r.choice((0, 1, 1, 1, 1, 2, 2))):
-            pool = [f"10.244.0.{r.randint(2, 250)}/24", f"fd00:10:244::{r.randint(2, 999):x}/64",
-                    f"192.168.{n}.7/16", f"2001:db8:{r.randint(1, 99):x}::5/64",
-                    "169.254.3.3/16"]
+            pool = [
+                f"10.244.0.{r.randint(2, 250)}/24",
+                f"fd00:10:244::{r.randint(2, 999):x}/64",
+                f"192.168.{n}.7/16",
+                f"2001:db8:{r.randint(1, 99):x}::5/64",
+                "169.254.3.3/16",
+            ]
             links.append((f"eth{n}", tuple(r.sample(pool, r.randint(r.random() < 0.9, 3)))))
         return Host(tuple(links), self._resolv_conf())
 
     def _resolv_conf(self) -> str:
         r = self.rng
         lines = []
-        servers = ["10.96.0.10", "192.168.0.1", "fd00:10:96::a", "FD00:10:96::A", "8.8.8.8",
-                   "2001:4860:4860:0:0:0:0:8888", "127.0.0.53", "::1", "::ffff:10.0.0.1"]
+        servers = [
+            "10.96.0.10",
+            "192.168.0.1",
+            "fd00:10:96::a",
+            "FD00:10:96::A",
+            "8.8.8.8",
+            "2001:4860:4860:0:0:0:0:8888",
+            "127.0.0.53",
+            "::1",
+            "::ffff:10.0.0.1",
+        ]
         for _ in range(r.randint(0, 4)):
             server = r.choice(servers)
             form = r.random()
@@ -160,14 +202,19 @@ class Generator:
             env["ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE"] = self._groups(include=False)
         if r.random() < 0.1:
             env["ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR"] = r.choice(
-                ("127.0.0.1/32", "127.0.0.0/8", "127.0.0.1/8", "127.10.0.0/16", "127.0.0.1/24"))
+                ("127.0.0.1/32", "127.0.0.0/8", "127.0.0.1/8", "127.10.0.0/16", "127.0.0.1/24")
+            )
         if r.random() < 0.2:
             env["ENVOY_USER"] = r.choice(USERS)
         return Case(index, argv, env, r.randrange(hosts))
 
     def _dry_run(self) -> list[str]:
-        forms = (["-n"], ["--dry-run"], ["--dry-run=" + self.rng.choice(TRUE_WORDS)],
-                 ["-n=" + self.rng.choice(TRUE_WORDS)])
+        forms = (
+            ["-n"],
+            ["--dry-run"],
+            ["--dry-run=" + self.rng.choice(TRUE_WORDS)],
+            ["-n=" + self.rng.choice(TRUE_WORDS)],
+        )
         return list(self.rng.choice(forms))
 
     def _set(self, opt: Opt, argv: list[str], env: dict[str, str]) -> None:
@@ -205,11 +252,19 @@ class Generator:
         if kind in ("ports", "ports*"):
             if kind == "ports*" and r.random() < 0.35:
                 return r.choice(("*", "*"))
-            return self._list([str(r.choice((22, 53, 80, 443, 3306, 8080, 9090, 15020, 65535)))
-                               for _ in range(r.randint(0, 4))])
+            return self._list(
+                [
+                    str(r.choice((22, 53, 80, 443, 3306, 8080, 9090, 15020, 65535)))
+                    for _ in range(r.randint(0, 4))
+                ]
+            )
         if kind == "ids":
-            return self._list([str(r.choice((0, 1337, 1000, 101, 65534, 4294967295)))
-                               for _ in range(r.randint(0, 3))])
+            return self._list(
+                [
+                    str(r.choice((0, 1337, 1000, 101, 65534, 4294967295)))
+                    for _ in range(r.randint(0, 3))
+                ]
+            )
         if kind == "ifaces":
             return self._list(r.sample(IFACES, r.randint(0, 3)))
         if kind in ("cidrs", "cidrs*"):
@@ -256,5 +311,6 @@ class Generator:
         r = self.rng
         if include and r.random() < 0.4:
             return "*"
-        return self._list(r.sample(["1337", "101", "root", "daemon", "65534", "0"],
-                                   r.randint(0, 3)))
+        return self._list(
+            r.sample(["1337", "101", "root", "daemon", "65534", "0"], r.randint(0, 3))
+        )

@@ -21,7 +21,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def run_cases(
-    pilot_agent: Path, hosts: list[Host], cases: list[Case], *, parallel: int = 2,
+    pilot_agent: Path,
+    hosts: list[Host],
+    cases: list[Case],
+    *,
+    parallel: int = 2,
     native: bool = False,
 ) -> dict[int, dict[str, Any]]:
     """Results by case index: {"istio": {rc, lines, error}, "ours": {...}}. `native`: the cases
@@ -30,9 +34,11 @@ def run_cases(
     for case in cases:
         groups.setdefault(case.host, []).append(case)
     with tempfile.TemporaryDirectory(prefix="istio-diff-run-") as tmp:
+
         def one(host_index: int) -> list[dict[str, Any]]:
-            return _run_group(pilot_agent, hosts[host_index], groups[host_index], Path(tmp),
-                              host_index, native)
+            return _run_group(
+                pilot_agent, hosts[host_index], groups[host_index], Path(tmp), host_index, native
+            )
 
         with ThreadPoolExecutor(max_workers=parallel) as pool:
             batches = list(pool.map(one, sorted(groups)))
@@ -44,16 +50,36 @@ def _run_group(
 ) -> list[dict[str, Any]]:
     spec = tmp / f"spec-{host_index}.json"
     out = tmp / f"out-{host_index}.json"
-    spec.write_text(json.dumps({
-        "pilot_agent": str(pilot_agent),
-        "host": {"links": [list(link) for link in host.links], "resolv_conf": host.resolv_conf},
-        "cases": [asdict(case) for case in cases],
-        "native": native,
-    }))
+    spec.write_text(
+        json.dumps(
+            {
+                "pilot_agent": str(pilot_agent),
+                "host": {
+                    "links": [list(link) for link in host.links],
+                    "resolv_conf": host.resolv_conf,
+                },
+                "cases": [asdict(case) for case in cases],
+                "native": native,
+            }
+        )
+    )
     proc = subprocess.run(
-        ["unshare", "--net", "--mount", "--", sys.executable, "-m", "tests.differential.batch",
-         str(spec), str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
+        [
+            "unshare",
+            "--net",
+            "--mount",
+            "--",
+            sys.executable,
+            "-m",
+            "tests.differential.batch",
+            str(spec),
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
     if proc.returncode != 0:
         raise RuntimeError(

@@ -22,8 +22,10 @@ def test_listed_differences_are_still_the_listed_ones() -> None:
     for case, diff in zip(cases, DIFFERENCES, strict=True):
         istio, ours = results[case.index]["istio"], results[case.index]["ours"]
         if not outcome_matches(diff, istio, ours):
-            wrong.append(f"{diff.name}: Istio rc={istio['rc']}, ours rc={ours['rc']} "
-                         f"({ours['error']}); listed: {diff.reason}")
+            wrong.append(
+                f"{diff.name}: Istio rc={istio['rc']}, ours rc={ours['rc']} "
+                f"({ours['error']}); listed: {diff.reason}"
+            )
         elif not diff.ours_ok:
             assert ours["error"], f"{diff.name}: our refusal must name what is wrong"
     assert not wrong, "\n".join(wrong)

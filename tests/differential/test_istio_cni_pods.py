@@ -34,8 +34,12 @@ from tests.integration.conftest import AGENT_NAMESPACE, MeshNode, mesh_node  # n
 pytestmark = pytest.mark.differential
 
 PODS = 40
-SAVE_TOOLS = ("iptables-legacy-save", "ip6tables-legacy-save", "iptables-nft-save",
-              "ip6tables-nft-save")
+SAVE_TOOLS = (
+    "iptables-legacy-save",
+    "ip6tables-legacy-save",
+    "iptables-nft-save",
+    "ip6tables-nft-save",
+)
 COUNTERS = re.compile(r"\[\d+:\d+\]")
 
 
@@ -48,12 +52,25 @@ def random_pod(rng: random.Random) -> dict[str, Any]:
     choices = {
         "sidecar.istio.io/interceptionMode": ["REDIRECT", "TPROXY"],
         "traffic.sidecar.istio.io/includeOutboundIPRanges": [
-            "*", "10.0.0.0/8,172.16.0.0/12", "", "127.0.0.0/8,10.0.0.0/8", "10.0.0.0/8,fd00::/8"],
+            "*",
+            "10.0.0.0/8,172.16.0.0/12",
+            "",
+            "127.0.0.0/8,10.0.0.0/8",
+            "10.0.0.0/8,fd00::/8",
+        ],
         "traffic.sidecar.istio.io/excludeOutboundIPRanges": [
-            "1.1.1.1/32", "10.96.0.0/12", "fd00:10::/64,1.1.1.1/32"],
+            "1.1.1.1/32",
+            "10.96.0.0/12",
+            "fd00:10::/64,1.1.1.1/32",
+        ],
         "traffic.sidecar.istio.io/includeInboundPorts": ["*", "8080,9090", "", "8080,8080"],
         "traffic.sidecar.istio.io/excludeInboundPorts": [
-            "8081", "15020,9000", "9000,", "8080, 15021", "9000,9000"],
+            "8081",
+            "15020,9000",
+            "9000,",
+            "8080, 15021",
+            "9000,9000",
+        ],
         "traffic.sidecar.istio.io/includeOutboundPorts": ["3306", "5432,6379", "3306, 3306"],
         "traffic.sidecar.istio.io/excludeOutboundPorts": ["443", "8443,9443"],
         "traffic.sidecar.istio.io/excludeInterfaces": ["eth1", "net1,net2"],
@@ -64,15 +81,21 @@ def random_pod(rng: random.Random) -> dict[str, Any]:
     for key, values in choices.items():
         if rng.random() < 0.3:
             annotations[key] = rng.choice(values)
-    labels = {"sidecar.istio.io/inject": rng.choice(["true", "false"])} if rng.random() < 0.1 \
-        else {}
-    env = [{"name": n, "value": rng.choice(["true", "false"])}
-           for n in ("ISTIO_META_DNS_CAPTURE", "INVALID_DROP", "ISTIO_DUAL_STACK")
-           if rng.random() < 0.35]
+    labels = (
+        {"sidecar.istio.io/inject": rng.choice(["true", "false"])} if rng.random() < 0.1 else {}
+    )
+    env = [
+        {"name": n, "value": rng.choice(["true", "false"])}
+        for n in ("ISTIO_META_DNS_CAPTURE", "INVALID_DROP", "ISTIO_DUAL_STACK")
+        if rng.random() < 0.35
+    ]
     if rng.random() < 0.05:
         env.append({"name": "DISABLE_ENVOY", "value": "true"})
-    proxy: dict[str, Any] = {"name": "istio-proxy", "image": "registry.invalid/proxyv2:1",
-                             "env": env}
+    proxy: dict[str, Any] = {
+        "name": "istio-proxy",
+        "image": "registry.invalid/proxyv2:1",
+        "env": env,
+    }
     if rng.random() < 0.2:
         proxy["args"] = ["proxy", rng.choice(["sidecar", "sidecar", "router"])]
     security: dict[str, Any] = {}
@@ -85,8 +108,11 @@ def random_pod(rng: random.Random) -> dict[str, Any]:
     app: dict[str, Any] = {"name": "app", "image": "registry.invalid/app:1"}
     if rng.random() < 0.5:
         app["ports"] = [{"containerPort": rng.choice([8080, 9090, 3000])}]
-    spec: dict[str, Any] = {"annotations": annotations, "labels": labels,
-                            "containers": [app, proxy]}
+    spec: dict[str, Any] = {
+        "annotations": annotations,
+        "labels": labels,
+        "containers": [app, proxy],
+    }
     if rng.random() < 0.2:  # a native sidecar: Kubernetes 1.28+ injection
         spec["containers"] = [app]
         spec["init_containers"] = [{**proxy, "restartPolicy": "Always"}]
@@ -98,8 +124,13 @@ def random_pod(rng: random.Random) -> dict[str, Any]:
 def rules(netns_name: str) -> str:
     out = []
     for tool in SAVE_TOOLS:
-        done = subprocess.run(["ip", "netns", "exec", netns_name, tool], capture_output=True,
-                              text=True, timeout=30, check=False)
+        done = subprocess.run(
+            ["ip", "netns", "exec", netns_name, tool],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
         assert done.returncode == 0, f"{tool} in {netns_name}: {done.stderr}"
         out.append(f"# {tool}")
         out += _non_empty_tables(done.stdout)
@@ -139,29 +170,54 @@ def istio_add(
     """Istio's plugin ADD for the sandbox, chained after an interface holding `address`
     (`native_nftables`: the key Istio's installer writes when its chart says nativeNftables)."""
     ns = sandbox.netns_name
-    for cmd in ("link add eth0 type veth peer name peer0", f"addr add {address}/24 dev eth0",
-                "link set eth0 up"):
+    for cmd in (
+        "link add eth0 type veth peer name peer0",
+        f"addr add {address}/24 dev eth0",
+        "link set eth0 up",
+    ):
         subprocess.run(["ip", "-n", ns, *cmd.split()], check=True)
     conf = {
-        "cniVersion": "1.0.0", "name": "istio-reference", "type": "istio-cni",
-        "plugin_log_level": "debug", "cni_agent_run_dir": str(run_dir),
+        "cniVersion": "1.0.0",
+        "name": "istio-reference",
+        "type": "istio-cni",
+        "plugin_log_level": "debug",
+        "cni_agent_run_dir": str(run_dir),
         "exclude_namespaces": ["istio-system", "kube-system"],
         "native_nftables": native_nftables,
-        "prevResult": {"cniVersion": "1.0.0", "interfaces": [{"name": "eth0",
-                       "sandbox": str(sandbox.netns_path)}],
-                       "ips": [{"address": f"{address}/24", "interface": 0}]},
+        "prevResult": {
+            "cniVersion": "1.0.0",
+            "interfaces": [{"name": "eth0", "sandbox": str(sandbox.netns_path)}],
+            "ips": [{"address": f"{address}/24", "interface": 0}],
+        },
     }
-    env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
-           "CNI_COMMAND": "ADD", "CNI_CONTAINERID": sandbox.infra_container_id,
-           "CNI_NETNS": str(sandbox.netns_path), "CNI_IFNAME": "eth0",
-           "CNI_ARGS": sandbox.cni_args(), "CNI_PATH": str(binary.parent)}
-    return subprocess.run([str(binary)], input=json.dumps(conf), env=env, capture_output=True,
-                          text=True, timeout=60, check=False)
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+        "CNI_COMMAND": "ADD",
+        "CNI_CONTAINERID": sandbox.infra_container_id,
+        "CNI_NETNS": str(sandbox.netns_path),
+        "CNI_IFNAME": "eth0",
+        "CNI_ARGS": sandbox.cni_args(),
+        "CNI_PATH": str(binary.parent),
+    }
+    return subprocess.run(
+        [str(binary)],
+        input=json.dumps(conf),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def compare_pods(
-    node: MeshNode, make_identity: Any, tmp_path: Path, *, listing: Callable[[str], str],
-    captured_by: str, native_nftables: bool = False,
+    node: MeshNode,
+    make_identity: Any,
+    tmp_path: Path,
+    *,
+    listing: Callable[[str], str],
+    captured_by: str,
+    native_nftables: bool = False,
 ) -> None:
     """PODS random pods through Istio's plugin and ours; `listing(netns name)` of each equal.
     A pod counts as captured when Istio's listing holds `captured_by`."""
@@ -180,18 +236,22 @@ def compare_pods(
         ours = node.sandbox(pod)
         result = node.cnitool("ADD", ours)
         theirs = node.cni.new_sandbox(meta["name"], meta["namespace"], meta["uid"])
-        done = istio_add(binary, theirs, run_dir, f"10.251.0.{i + 2}",
-                         native_nftables=native_nftables)
+        done = istio_add(
+            binary, theirs, run_dir, f"10.251.0.{i + 2}", native_nftables=native_nftables
+        )
         rejected += done.returncode != 0
         if (done.returncode == 0) != result.ok:  # a pod Istio refuses must not start with ours
-            failures.append(f"pod {i} {json.dumps(spec)}\nIstio's ADD exit {done.returncode}: "
-                            f"{done.stdout[-800:]}\nour ADD ok={result.ok}: {result.stdout}")
+            failures.append(
+                f"pod {i} {json.dumps(spec)}\nIstio's ADD exit {done.returncode}: "
+                f"{done.stdout[-800:]}\nour ADD ok={result.ok}: {result.stdout}"
+            )
             continue
         want, got = listing(theirs.netns_name), listing(ours.netns_name)
         captured += captured_by in want
         if want != got:
-            diff = difflib.unified_diff(want.splitlines(), got.splitlines(), "istio", "ours",
-                                        lineterm="", n=1)
+            diff = difflib.unified_diff(
+                want.splitlines(), got.splitlines(), "istio", "ours", lineterm="", n=1
+            )
             failures.append(f"pod {i} {json.dumps(spec)}\n" + "\n".join(diff))
     elapsed = time.monotonic() - start
     print(f"{PODS} pods in {elapsed:.1f}s, {captured} captured by Istio, {rejected} refused")
@@ -199,6 +259,9 @@ def compare_pods(
     assert not failures, f"{len(failures)} of {PODS} pods differ (seed {seed}):\n" + failures[0]
 
 
-def test_random_pods_get_istios_rules(mesh_node: MeshNode, make_identity: Any,  # noqa: F811
-                                      tmp_path: Path) -> None:
+def test_random_pods_get_istios_rules(
+    mesh_node: MeshNode,  # noqa: F811
+    make_identity: Any,
+    tmp_path: Path,
+) -> None:
     compare_pods(mesh_node, make_identity, tmp_path, listing=rules, captured_by="ISTIO_OUTPUT")

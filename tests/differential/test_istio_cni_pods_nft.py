@@ -32,20 +32,32 @@ HANDLES = re.compile(r" # handle \d+$", re.MULTILINE)
 
 def ruleset(netns_name: str) -> str:
     """`nft list ruleset` in the namespace, counters and handles stripped, nothing else."""
-    done = subprocess.run(["ip", "netns", "exec", netns_name, "nft", "list", "ruleset"],
-                          capture_output=True, text=True, timeout=30, check=False)
+    done = subprocess.run(
+        ["ip", "netns", "exec", netns_name, "nft", "list", "ruleset"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     assert done.returncode == 0, f"nft list ruleset in {netns_name}: {done.stderr}"
     return HANDLES.sub("", COUNTERS.sub("counter", done.stdout))
 
 
 @pytest.fixture
-def nft_mesh_node(chart_on_node: ChartOnNode, helm_releases: Any,
-                  helm_binaries: dict[str, Path], cni_node: CniNode,
-                  node_pods: NodePods) -> Iterator[MeshNode]:
+def nft_mesh_node(
+    chart_on_node: ChartOnNode,
+    helm_releases: Any,
+    helm_binaries: dict[str, Path],
+    cni_node: CniNode,
+    node_pods: NodePods,
+) -> Iterator[MeshNode]:
     """The integration tier's mesh node, the chart installed with `ruleBackend: nftables`."""
     helm: Helm = helm_releases(helm_binaries[max(helm_binaries)])
-    installed = chart_on_node.install(helm, AGENT_NAMESPACE, values={
-        "logLevel": "debug", "excludeNamespaces": EXCLUDED, "ruleBackend": "nftables"})
+    installed = chart_on_node.install(
+        helm,
+        AGENT_NAMESPACE,
+        values={"logLevel": "debug", "excludeNamespaces": EXCLUDED, "ruleBackend": "nftables"},
+    )
     assert "ruleBackend: nftables" in installed.config_yaml(chart_on_node.core)
     agent = chart_on_node.start_agent(installed)
     agent.wait_ready()
@@ -57,7 +69,14 @@ def nft_mesh_node(chart_on_node: ChartOnNode, helm_releases: Any,
             agent.stop()
 
 
-def test_random_pods_get_istios_nftables(nft_mesh_node: MeshNode, make_identity: Any,
-                                         tmp_path: Path) -> None:
-    compare_pods(nft_mesh_node, make_identity, tmp_path, listing=ruleset,
-                 captured_by="chain istio-output", native_nftables=True)
+def test_random_pods_get_istios_nftables(
+    nft_mesh_node: MeshNode, make_identity: Any, tmp_path: Path
+) -> None:
+    compare_pods(
+        nft_mesh_node,
+        make_identity,
+        tmp_path,
+        listing=ruleset,
+        captured_by="chain istio-output",
+        native_nftables=True,
+    )

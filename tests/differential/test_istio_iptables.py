@@ -34,8 +34,13 @@ def _seed() -> int:
 
 def _describe(case: Case, host: Host, result: dict[str, object]) -> str:
     return json.dumps(
-        {"case": case.index, "argv": case.argv, "env": case.env,
-         "host": {"links": host.links, "resolv_conf": host.resolv_conf}, **result},
+        {
+            "case": case.index,
+            "argv": case.argv,
+            "env": case.env,
+            "host": {"links": host.links, "resolv_conf": host.resolv_conf},
+            **result,
+        },
     )
 
 
@@ -68,8 +73,13 @@ def test_random_configurations_match_istio() -> None:
         )
         if same:
             continue
-        detail = {"istio_rc": istio["rc"], "istio_error": istio["error"], "ours_rc": ours["rc"],
-                  "ours_error": ours["error"], "diff": _diff(istio["lines"], ours["lines"])}
+        detail = {
+            "istio_rc": istio["rc"],
+            "istio_error": istio["error"],
+            "ours_rc": ours["rc"],
+            "ours_error": ours["error"],
+            "diff": _diff(istio["lines"], ours["lines"]),
+        }
         failures.append(_describe(case, hosts[case.host], detail))
     print(f"Istio succeeded on {istio_ok}/{count}")
     assert istio_ok > count // 2, "most generated cases must be ones Istio programs"

@@ -73,10 +73,14 @@ def test_random_configurations_match_istio_native_nftables() -> None:
         programmed += istio["rc"] == 0 and "table inet istio-proxy-nat" in istio["ruleset"]
         if _agree(istio, ours):
             continue
-        detail = {"istio_rc": istio["rc"], "istio_error": istio["error"], "ours_rc": ours["rc"],
-                  "ours_error": ours["error"], "diff": _diff(istio["lines"], ours["lines"]),
-                  "ruleset_diff": _diff(istio["ruleset"].splitlines(),
-                                        ours["ruleset"].splitlines())}
+        detail = {
+            "istio_rc": istio["rc"],
+            "istio_error": istio["error"],
+            "ours_rc": ours["rc"],
+            "ours_error": ours["error"],
+            "diff": _diff(istio["lines"], ours["lines"]),
+            "ruleset_diff": _diff(istio["ruleset"].splitlines(), ours["ruleset"].splitlines()),
+        }
         failures.append(_describe(case, hosts[case.host], detail))
     print(f"Istio succeeded on {istio_ok}/{count}, programmed rules on {programmed}")
     assert programmed > count // 3, "most generated cases must be ones Istio programs"

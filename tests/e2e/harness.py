@@ -31,8 +31,12 @@ AGENT_POD_FINALIZER = "e2e.istio-cni.test/agent-running"
 def plugin_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The standalone plugin, built by the same script as the image (`ci/build-plugin`)."""
     out = tmp_path_factory.mktemp("plugin-build")
-    done = subprocess.run([str(REPO_ROOT / "ci" / "build-plugin"), str(out)],
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [str(REPO_ROOT / "ci" / "build-plugin"), str(out)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if done.returncode != 0:
         pytest.fail(f"ci/build-plugin failed:\n{done.stderr[-3000:]}", pytrace=False)
     return out
@@ -55,8 +59,17 @@ class Installed:
 class ChartOnNode:
     """Installs the chart, makes the DaemonSet's pod for the node, starts the agent for it."""
 
-    def __init__(self, *, core: Any, apps: Any, node_name: str, cni_node: CniNode,
-                 plugin_build: Path, make_identity: Callable[..., Any], workdir: Path) -> None:
+    def __init__(
+        self,
+        *,
+        core: Any,
+        apps: Any,
+        node_name: str,
+        cni_node: CniNode,
+        plugin_build: Path,
+        make_identity: Callable[..., Any],
+        workdir: Path,
+    ) -> None:
         self.core, self.apps = core, apps
         self.node_name = node_name
         self.cni_node = cni_node
@@ -66,14 +79,31 @@ class ChartOnNode:
         self.agents: list[DaemonAgent] = []
         self.agent_pods: list[tuple[str, str]] = []
 
-    def install(self, helm: Helm, namespace: str, values: dict[str, Any] | None = None,
-                values_files: tuple[Path, ...] = ()) -> Installed:
+    def install(
+        self,
+        helm: Helm,
+        namespace: str,
+        values: dict[str, Any] | None = None,
+        values_files: tuple[Path, ...] = (),
+    ) -> Installed:
         """helm install (with the test's run dir and a free metrics port) + the agent pod."""
-        merged = {"cniAgentRunDir": str(self.workdir / "run"), "metricsPort": free_port(),
-                  "metricsAddress": "127.0.0.1", **(values or {})}
-        helm.run("upgrade", "--install", RELEASE, str(CHART), "--namespace", namespace,
-                 "--create-namespace", *(a for f in values_files for a in ("--values", str(f))),
-                 *(a for k, v in _flatten(merged) for a in ("--set-json", f"{k}={v}")))
+        merged = {
+            "cniAgentRunDir": str(self.workdir / "run"),
+            "metricsPort": free_port(),
+            "metricsAddress": "127.0.0.1",
+            **(values or {}),
+        }
+        helm.run(
+            "upgrade",
+            "--install",
+            RELEASE,
+            str(CHART),
+            "--namespace",
+            namespace,
+            "--create-namespace",
+            *(a for f in values_files for a in ("--values", str(f))),
+            *(a for k, v in _flatten(merged) for a in ("--set-json", f"{k}={v}")),
+        )
         if (RELEASE, namespace) not in helm.releases:  # an upgrade is the same release
             helm.releases.append((RELEASE, namespace))
         ds = self.apps.read_namespaced_daemon_set(RELEASE, namespace)
@@ -85,16 +115,29 @@ class ChartOnNode:
         """The pod the DaemonSet controller would make on the node (no such controller runs)."""
         template = ds["spec"]["template"]
         name = f"{RELEASE}-{secrets.token_hex(3)[:5]}"  # as a DaemonSet names its pods
-        self.core.create_namespaced_pod(namespace, {
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {
-                "name": name, "labels": template["metadata"].get("labels", {}),
-                "finalizers": [AGENT_POD_FINALIZER],
-                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
-                                     "name": ds["metadata"]["name"],
-                                     "uid": ds["metadata"]["uid"],
-                                     "controller": True, "blockOwnerDeletion": True}]},
-            "spec": {**template["spec"], "nodeName": self.node_name}})
+        self.core.create_namespaced_pod(
+            namespace,
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": name,
+                    "labels": template["metadata"].get("labels", {}),
+                    "finalizers": [AGENT_POD_FINALIZER],
+                    "ownerReferences": [
+                        {
+                            "apiVersion": "apps/v1",
+                            "kind": "DaemonSet",
+                            "name": ds["metadata"]["name"],
+                            "uid": ds["metadata"]["uid"],
+                            "controller": True,
+                            "blockOwnerDeletion": True,
+                        }
+                    ],
+                },
+                "spec": {**template["spec"], "nodeName": self.node_name},
+            },
+        )
         self.agent_pods.append((namespace, name))
         return name
 
@@ -146,16 +189,28 @@ def _flatten(values: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, st
 
 
 @pytest.fixture
-def chart_on_node(kube_core: Any, kube_config: str, sim_node: str, cni_node: CniNode,
-                  plugin_build: Path, make_identity: Callable[..., Any],
-                  tmp_path: Path) -> Iterator[ChartOnNode]:
+def chart_on_node(
+    kube_core: Any,
+    kube_config: str,
+    sim_node: str,
+    cni_node: CniNode,
+    plugin_build: Path,
+    make_identity: Callable[..., Any],
+    tmp_path: Path,
+) -> Iterator[ChartOnNode]:
     from kubernetes import client as k8s
     from kubernetes import config as k8s_config
 
     api = k8s_config.new_client_from_config(config_file=kube_config)
-    harness = ChartOnNode(core=kube_core, apps=k8s.AppsV1Api(api), node_name=sim_node,
-                          cni_node=cni_node, plugin_build=plugin_build,
-                          make_identity=make_identity, workdir=tmp_path / "e2e")
+    harness = ChartOnNode(
+        core=kube_core,
+        apps=k8s.AppsV1Api(api),
+        node_name=sim_node,
+        cni_node=cni_node,
+        plugin_build=plugin_build,
+        make_identity=make_identity,
+        workdir=tmp_path / "e2e",
+    )
     try:
         yield harness
     finally:
@@ -171,6 +226,9 @@ def helm_binary(binaries: dict[str, Path], major: str) -> Path:
     """The installed Helm binary of a major version ("3", "4"); fails naming what is there."""
     found = [v for v in binaries if v.split(".")[0] == major]
     if not found:
-        pytest.fail(f"no Helm {major}.x among the test bed's Helm binaries {sorted(binaries)}; "
-                    "run ci/setup-helm", pytrace=False)
+        pytest.fail(
+            f"no Helm {major}.x among the test bed's Helm binaries {sorted(binaries)}; "
+            "run ci/setup-helm",
+            pytrace=False,
+        )
     return binaries[max(found, key=lambda v: tuple(int(p) for p in v.split(".")))]

@@ -30,17 +30,25 @@ from tests.e2e.scrape import metric_value
 pytestmark = [pytest.mark.e2e, pytest.mark.chart, pytest.mark.cluster, pytest.mark.netns]
 
 NAMESPACE = "istio-cni-e2e"
-SIDECAR = {"annotations": {"sidecar.istio.io/status": "{}"},
-           "containers": [{"name": "app", "image": "app"},
-                          {"name": "istio-proxy", "image": "proxy"}]}
-PRESETS = {"default": (), **{name: (REPO_ROOT / "values-examples" / f"{name}.yaml",)
-                             for name in ("kind", "k3s")}}
+SIDECAR = {
+    "annotations": {"sidecar.istio.io/status": "{}"},
+    "containers": [{"name": "app", "image": "app"}, {"name": "istio-proxy", "image": "proxy"}],
+}
+PRESETS = {
+    "default": (),
+    **{name: (REPO_ROOT / "values-examples" / f"{name}.yaml",) for name in ("kind", "k3s")},
+}
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_installed_agent_serves_the_node(
-    preset: str, chart_on_node: ChartOnNode, helm_releases: Any, helm_binaries: dict[str, Any],
-    cni_node: CniNode, node_pods: NodePods, kube_core: Any,
+    preset: str,
+    chart_on_node: ChartOnNode,
+    helm_releases: Any,
+    helm_binaries: dict[str, Any],
+    cni_node: CniNode,
+    node_pods: NodePods,
+    kube_core: Any,
 ) -> None:
     helm: Helm = helm_releases(helm_binaries[max(helm_binaries)])
     reference = json.loads(cni_node.conflist_path.read_text())
@@ -48,8 +56,10 @@ def test_installed_agent_serves_the_node(
     config = yaml.safe_load(installed.config_yaml(kube_core))
     for values_file in PRESETS[preset]:  # the node paths of the preset reach the agent
         wanted = yaml.safe_load(values_file.read_text())
-        assert (config["cniBinDir"], config["cniConfDir"]) == (wanted["cniBinDir"],
-                                                               wanted["cniConfDir"])
+        assert (config["cniBinDir"], config["cniConfDir"]) == (
+            wanted["cniBinDir"],
+            wanted["cniConfDir"],
+        )
     agent = chart_on_node.start_agent(installed)
     agent.wait_ready()
 
@@ -58,12 +68,15 @@ def test_installed_agent_serves_the_node(
     assert conf["plugins"][:-1] == reference["plugins"]
     ours = conf["plugins"][-1]
     assert ours == {
-        "name": "istio-cni", "type": "istio-cni",
+        "name": "istio-cni",
+        "type": "istio-cni",
         "plugin_log_level": config["logLevel"],
         "cni_agent_run_dir": config["cniAgentRunDir"],
         "exclude_namespaces": config["excludeNamespaces"],
         # The agent's pods by their DaemonSet's name, not this pod's: a rollout leaves it alone.
-        "pod_namespace": NAMESPACE, "agent_pod_prefix": config["daemonSetName"] + "-"}
+        "pod_namespace": NAMESPACE,
+        "agent_pod_prefix": config["daemonSetName"] + "-",
+    }
     assert installed.agent_pod.startswith(ours["agent_pod_prefix"])
     assert (cni_node.bin_dir / "istio-cni").is_file()
     assert sorted(p.name for p in cni_node.bin_dir.glob("istio-cni*")) == ["istio-cni"], (
@@ -73,8 +86,10 @@ def test_installed_agent_serves_the_node(
     sidecar = node_pods.create("default", "meshed", **SIDECAR)
     plain = node_pods.create("default", "plain")
     excluded = node_pods.create("kube-system", "system", **SIDECAR)
-    boxes = {name: cni_node.new_sandbox(name, pod["metadata"]["namespace"], pod["metadata"]["uid"])
-             for name, pod in (("meshed", sidecar), ("plain", plain), ("system", excluded))}
+    boxes = {
+        name: cni_node.new_sandbox(name, pod["metadata"]["namespace"], pod["metadata"]["uid"])
+        for name, pod in (("meshed", sidecar), ("plain", plain), ("system", excluded))
+    }
     results = {name: cni_node.add(box) for name, box in boxes.items()}
     gateway = str(results["meshed"]["ips"][0]["gateway"])
 
@@ -105,12 +120,20 @@ def test_installed_agent_serves_the_node(
     assert metric_value(metrics, "istio_cni_install_ready") == 1.0
     assert metric_value(metrics, "istio_cni_installs_total", result="success") >= 1.0
     # The plugin passes the excluded namespace by itself: only two pods reached the agent.
-    assert metric_value(metrics, "istio_cni_plugin_requests_total",
-                        command="add", result="redirected") == 1.0
-    assert metric_value(metrics, "istio_cni_plugin_requests_total",
-                        command="add", result="skipped") == 1.0
-    assert metric_value(metrics, "istio_cni_plugin_requests_total",
-                        command="check", result="redirected") == 1.0
+    assert (
+        metric_value(metrics, "istio_cni_plugin_requests_total", command="add", result="redirected")
+        == 1.0
+    )
+    assert (
+        metric_value(metrics, "istio_cni_plugin_requests_total", command="add", result="skipped")
+        == 1.0
+    )
+    assert (
+        metric_value(
+            metrics, "istio_cni_plugin_requests_total", command="check", result="redirected"
+        )
+        == 1.0
+    )
     assert agent.get("/healthz")[0] == 200
     logs = agent.logs()
     assert "default/meshed" in logs and "redirected" in logs

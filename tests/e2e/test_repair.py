@@ -50,8 +50,12 @@ def cni_node(tmp_path: Path) -> Iterator[CniNode]:
         cnitool, plugins = parts.cnitool().require(), parts.cni_plugins_dir()
     except parts.MissingPartError as e:
         pytest.fail(str(e), pytrace=False)
-    node = CniNode(tmp_path / "cni-node", cnitool, plugins,
-                   subnet=f"10.{secrets.randbelow(50) + 200}.{secrets.randbelow(256)}.0/24")
+    node = CniNode(
+        tmp_path / "cni-node",
+        cnitool,
+        plugins,
+        subnet=f"10.{secrets.randbelow(50) + 200}.{secrets.randbelow(256)}.0/24",
+    )
     try:
         node.start()
         yield node
@@ -70,10 +74,14 @@ def pause_netns() -> Iterator[Any]:
         proc = subprocess.Popen(["unshare", "--net", "--", "sleep", "infinity"])
         procs.append(proc)
         path = f"/proc/{proc.pid}/ns/net"
-        wait_for(lambda: os.stat(path).st_ino != os.stat("/proc/self/ns/net").st_ino,
-                 "the pause process's own netns", 10)
-        subprocess.run(["nsenter", f"--net={path}", "--", "ip", "link", "set", "lo", "up"],
-                       check=True)
+        wait_for(
+            lambda: os.stat(path).st_ino != os.stat("/proc/self/ns/net").st_ino,
+            "the pause process's own netns",
+            10,
+        )
+        subprocess.run(
+            ["nsenter", f"--net={path}", "--", "ip", "link", "set", "lo", "up"], check=True
+        )
         return path
 
     yield make
@@ -82,15 +90,22 @@ def pause_netns() -> Iterator[Any]:
         proc.wait()
 
 
-SIDECAR = {"annotations": {"sidecar.istio.io/status": "{}"},
-           "init_containers": [{"name": "istio-validation", "image": "proxy"}],
-           "containers": [{"name": "app", "image": "app"},
-                          {"name": "istio-proxy", "image": "proxy"}]}
+SIDECAR = {
+    "annotations": {"sidecar.istio.io/status": "{}"},
+    "init_containers": [{"name": "istio-validation", "image": "proxy"}],
+    "containers": [{"name": "app", "image": "app"}, {"name": "istio-proxy", "image": "proxy"}],
+}
 
 
 def started_before_agent(
-    cni_node: CniNode, node_pods: NodePods, kube_core: Any, name: str, *, failed_validation: bool,
-    sidecar: bool = True, netns_path: str | None = None,
+    cni_node: CniNode,
+    node_pods: NodePods,
+    kube_core: Any,
+    name: str,
+    *,
+    failed_validation: bool,
+    sidecar: bool = True,
+    netns_path: str | None = None,
 ) -> tuple[dict[str, Any], Sandbox]:
     """A pod whose sandbox went through the chain without our plugin, now running. With
     `netns_path`, the sandbox is that netns (e.g. a pause process's) instead of a named one."""
@@ -98,8 +113,14 @@ def started_before_agent(
     if netns_path is None:
         sandbox = cni_node.new_sandbox(name, POD_NAMESPACE, pod["metadata"]["uid"])
     else:
-        sandbox = Sandbox(netns_path, Path(netns_path), name, POD_NAMESPACE,
-                          pod["metadata"]["uid"], secrets.token_hex(32))
+        sandbox = Sandbox(
+            netns_path,
+            Path(netns_path),
+            name,
+            POD_NAMESPACE,
+            pod["metadata"]["uid"],
+            secrets.token_hex(32),
+        )
     ip = pod_ip(cni_node.add(sandbox))
     assert not has_istio_rules(sandbox.netns_name)
     pod = node_pods.set_running(POD_NAMESPACE, name, ip)
@@ -113,15 +134,33 @@ def report_validation_failed(kube_core: Any, name: str) -> dict[str, Any]:
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     status = {
         "phase": "Pending",
-        "conditions": [{"type": "Initialized", "status": "False", "lastTransitionTime": now,
-                        "reason": "ContainersNotInitialized"}],
-        "initContainerStatuses": [{
-            "name": "istio-validation", "image": "proxy", "imageID": "", "ready": False,
-            "restartCount": 1, "started": False,
-            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
-            "lastState": {"terminated": {"exitCode": 126, "reason": "Error",
-                                         "startedAt": now, "finishedAt": now}},
-        }],
+        "conditions": [
+            {
+                "type": "Initialized",
+                "status": "False",
+                "lastTransitionTime": now,
+                "reason": "ContainersNotInitialized",
+            }
+        ],
+        "initContainerStatuses": [
+            {
+                "name": "istio-validation",
+                "image": "proxy",
+                "imageID": "",
+                "ready": False,
+                "restartCount": 1,
+                "started": False,
+                "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                "lastState": {
+                    "terminated": {
+                        "exitCode": 126,
+                        "reason": "Error",
+                        "startedAt": now,
+                        "finishedAt": now,
+                    }
+                },
+            }
+        ],
     }
     patched = kube_core.patch_namespaced_pod_status(name, POD_NAMESPACE, {"status": status})
     return dict(kube_core.api_client.sanitize_for_serialization(patched))
@@ -179,23 +218,36 @@ def agent_core(make_identity: Any, kube_core: Any) -> Iterator[Any]:
 
 
 def test_repair_in_place_programs_running_pods(
-    chart_on_node: ChartOnNode, helm_releases: Any, helm_binaries: dict[str, Any],
-    cni_node: CniNode, node_pods: NodePods, kube_core: Any, agent_core: Any, pause_netns: Any,
+    chart_on_node: ChartOnNode,
+    helm_releases: Any,
+    helm_binaries: dict[str, Any],
+    cni_node: CniNode,
+    node_pods: NodePods,
+    kube_core: Any,
+    agent_core: Any,
+    pause_netns: Any,
 ) -> None:
     helm: Helm = helm_releases(helm_binaries[max(helm_binaries)])
-    raced, raced_box = started_before_agent(cni_node, node_pods, kube_core, "raced",
-                                            failed_validation=False)
-    failing, failing_box = started_before_agent(cni_node, node_pods, kube_core, "failing",
-                                                failed_validation=True)
-    paused, paused_box = started_before_agent(cni_node, node_pods, kube_core, "paused",
-                                              failed_validation=False, netns_path=pause_netns())
-    _, plain_box = started_before_agent(cni_node, node_pods, kube_core, "plain",
-                                        failed_validation=False, sidecar=False)
+    raced, raced_box = started_before_agent(
+        cni_node, node_pods, kube_core, "raced", failed_validation=False
+    )
+    failing, failing_box = started_before_agent(
+        cni_node, node_pods, kube_core, "failing", failed_validation=True
+    )
+    paused, paused_box = started_before_agent(
+        cni_node, node_pods, kube_core, "paused", failed_validation=False, netns_path=pause_netns()
+    )
+    _, plain_box = started_before_agent(
+        cni_node, node_pods, kube_core, "plain", failed_validation=False, sidecar=False
+    )
     agent = start_agent(chart_on_node, helm, "repair-in-place")
 
     for pod, box in ((raced, raced_box), (failing, failing_box), (paused, paused_box)):
-        wait_for(functools.partial(has_istio_rules, box.netns_name),
-                 f"rules in pod {pod['metadata']['name']}", REPAIR_TIMEOUT)
+        wait_for(
+            functools.partial(has_istio_rules, box.netns_name),
+            f"rules in pod {pod['metadata']['name']}",
+            REPAIR_TIMEOUT,
+        )
         wait_for_event(kube_core, pod, "RepairBrokenPod")
     ip = raced["status"]["podIP"]
     gateway_ip = str(ipaddress.ip_network(cni_node.subnet)[1])  # the bridge, in the node netns
@@ -211,8 +263,9 @@ def test_repair_in_place_programs_running_pods(
     assert metric_value(metrics, REPAIRED, type="repair", result="success") == 3.0
     logs = agent.logs()
     for name in ("raced", "failing", "paused"):
-        assert f"pod {POD_NAMESPACE}/{name} started without traffic redirect: rules programmed" \
-            in logs, logs
+        assert (
+            f"pod {POD_NAMESPACE}/{name} started without traffic redirect: rules programmed" in logs
+        ), logs
     assert metric_value(metrics, REPAIRED, type="repair", result="fail") == 0.0
     # Both pods still exist, unlabeled: repair in place neither deletes nor labels.
     for pod in (raced, failing):
@@ -222,18 +275,31 @@ def test_repair_in_place_programs_running_pods(
     # The chart's ClusterRole in this mode: no deleting pods, no writing their status.
     core = agent_core()
     assert try_call(core.delete_namespaced_pod, "raced", POD_NAMESPACE) == 403
-    assert try_call(core.patch_namespaced_pod_status, "raced", POD_NAMESPACE,
-                    {"metadata": {"labels": {"x": "y"}}}) == 403
+    assert (
+        try_call(
+            core.patch_namespaced_pod_status,
+            "raced",
+            POD_NAMESPACE,
+            {"metadata": {"labels": {"x": "y"}}},
+        )
+        == 403
+    )
     assert agent.stop() == 0
 
 
 def test_delete_mode_deletes_the_broken_pod(
-    chart_on_node: ChartOnNode, helm_releases: Any, helm_binaries: dict[str, Any],
-    cni_node: CniNode, node_pods: NodePods, kube_core: Any, agent_core: Any,
+    chart_on_node: ChartOnNode,
+    helm_releases: Any,
+    helm_binaries: dict[str, Any],
+    cni_node: CniNode,
+    node_pods: NodePods,
+    kube_core: Any,
+    agent_core: Any,
 ) -> None:
     helm: Helm = helm_releases(helm_binaries[max(helm_binaries)])
-    broken, box = started_before_agent(cni_node, node_pods, kube_core, "broken",
-                                       failed_validation=True)
+    broken, box = started_before_agent(
+        cni_node, node_pods, kube_core, "broken", failed_validation=True
+    )
     agent = start_agent(chart_on_node, helm, "delete")
 
     event = wait_for_event(kube_core, broken, "DeleteBrokenPod")
@@ -261,21 +327,36 @@ def test_delete_mode_deletes_the_broken_pod(
     with pytest.raises(ApiException) as refused:
         actions.delete_pod(core, changed)
     assert refused.value.status == 409
-    assert kube_core.read_namespaced_pod("changed", POD_NAMESPACE).metadata.uid == (
-        replaced["metadata"]["uid"])
+    assert (
+        kube_core.read_namespaced_pod("changed", POD_NAMESPACE).metadata.uid
+        == (replaced["metadata"]["uid"])
+    )
     # This mode may delete pods, not write their status.
-    assert try_call(core.patch_namespaced_pod_status, "changed", POD_NAMESPACE,
-                    {"metadata": {"labels": {"x": "y"}}}) == 403
+    assert (
+        try_call(
+            core.patch_namespaced_pod_status,
+            "changed",
+            POD_NAMESPACE,
+            {"metadata": {"labels": {"x": "y"}}},
+        )
+        == 403
+    )
     assert agent.stop() == 0
 
 
 def test_label_mode_labels_the_broken_pod(
-    chart_on_node: ChartOnNode, helm_releases: Any, helm_binaries: dict[str, Any],
-    cni_node: CniNode, node_pods: NodePods, kube_core: Any, agent_core: Any,
+    chart_on_node: ChartOnNode,
+    helm_releases: Any,
+    helm_binaries: dict[str, Any],
+    cni_node: CniNode,
+    node_pods: NodePods,
+    kube_core: Any,
+    agent_core: Any,
 ) -> None:
     helm: Helm = helm_releases(helm_binaries[max(helm_binaries)])
-    broken, box = started_before_agent(cni_node, node_pods, kube_core, "broken",
-                                       failed_validation=True)
+    broken, box = started_before_agent(
+        cni_node, node_pods, kube_core, "broken", failed_validation=True
+    )
     agent = start_agent(chart_on_node, helm, "label")
 
     def labeled() -> bool:
@@ -297,8 +378,12 @@ def test_label_mode_labels_the_broken_pod(
 
 
 def test_a_pod_that_cannot_be_repaired_is_reported_once(
-    chart_on_node: ChartOnNode, helm_releases: Any, helm_binaries: dict[str, Any],
-    cni_node: CniNode, node_pods: NodePods, kube_core: Any,
+    chart_on_node: ChartOnNode,
+    helm_releases: Any,
+    helm_binaries: dict[str, Any],
+    cni_node: CniNode,
+    node_pods: NodePods,
+    kube_core: Any,
 ) -> None:
     """A broken pod whose netns is not on this node: retried every round, one Event and one
     failure counted, not one per round."""

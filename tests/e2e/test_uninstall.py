@@ -18,16 +18,21 @@ from tests.e2e.harness import RELEASE, ChartOnNode, helm_binary
 pytestmark = [pytest.mark.e2e, pytest.mark.chart, pytest.mark.cluster, pytest.mark.netns]
 
 NAMESPACE = "istio-cni-e2e"
-SIDECAR = {"annotations": {"sidecar.istio.io/status": "{}"},
-           "containers": [{"name": "app", "image": "app"},
-                          {"name": "istio-proxy", "image": "proxy"}]}
+SIDECAR = {
+    "annotations": {"sidecar.istio.io/status": "{}"},
+    "containers": [{"name": "app", "image": "app"}, {"name": "istio-proxy", "image": "proxy"}],
+}
 
 
 @pytest.mark.parametrize("helm_version", ["3", "4"], ids=["helm3", "helm4"])
 def test_uninstall_removes_entry_and_binaries(
     helm_version: str,
-    chart_on_node: ChartOnNode, helm_releases: Any, helm_binaries: dict[str, Any],
-    cni_node: CniNode, node_pods: NodePods, kube_core: Any,
+    chart_on_node: ChartOnNode,
+    helm_releases: Any,
+    helm_binaries: dict[str, Any],
+    cni_node: CniNode,
+    node_pods: NodePods,
+    kube_core: Any,
 ) -> None:
     helm: Helm = helm_releases(helm_binary(helm_binaries, helm_version))
     reference = json.loads(cni_node.conflist_path.read_text())
@@ -38,10 +43,12 @@ def test_uninstall_removes_entry_and_binaries(
     assert json.loads(cni_node.conflist_path.read_text()) != reference
 
     helm.uninstall(RELEASE, namespace=NAMESPACE)
+
     # The garbage collector deletes the DaemonSet's pod; the kubelet then sends SIGTERM.
     def agent_pod_terminating() -> bool:
         pod = kube_core.read_namespaced_pod(installed.agent_pod, NAMESPACE)
         return pod.metadata.deletion_timestamp is not None
+
     wait_for(agent_pod_terminating, "the agent pod to be deleted by the garbage collector")
     assert agent.stop() == 0
     chart_on_node.release_agent_pod(NAMESPACE, installed.agent_pod)

@@ -25,9 +25,10 @@ from tests.e2e.harness import ChartOnNode, helm_binary
 pytestmark = [pytest.mark.e2e, pytest.mark.chart, pytest.mark.cluster, pytest.mark.netns]
 
 NAMESPACE = "istio-cni-e2e"
-SIDECAR = {"annotations": {"sidecar.istio.io/status": "{}"},
-           "containers": [{"name": "app", "image": "app"},
-                          {"name": "istio-proxy", "image": "proxy"}]}
+SIDECAR = {
+    "annotations": {"sidecar.istio.io/status": "{}"},
+    "containers": [{"name": "app", "image": "app"}, {"name": "istio-proxy", "image": "proxy"}],
+}
 TRY_AGAIN_LATER = 11
 PREV_RESULT = {"cniVersion": "1.0.0", "interfaces": [], "ips": []}
 
@@ -81,8 +82,13 @@ def legacy_namespace(kube_core: Any) -> Iterator[str]:
 @pytest.mark.parametrize("helm_version", ["3", "4"], ids=["helm3", "helm4"])
 def test_upgrade_keeps_the_entry_and_picks_up_the_new_config(
     helm_version: str,
-    chart_on_node: ChartOnNode, helm_releases: Any, helm_binaries: dict[str, Any],
-    cni_node: CniNode, node_pods: NodePods, kube_core: Any, legacy_namespace: str,
+    chart_on_node: ChartOnNode,
+    helm_releases: Any,
+    helm_binaries: dict[str, Any],
+    cni_node: CniNode,
+    node_pods: NodePods,
+    kube_core: Any,
+    legacy_namespace: str,
 ) -> None:
     helm: Helm = helm_releases(helm_binary(helm_binaries, helm_version))
     old = chart_on_node.install(helm, NAMESPACE)
@@ -97,8 +103,9 @@ def test_upgrade_keeps_the_entry_and_picks_up_the_new_config(
 
     with ConflistWatch(cni_node.conflist_path) as watch:
         excludes = ["istio-system", "kube-system", legacy_namespace]
-        new = chart_on_node.install(helm, NAMESPACE, {"logLevel": "debug",
-                                                      "excludeNamespaces": excludes})
+        new = chart_on_node.install(
+            helm, NAMESPACE, {"logLevel": "debug", "excludeNamespaces": excludes}
+        )
         # The DaemonSet controller replaces the pod: delete the old one, the kubelet sends
         # SIGTERM; the DaemonSet is still there, so this is an upgrade.
         kube_core.delete_namespaced_pod(old.agent_pod, NAMESPACE)
@@ -123,8 +130,10 @@ def test_upgrade_keeps_the_entry_and_picks_up_the_new_config(
 
         new_agent = chart_on_node.start_agent(new)
         new_agent.wait_ready()
-        wait_for(lambda: _our_entry(cni_node)["plugin_log_level"] == "debug",
-                 "the entry to carry the new log level")
+        wait_for(
+            lambda: _our_entry(cni_node)["plugin_log_level"] == "debug",
+            "the entry to carry the new log level",
+        )
     assert watch.reads > 10, watch.reads  # the watch did run through the restart
     assert watch.missing == [], f"our entry was missing from the conflist: {watch.missing[:3]}"
     entry = _our_entry(cni_node)

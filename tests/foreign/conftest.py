@@ -24,8 +24,13 @@ from tests.podserver.helpers import HandlerRig, InMemoryPods, build_rig, make_po
 @pytest.fixture(scope="session")
 def built_plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("foreign-plugin")
-    done = subprocess.run([str(REPO / "ci" / "build-plugin"), str(out)], capture_output=True,
-                          text=True, timeout=3600, check=False)
+    done = subprocess.run(
+        [str(REPO / "ci" / "build-plugin"), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        check=False,
+    )
     assert done.returncode == 0, f"ci/build-plugin failed:\n{done.stderr[-3000:]}"
     return out / "istio-cni"
 
@@ -36,14 +41,16 @@ def cached_roots() -> dict[str, Path]:
 
 
 @pytest.fixture(params=["bullseye", "empty"])
-def root(request: pytest.FixtureRequest, built_plugin: Path,
-         cached_roots: dict[str, Path]) -> Iterator[ForeignRoot]:
+def root(
+    request: pytest.FixtureRequest, built_plugin: Path, cached_roots: dict[str, Path]
+) -> Iterator[ForeignRoot]:
     """Each test runs once in Debian 11 and once in an empty root."""
     name = str(request.param)
     scratch = Path(tempfile.mkdtemp(prefix="istio-cni-root-"))
     try:
-        yield ForeignRoot(name, cached_roots[name] if name != "empty" else None, built_plugin,
-                          scratch)
+        yield ForeignRoot(
+            name, cached_roots[name] if name != "empty" else None, built_plugin, scratch
+        )
     finally:
         # The mounts died with the run's namespace: only the empty mount point is left.
         shutil.rmtree(scratch, ignore_errors=True)
@@ -68,8 +75,9 @@ def real_agent() -> Iterator[RealAgent]:
     path = netns.add(name)
     server = None
     try:
-        redirector = RulesRedirector(exclude_namespaces=Settings().excludeNamespaces,
-                                     backend="iptables-nft")
+        redirector = RulesRedirector(
+            exclude_namespaces=Settings().excludeNamespaces, backend="iptables-nft"
+        )
         pod = make_pod("app-1", "default", uid="uid-1")
         rig = build_rig(InMemoryPods(pod), redirector)
         server = PodServer(str(base / "run" / wire.SOCKET_NAME), rig.handlers)

@@ -67,26 +67,52 @@ class ForeignRoot:
     def plugin_path(self) -> str:
         return "/istio-cni" if self.base is None else "/opt/cni/bin/istio-cni"
 
-    def run(self, env: dict[str, str], stdin: str | dict[str, Any] = "",
-            run_dir: Path | None = None, list_root: bool = False) -> Run:
+    def run(
+        self,
+        env: dict[str, str],
+        stdin: str | dict[str, Any] = "",
+        run_dir: Path | None = None,
+        list_root: bool = False,
+    ) -> Run:
         data = stdin if isinstance(stdin, str) else json.dumps(stdin)
         unshare, chroot = shutil.which("unshare"), shutil.which("chroot")
         assert unshare and chroot, "unshare and chroot (util-linux, coreutils) are needed"
-        argv = [unshare, "--mount", "--propagation", "private", "--", "/bin/sh", "-c", ENTER,
-                "enter", str(self.scratch), str(self.base or ""), str(self.plugin),
-                self.plugin_path, str(run_dir or ""), chroot, *(f"{k}={v}" for k, v in env.items())]
+        argv = [
+            unshare,
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "/bin/sh",
+            "-c",
+            ENTER,
+            "enter",
+            str(self.scratch),
+            str(self.base or ""),
+            str(self.plugin),
+            self.plugin_path,
+            str(run_dir or ""),
+            chroot,
+            *(f"{k}={v}" for k, v in env.items()),
+        ]
         host_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
         if list_root:
             host_env["LIST_ROOT"] = "1"
-        done = subprocess.run(argv, input=data, capture_output=True, text=True, env=host_env,
-                              timeout=60, check=False)
+        done = subprocess.run(
+            argv, input=data, capture_output=True, text=True, env=host_env, timeout=60, check=False
+        )
         return Run(done.returncode, done.stdout, done.stderr)
 
 
 def setup_roots() -> dict[str, Path]:
     """The cached foreign roots, made by ci/setup-foreign-roots (which fails loudly if it can't)."""
-    done = subprocess.run([str(REPO / "ci" / "setup-foreign-roots")], capture_output=True,
-                          text=True, timeout=1800, check=False)
+    done = subprocess.run(
+        [str(REPO / "ci" / "setup-foreign-roots")],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
     assert done.returncode == 0, f"ci/setup-foreign-roots failed:\n{done.stderr[-3000:]}"
     roots = {}
     for line in done.stdout.splitlines():

@@ -55,6 +55,10 @@ def test_add_served_by_the_real_agent(root: ForeignRoot, real_agent: RealAgent) 
     env = cni_env("ADD", CNI_NETNS=str(real_agent.netns))
     run = root.run(env, net_conf("1.1.0", RUN_DIR_IN_ROOT), run_dir=real_agent.run_dir)
     assert (run.code, run.out) == (0, result_for("1.1.0")), run.stderr + run.stdout
-    nat = subprocess.run(["ip", "netns", "exec", real_agent.netns.name, "iptables-nft-save",
-                          "-t", "nat"], capture_output=True, text=True, check=True).stdout
+    nat = subprocess.run(
+        ["ip", "netns", "exec", real_agent.netns.name, "iptables-nft-save", "-t", "nat"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "ISTIO_REDIRECT" in nat and "ISTIO_OUTPUT" in nat, nat

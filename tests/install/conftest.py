@@ -22,7 +22,7 @@ from tests.conformance_data import CONFORMANCE_DIR
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
-PLUGIN_SCRIPT = "#!/bin/sh\n# test plugin {version}\necho '{{\"cniVersion\":\"1.0.0\"}}'\n"
+PLUGIN_SCRIPT = '#!/bin/sh\n# test plugin {version}\necho \'{{"cniVersion":"1.0.0"}}\'\n'
 """Stands in for the built plugin: a real executable the tests exec."""
 
 
@@ -48,13 +48,21 @@ class Node:
     def write_config_yaml(self, **overrides: Any) -> pathlib.Path:
         """config.yaml for a subprocess agent: these dirs plus `overrides`."""
         data: dict[str, Any] = {
-            "mountedCniBinDir": str(self.bin_dir), "mountedCniConfDir": str(self.conf_dir),
-            "pluginSourceDir": str(self.src_dir), "metricsAddress": "127.0.0.1",
+            "mountedCniBinDir": str(self.bin_dir),
+            "mountedCniConfDir": str(self.conf_dir),
+            "pluginSourceDir": str(self.src_dir),
+            "metricsAddress": "127.0.0.1",
             "cniAgentRunDir": str(self.root / "run"),
         }
         for key, value in vars(self.settings).items():
-            if key in ("cniConfFileName", "chained", "istioOwnedCNIConfig",
-                       "istioOwnedCNIConfigFileName", "logLevel", "uninstallOnStop"):
+            if key in (
+                "cniConfFileName",
+                "chained",
+                "istioOwnedCNIConfig",
+                "istioOwnedCNIConfigFileName",
+                "logLevel",
+                "uninstallOnStop",
+            ):
                 data[key] = value
         data.update(overrides)
         path = self.root / "config.yaml"
@@ -79,9 +87,13 @@ def node(tmp_path: pathlib.Path) -> Iterator[Node]:
     bin_dir.mkdir()
     conf_dir.mkdir()
     write_plugin(src_dir)
-    settings = Settings(mountedCniBinDir=str(bin_dir), mountedCniConfDir=str(conf_dir),
-                        pluginSourceDir=str(src_dir), metricsAddress="127.0.0.1",
-                        cniAgentRunDir=str(tmp_path / "run"))
+    settings = Settings(
+        mountedCniBinDir=str(bin_dir),
+        mountedCniConfDir=str(conf_dir),
+        pluginSourceDir=str(src_dir),
+        metricsAddress="127.0.0.1",
+        cniAgentRunDir=str(tmp_path / "run"),
+    )
     yield Node(tmp_path, bin_dir, conf_dir, src_dir, settings)
 
 
@@ -126,8 +138,14 @@ def unreachable_kubeconfig() -> str:
 def agent_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("KUBERNETES_SERVICE_HOST", None)
-    env.update({"POD_NAME": "istio-cni-node-x", "POD_NAMESPACE": "istio-system",
-                "NODE_NAME": "node-x", "KUBECONFIG": unreachable_kubeconfig()})
+    env.update(
+        {
+            "POD_NAME": "istio-cni-node-x",
+            "POD_NAMESPACE": "istio-system",
+            "NODE_NAME": "node-x",
+            "KUBECONFIG": unreachable_kubeconfig(),
+        }
+    )
     env["PYTHONPATH"] = str(REPO_ROOT)
     env.update(extra)
     return env

@@ -24,8 +24,9 @@ def main() -> int:
     def given(s: Settings) -> stop_policy.StopDecision:
         with open(state_path) as f:
             raw = json.load(f)
-        state = stop_policy.ClusterState(daemonset=raw.get("daemonset"), node=raw.get("node"),
-                                         error=raw.get("error", ""))
+        state = stop_policy.ClusterState(
+            daemonset=raw.get("daemonset"), node=raw.get("node"), error=raw.get("error", "")
+        )
         return stop_policy.decide(s.uninstallOnStop, state)
 
     return run(settings, config_path=config_path, decide_on_stop=given)

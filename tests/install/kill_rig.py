@@ -44,12 +44,20 @@ from agent.install import conflist, killpoint
 from agent.install.binaries import tree_digest
 from agent.install.installer import Installer
 
-REAL_WORLD = (pathlib.Path(__file__).resolve().parents[1]
-              / "testdata" / "istio-conformance" / "real-world")
+REAL_WORLD = (
+    pathlib.Path(__file__).resolve().parents[1] / "testdata" / "istio-conformance" / "real-world"
+)
 PROVIDERS = sorted(p.name for p in REAL_WORLD.iterdir() if p.suffix in (".conf", ".conflist"))
 
-SCENARIOS = ("install", "upgrade", "upgrade-support-dir", "uninstall", "uninstall-support-dir",
-             "leftover-entry", "extra-config")
+SCENARIOS = (
+    "install",
+    "upgrade",
+    "upgrade-support-dir",
+    "uninstall",
+    "uninstall-support-dir",
+    "leftover-entry",
+    "extra-config",
+)
 """install: a node with only the provider's config. upgrade: an older single-file build installed
 (other entry content). upgrade-support-dir: a former two-part build installed (a launcher that
 execs its runtime from istio-cni-<hash>.d). uninstall / uninstall-support-dir: uninstall of this
@@ -59,14 +67,19 @@ provider's, which must stay untouched."""
 
 POD = ("istio-cni-node-x", "istio-system")
 FOREIGN_PLUGIN = b"#!/bin/sh\n# the provider's own plugin: never ours to touch\nexit 0\n"
-EXTRA_CONFIG = {"cniVersion": "0.4.0", "name": "extra",
-                "plugins": [{"type": "macvlan", "master": "eth9", "ipam": {"type": "dhcp"}}]}
+EXTRA_CONFIG = {
+    "cniVersion": "0.4.0",
+    "name": "extra",
+    "plugins": [{"type": "macvlan", "master": "eth9", "ipam": {"type": "dhcp"}}],
+}
 STALE_ENTRY = {"type": "istio-cni", "log_level": "debug", "stale": "from a former install"}
 VERSION_JSON = '{"cniVersion":"1.0.0","supportedVersions":["0.4.0","1.0.0"]}'
 OLD_PLUGIN = f"#!/bin/sh\n# former single-file build\necho '{VERSION_JSON}'\n"
 SUPPORT_DIR = "istio-cni-0f1e2d3c4b5a6978.d"
-OLD_LAUNCHER = (f"#!/bin/sh\n# former two-part build: a launcher that needs its runtime\n"
-                f'exec "$(dirname "$0")/{SUPPORT_DIR}/runtime" "$@"\n')
+OLD_LAUNCHER = (
+    f"#!/bin/sh\n# former two-part build: a launcher that needs its runtime\n"
+    f'exec "$(dirname "$0")/{SUPPORT_DIR}/runtime" "$@"\n'
+)
 OLD_RUNTIME = f"#!/bin/sh\necho '{VERSION_JSON}'\n"
 
 
@@ -91,8 +104,12 @@ def make_builds(root: pathlib.Path, plugin: pathlib.Path) -> Builds:
     (two_part / SUPPORT_DIR / "runtime").write_text(OLD_RUNTIME)
     for i in range(24):  # stands in for libpython and the .pyc files: a copy that takes time
         (two_part / SUPPORT_DIR / f"lib{i:02d}.so").write_bytes(os.urandom(64 << 10))
-    for f in (new / "istio-cni", old / "istio-cni", two_part / "istio-cni",
-              two_part / SUPPORT_DIR / "runtime"):
+    for f in (
+        new / "istio-cni",
+        old / "istio-cni",
+        two_part / "istio-cni",
+        two_part / SUPPORT_DIR / "runtime",
+    ):
         f.chmod(0o755)
     builds = Builds(new, old, two_part)
     builds.known_hashes = {_sha(d / "istio-cni") for d in (new, old, two_part)}
@@ -128,10 +145,14 @@ class Trial:
         return "uninstall" if self.scenario.startswith("uninstall") else "install"
 
     def settings(self, source: pathlib.Path | None = None, **overrides: Any) -> Settings:
-        return Settings(mountedCniBinDir=str(self.bin_dir), mountedCniConfDir=str(self.conf_dir),
-                        pluginSourceDir=str(source or self.builds.new),
-                        metricsAddress="127.0.0.1", cniAgentRunDir=str(self.root / "run"),
-                        **overrides)
+        return Settings(
+            mountedCniBinDir=str(self.bin_dir),
+            mountedCniConfDir=str(self.conf_dir),
+            pluginSourceDir=str(source or self.builds.new),
+            metricsAddress="127.0.0.1",
+            cniAgentRunDir=str(self.root / "run"),
+            **overrides,
+        )
 
     def installer(self, settings: Settings | None = None) -> Installer:
         return Installer(settings or self.settings(), pod_name=POD[0], pod_namespace=POD[1])
@@ -150,10 +171,18 @@ class Trial:
         (self.bin_dir / "bridge").chmod(0o755)
         shutil.copy(REAL_WORLD / self.provider, self.conf_dir / self.primary)
         os.chmod(self.conf_dir / self.primary, 0o644)
-        (self.root / "config.yaml").write_text(json.dumps({
-            "mountedCniBinDir": str(self.bin_dir), "mountedCniConfDir": str(self.conf_dir),
-            "pluginSourceDir": str(self.builds.new), "metricsAddress": "127.0.0.1",
-            "cniAgentRunDir": str(self.root / "run"), "logLevel": "error"}))
+        (self.root / "config.yaml").write_text(
+            json.dumps(
+                {
+                    "mountedCniBinDir": str(self.bin_dir),
+                    "mountedCniConfDir": str(self.conf_dir),
+                    "pluginSourceDir": str(self.builds.new),
+                    "metricsAddress": "127.0.0.1",
+                    "cniAgentRunDir": str(self.root / "run"),
+                    "logLevel": "error",
+                }
+            )
+        )
         if self.scenario in ("upgrade", "uninstall-support-dir", "upgrade-support-dir"):
             source = self.builds.old if self.scenario == "upgrade" else self.builds.two_part
             self.installer(self.settings(source, logLevel="debug")).install()
@@ -185,6 +214,7 @@ class Trial:
             os.environ["POD_NAME"], os.environ["POD_NAMESPACE"] = POD
             killpoint.arm(kill_before)
             from agent import cli
+
             code = cli.main([self.command, "--config", str(self.root / "config.yaml")])
         finally:
             os._exit(code)
@@ -208,8 +238,9 @@ def libcni_loads(name: str, data: bytes) -> str | None:
         plugins = value.get("plugins")
         if not isinstance(plugins, list) or not plugins:
             return "no plugins list"
-        if not all(isinstance(p, dict) and isinstance(p.get("type"), str) and p["type"]
-                   for p in plugins):
+        if not all(
+            isinstance(p, dict) and isinstance(p.get("type"), str) and p["type"] for p in plugins
+        ):
             return "a plugin without type"
         return None
     if not isinstance(value.get("type"), str) or not value["type"]:
@@ -218,8 +249,9 @@ def libcni_loads(name: str, data: bytes) -> str | None:
 
 
 def _configs(conf_dir: pathlib.Path) -> list[str]:
-    return sorted(n for n in os.listdir(conf_dir)
-                  if os.path.splitext(n)[1] in (".conf", ".conflist", ".json"))
+    return sorted(
+        n for n in os.listdir(conf_dir) if os.path.splitext(n)[1] in (".conf", ".conflist", ".json")
+    )
 
 
 def _as_plugins(config: dict[str, Any]) -> list[Any]:
@@ -241,8 +273,14 @@ def _provider_kept(trial: Trial, config: dict[str, Any]) -> str | None:
 
 def _runs(plugin: pathlib.Path) -> str | None:
     try:
-        done = subprocess.run([str(plugin)], env={"CNI_COMMAND": "VERSION"}, capture_output=True,
-                              stdin=subprocess.DEVNULL, timeout=10, check=False)
+        done = subprocess.run(
+            [str(plugin)],
+            env={"CNI_COMMAND": "VERSION"},
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            timeout=10,
+            check=False,
+        )
     except OSError as e:
         return f"exec failed: {e}"
     if done.returncode != 0 or b"supportedVersions" not in done.stdout:
@@ -317,8 +355,12 @@ def convergence_violations(trial: Trial) -> list[Violation]:
         out.append(("install does not converge", "bin/istio-cni is not the new build"))
     elif (why := _runs(trial.bin_dir / "istio-cni")) is not None:
         out.append(("named plugin does not run", f"after install: {why}"))
-    left = sorted(n for d in (trial.conf_dir, trial.bin_dir) for n in os.listdir(d)
-                  if n.startswith(".") or n.endswith(".d"))
+    left = sorted(
+        n
+        for d in (trial.conf_dir, trial.bin_dir)
+        for n in os.listdir(d)
+        if n.startswith(".") or n.endswith(".d")
+    )
     if left:
         out.append(("leftover after install", ", ".join(left)))
     out += _uninstall_violations(trial)
@@ -356,8 +398,9 @@ class Outcome:
     violations: list[Violation]
 
 
-def run_trial(trial: Trial, *, delay: float | None = None,
-              kill_before: int | None = None) -> Outcome:
+def run_trial(
+    trial: Trial, *, delay: float | None = None, kill_before: int | None = None
+) -> Outcome:
     """Set up, run the command, SIGKILL it after `delay` s (or let killpoint do it), judge."""
     trial.setup()
     pid = trial.child(kill_before)
@@ -401,15 +444,25 @@ class Tally:
             self.examples.setdefault(kind, f"{label}: {detail}")
 
     def report(self) -> str:
-        lines = [f"{self.trials} trials, {self.killed} killed mid-command, "
-                 f"{sum(self.by_kind.values())} violations"]
-        lines += [f"  {kind}: {n} (e.g. {self.examples[kind]})"
-                  for kind, n in sorted(self.by_kind.items())]
+        lines = [
+            f"{self.trials} trials, {self.killed} killed mid-command, "
+            f"{sum(self.by_kind.values())} violations"
+        ]
+        lines += [
+            f"  {kind}: {n} (e.g. {self.examples[kind]})"
+            for kind, n in sorted(self.by_kind.items())
+        ]
         return "\n".join(lines)
 
 
-def random_trials(root: pathlib.Path, builds: Builds, count: int, *, seed: int,
-                  progress: Callable[[int, Tally], None] | None = None) -> Tally:
+def random_trials(
+    root: pathlib.Path,
+    builds: Builds,
+    count: int,
+    *,
+    seed: int,
+    progress: Callable[[int, Tally], None] | None = None,
+) -> Tally:
     """`count` trials over random providers and scenarios, each killed at a random instant in
     [0, span]; span starts at the scenario's unkilled duration x 1.2 and follows the load."""
     rng = random.Random(seed)
@@ -432,8 +485,9 @@ EXACT_PROVIDERS = ("bridge.conf", "calico.conflist")
 """A single-plugin .conf (converted to a list) and a list: every code path of the config side."""
 
 
-def exact_points(root: pathlib.Path, builds: Builds,
-                 providers: tuple[str, ...] = EXACT_PROVIDERS) -> tuple[Tally, dict[str, int]]:
+def exact_points(
+    root: pathlib.Path, builds: Builds, providers: tuple[str, ...] = EXACT_PROVIDERS
+) -> tuple[Tally, dict[str, int]]:
     """Kill before the 1st, 2nd, ... file operation of each scenario until the command ends
     untouched; returns the tally and the number of points per scenario/provider."""
     tally = Tally()
@@ -451,7 +505,9 @@ def exact_points(root: pathlib.Path, builds: Builds,
                     break
                 tally.add(f"{scenario}/{provider} before op {n}", outcome)
                 if n > 500:
-                    tally.add(f"{scenario}/{provider}", Outcome(True, [(
-                        "endless command", "more than 500 file operations")]))
+                    tally.add(
+                        f"{scenario}/{provider}",
+                        Outcome(True, [("endless command", "more than 500 file operations")]),
+                    )
                     break
     return tally, points

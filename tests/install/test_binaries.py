@@ -55,8 +55,10 @@ def test_support_dirs_versioned_and_pruned(node: Node) -> None:
     inode = os.stat(node.bin_dir / "istio-cni-aaaa.d").st_ino
     install_binaries(str(node.src_dir), str(node.bin_dir), ledger)
     assert os.stat(node.bin_dir / "istio-cni-aaaa.d").st_ino == inode, "identical dir kept"
-    for old, new in (("istio-cni-aaaa.d", "istio-cni-bbbb.d"),
-                     ("istio-cni-bbbb.d", "istio-cni-cccc.d")):
+    for old, new in (
+        ("istio-cni-aaaa.d", "istio-cni-bbbb.d"),
+        ("istio-cni-bbbb.d", "istio-cni-cccc.d"),
+    ):
         time.sleep(0.01)
         os.rename(node.src_dir / old, node.src_dir / new)
         install_binaries(str(node.src_dir), str(node.bin_dir), ledger)
@@ -73,8 +75,7 @@ def test_upgrade_from_the_two_part_layout(node: Node, monkeypatch: pytest.Monkey
     install_binaries(str(node.src_dir), str(node.bin_dir), ledger)
     os.rename(node.src_dir / "istio-cni-aaaa.d", node.src_dir / "istio-cni-bbbb.d")
     install_binaries(str(node.src_dir), str(node.bin_dir), ledger)
-    assert sorted(os.listdir(node.bin_dir)) == ["istio-cni", "istio-cni-aaaa.d",
-                                                "istio-cni-bbbb.d"]
+    assert sorted(os.listdir(node.bin_dir)) == ["istio-cni", "istio-cni-aaaa.d", "istio-cni-bbbb.d"]
 
     shutil.rmtree(node.src_dir / "istio-cni-bbbb.d")
     write_plugin(node.src_dir, version="single")
@@ -96,12 +97,14 @@ def test_upgrade_from_the_two_part_layout(node: Node, monkeypatch: pytest.Monkey
     assert again.written == again.removed == []
 
 
-def test_support_dir_lands_before_its_executable(node: Node,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_support_dir_lands_before_its_executable(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A two-part source: the runtime never finds the new executable without its support dir."""
     _support(node.src_dir, "istio-cni-aaaa.d", "v1")
     plugin = node.bin_dir / "istio-cni"
     dirs_at_write: list[list[str]] = []
+
     def spy(path: str, *args: object, **kwargs: object) -> None:
         if path == str(plugin):
             dirs_at_write.append(sorted(os.listdir(node.bin_dir)))

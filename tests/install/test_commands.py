@@ -13,8 +13,14 @@ LIST = {"cniVersion": "0.4.0", "name": "net", "plugins": [{"type": "ptp"}]}
 
 
 def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(agent_command(*args), env=agent_env(), capture_output=True,
-                          text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        agent_command(*args),
+        env=agent_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def test_install_then_uninstall(node: Node) -> None:
@@ -38,7 +44,8 @@ def test_install_times_out_without_primary(node: Node) -> None:
     done = _run("install", "--config", str(config), "--timeout", "0.3")
     assert done.returncode == 1
     assert f"waiting for a primary CNI config (.conf/.conflist/.json) in {node.conf_dir}" in (
-        done.stderr)
+        done.stderr
+    )
 
 
 def test_install_bad_primary_names_file(node: Node) -> None:

@@ -22,21 +22,38 @@ def _reader(files: Mapping[str, object]) -> Callable[[str], bytes | None]:
         if value is None:
             return None
         return value if isinstance(value, bytes) else json.dumps(value).encode()
+
     return read
 
 
-@pytest.mark.parametrize(("files", "expected"), [
-    ({"20-b.conflist": LIST, "10-a.conf": BRIDGE}, "10-a.conf"),
-    ({"10-a.conf": b"{not json", "20-b.conflist": LIST}, "20-b.conflist"),
-    ({"10-a.conf": {"name": "x", "plugins": LIST["plugins"]}, "20-b.json": BRIDGE}, "20-b.json"),
-    ({"10-a.conflist": {"name": "x", "plugins": []}, "20-b.conf": BRIDGE}, "20-b.conf"),
-    ({"10-a.conflist": {"name": "x"}, "30-c.conflist": LIST}, "30-c.conflist"),
-    ({"10-a.conflist": BRIDGE, "30-c.conflist": LIST}, "30-c.conflist"),
-    ({"05-x.yaml": LIST, "10-a.txt": BRIDGE}, None),
-    ({"10-a.conf": [], "11-b.conf": {}, "12-c.conf": "str"}, None),
-    ({"1-k8s.conflist": LIST, "10-a.conflist": LIST}, "1-k8s.conflist"),
-], ids=["sorted-first", "skip-unparsable", "conf-without-type", "list-without-plugins",
-        "list-no-plugins-key", "single-in-conflist", "other-extensions", "garbage", "byte-order"])
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        ({"20-b.conflist": LIST, "10-a.conf": BRIDGE}, "10-a.conf"),
+        ({"10-a.conf": b"{not json", "20-b.conflist": LIST}, "20-b.conflist"),
+        (
+            {"10-a.conf": {"name": "x", "plugins": LIST["plugins"]}, "20-b.json": BRIDGE},
+            "20-b.json",
+        ),
+        ({"10-a.conflist": {"name": "x", "plugins": []}, "20-b.conf": BRIDGE}, "20-b.conf"),
+        ({"10-a.conflist": {"name": "x"}, "30-c.conflist": LIST}, "30-c.conflist"),
+        ({"10-a.conflist": BRIDGE, "30-c.conflist": LIST}, "30-c.conflist"),
+        ({"05-x.yaml": LIST, "10-a.txt": BRIDGE}, None),
+        ({"10-a.conf": [], "11-b.conf": {}, "12-c.conf": "str"}, None),
+        ({"1-k8s.conflist": LIST, "10-a.conflist": LIST}, "1-k8s.conflist"),
+    ],
+    ids=[
+        "sorted-first",
+        "skip-unparsable",
+        "conf-without-type",
+        "list-without-plugins",
+        "list-no-plugins-key",
+        "single-in-conflist",
+        "other-extensions",
+        "garbage",
+        "byte-order",
+    ],
+)
 def test_select_primary_as_runtime(files: dict[str, object], expected: str | None) -> None:
     assert conflist.select_primary(files, _reader(files)) == expected
 
@@ -44,24 +61,36 @@ def test_select_primary_as_runtime(files: dict[str, object], expected: str | Non
 def test_select_primary_excludes() -> None:
     files = {"02-istio.conflist": LIST, "10-a.conflist": LIST}
     assert conflist.select_primary(files, _reader(files), exclude={"02-istio.conflist"}) == (
-        "10-a.conflist")
+        "10-a.conflist"
+    )
 
 
-@pytest.mark.parametrize(("names", "wanted", "expected"), [
-    ({"a.conf", "b.conflist"}, "b.conflist", "b.conflist"),
-    ({"a.conf", "b.conflist"}, "b.conf", "b.conflist"),
-    ({"a.conf", "b.conflist"}, "a.conflist", "a.conf"),
-    ({"a.conf"}, "never.conf", None),
-    ({"undetectable.file"}, "undetectable.file", "undetectable.file"),
-])
+@pytest.mark.parametrize(
+    ("names", "wanted", "expected"),
+    [
+        ({"a.conf", "b.conflist"}, "b.conflist", "b.conflist"),
+        ({"a.conf", "b.conflist"}, "b.conf", "b.conflist"),
+        ({"a.conf", "b.conflist"}, "a.conflist", "a.conf"),
+        ({"a.conf"}, "never.conf", None),
+        ({"undetectable.file"}, "undetectable.file", "undetectable.file"),
+    ],
+)
 def test_resolve_named(names: set[str], wanted: str, expected: str | None) -> None:
     assert conflist.resolve_named(names, wanted) == expected
 
 
 def test_insert_keeps_order_and_appends_last() -> None:
-    existing: dict[str, Any] = {"name": "n", "cniVersion": "0.3.1", "zeta": 1, "plugins": [
-        {"type": "calico", "z": 1, "a": 2}, {"type": "istio-cni", "old": True},
-        {"type": "portmap"}, {"type": "istio-cni"}]}
+    existing: dict[str, Any] = {
+        "name": "n",
+        "cniVersion": "0.3.1",
+        "zeta": 1,
+        "plugins": [
+            {"type": "calico", "z": 1, "a": 2},
+            {"type": "istio-cni", "old": True},
+            {"type": "portmap"},
+            {"type": "istio-cni"},
+        ],
+    }
     result = conflist.insert(existing, ENTRY)
     assert list(result) == ["name", "cniVersion", "zeta", "plugins"]
     assert result["plugins"] == [{"type": "calico", "z": 1, "a": 2}, {"type": "portmap"}, ENTRY]
@@ -71,8 +100,11 @@ def test_insert_keeps_order_and_appends_last() -> None:
 
 def test_insert_wraps_single_keeping_name_and_version() -> None:
     result = conflist.insert(BRIDGE, {**ENTRY, "cniVersion": "0.3.1"})
-    assert result == {"cniVersion": "1.0.0", "name": "net",
-                      "plugins": [{"name": "net", "type": "bridge"}, ENTRY]}
+    assert result == {
+        "cniVersion": "1.0.0",
+        "name": "net",
+        "plugins": [{"name": "net", "type": "bridge"}, ENTRY],
+    }
     nameless = conflist.insert({"type": "bridge"}, ENTRY)
     assert nameless["name"] == conflist.WRAPPED_LIST_NAME and "cniVersion" not in nameless
 
@@ -88,25 +120,43 @@ def test_remove_and_has_entry() -> None:
     assert not conflist.has_entry(not_last, ENTRY)
 
 
-@pytest.mark.parametrize(("data", "message"), [
-    (b"{", "not valid JSON"),
-    (b"\xff\xfe", "not valid JSON"),
-    (b"[]", "must be a JSON object, got an array"),
-    (b'"x"', "must be a JSON object, got a string"),
-    (b"{}", "empty object"),
-    (b'{"name": "n", "plugins": {}}', "plugins must be a list, got an object"),
-    (b'{"name": "n", "plugins": []}', "plugins is an empty list"),
-    (b'{"name": "n", "plugins": [1]}', "plugins[0] must be an object, got a number"),
-    (b'{"name": "n", "plugins": [{"type": 3}]}', "plugins[0].type must be a non-empty string"),
-    (b'{"name": 5, "plugins": [{"type": "x"}]}', "name must be a string, got a number"),
-    (b'{"cniVersion": 1.0, "type": "x"}', "cniVersion must be a string"),
-    (b'{"type": ""}', "type must be a non-empty string"),
-    (b'{"name": "n"}', "neither type (.conf) nor plugins"),
-    (b'{"type": "x", "mtu": NaN}', "not valid JSON"),
-    (b" " * (conflist.MAX_CONFIG_BYTES + 1), "larger than"),
-], ids=["truncated", "not-utf8", "array", "string", "empty-object", "plugins-object",
-        "plugins-empty", "plugin-number", "type-number", "name-number", "version-number",
-        "type-empty", "no-type-no-plugins", "nan", "huge"])
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"{", "not valid JSON"),
+        (b"\xff\xfe", "not valid JSON"),
+        (b"[]", "must be a JSON object, got an array"),
+        (b'"x"', "must be a JSON object, got a string"),
+        (b"{}", "empty object"),
+        (b'{"name": "n", "plugins": {}}', "plugins must be a list, got an object"),
+        (b'{"name": "n", "plugins": []}', "plugins is an empty list"),
+        (b'{"name": "n", "plugins": [1]}', "plugins[0] must be an object, got a number"),
+        (b'{"name": "n", "plugins": [{"type": 3}]}', "plugins[0].type must be a non-empty string"),
+        (b'{"name": 5, "plugins": [{"type": "x"}]}', "name must be a string, got a number"),
+        (b'{"cniVersion": 1.0, "type": "x"}', "cniVersion must be a string"),
+        (b'{"type": ""}', "type must be a non-empty string"),
+        (b'{"name": "n"}', "neither type (.conf) nor plugins"),
+        (b'{"type": "x", "mtu": NaN}', "not valid JSON"),
+        (b" " * (conflist.MAX_CONFIG_BYTES + 1), "larger than"),
+    ],
+    ids=[
+        "truncated",
+        "not-utf8",
+        "array",
+        "string",
+        "empty-object",
+        "plugins-object",
+        "plugins-empty",
+        "plugin-number",
+        "type-number",
+        "name-number",
+        "version-number",
+        "type-empty",
+        "no-type-no-plugins",
+        "nan",
+        "huge",
+    ],
+)
 def test_bad_input_named(data: bytes, message: str) -> None:
     with pytest.raises(InstallError) as err:
         conflist.load(data, source="/etc/cni/net.d/10-x.conflist")
@@ -122,9 +172,14 @@ def test_dumps_round_trip() -> None:
     assert list(json.loads(data)) == ["b", "a"]
 
 
-@pytest.mark.parametrize(("name", "expected"), [
-    ("10-x.conf", "10-x.conflist"), ("10-x.json", "10-x.conflist"),
-    ("10-x.conflist", "10-x.conflist"), ("undetectable.file", "undetectable.file"),
-])
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("10-x.conf", "10-x.conflist"),
+        ("10-x.json", "10-x.conflist"),
+        ("10-x.conflist", "10-x.conflist"),
+        ("undetectable.file", "undetectable.file"),
+    ],
+)
 def test_list_file_name(name: str, expected: str) -> None:
     assert conflist.list_file_name(name) == expected

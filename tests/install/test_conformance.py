@@ -43,6 +43,7 @@ def _with_our_entry(config: dict[str, Any], entry: dict[str, Any]) -> dict[str, 
 
 # -- TestInsertCNIConfig: the pure merge ---------------------------------------------------------
 
+
 @pytest.mark.parametrize("case", CASES["TestInsertCNIConfig"], ids=lambda c: c["subtest"])
 def test_insert_cni_config(case: dict[str, Any]) -> None:
     existing, new = _json(case["existing"]), _json(case["new"])
@@ -58,13 +59,18 @@ def test_insert_cni_config(case: dict[str, Any]) -> None:
 
 # -- TestCreateCNIConfigFile: which file is written, and what it holds ----------------------------
 
+
 def _case_settings(node: Node, case: dict[str, Any]) -> Settings:
     owned = case["IstioOwnedCNIConfig"]
     return node.with_settings(
-        chained=case["ChainedCNIPlugin"], cniConfFileName=case["CNIConfName"],
+        chained=case["ChainedCNIPlugin"],
+        cniConfFileName=case["CNIConfName"],
         istioOwnedCNIConfig=owned,
         istioOwnedCNIConfigFileName=case["IstioOwnedCNIConfigFilename"] or OWNED_NAME,
-        logLevel="debug", cniAgentRunDir="/path/to/kubeconfig", excludeNamespaces=())
+        logLevel="debug",
+        cniAgentRunDir="/path/to/kubeconfig",
+        excludeNamespaces=(),
+    )
 
 
 def _expected_file(case: dict[str, Any], settings: Settings) -> dict[str, Any]:
@@ -74,16 +80,18 @@ def _expected_file(case: dict[str, Any], settings: Settings) -> dict[str, Any]:
         return standalone_entry(settings, pod_name=POD_NAME, pod_namespace="my-namespace")
     entry = plugin_entry(settings, pod_name=POD_NAME, pod_namespace="my-namespace")
     expected = _with_our_entry(golden, entry)
-    primary_sources = [src for src, name in case["existing_files"].items()
-                       if conflist.is_single(_json(src))]
+    primary_sources = [
+        src for src, name in case["existing_files"].items() if conflist.is_single(_json(src))
+    ]
     if golden["name"] == conflist.WRAPPED_LIST_NAME and primary_sources:
         source = _json(primary_sources[0])  # the wrapped .conf keeps its name and cniVersion
         expected["name"], expected["cniVersion"] = source["name"], source["cniVersion"]
     return expected
 
 
-@pytest.mark.parametrize("case", CASES["TestCreateCNIConfigFile"]["cases"],
-                         ids=lambda c: c["subtest"])
+@pytest.mark.parametrize(
+    "case", CASES["TestCreateCNIConfigFile"]["cases"], ids=lambda c: c["subtest"]
+)
 def test_create_cni_config_file(node: Node, case: dict[str, Any]) -> None:
     settings = _case_settings(node, case)
     for src, name in case["existing_files"].items():
@@ -113,15 +121,19 @@ def test_create_cni_config_file(node: Node, case: dict[str, Any]) -> None:
 
 # -- TestCleanup ---------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("case", CASES["TestCleanup"], ids=lambda c: c["subtest"])
 def test_cleanup(node: Node, case: dict[str, Any]) -> None:
     target = node.conf_dir / case["copied_as"]
     shutil.copy(CASES_DIR / case["input"], target)
     settings = node.with_settings(
-        chained=case["ChainedCNIPlugin"], istioOwnedCNIConfig=case["IstioOwnedCNIConfig"],
+        chained=case["ChainedCNIPlugin"],
+        istioOwnedCNIConfig=case["IstioOwnedCNIConfig"],
         istioOwnedCNIConfigFileName=(
-            case["copied_as"] if case["IstioOwnedCNIConfig"] else OWNED_NAME),
-        cniConfFileName="" if case["ChainedCNIPlugin"] else case["copied_as"])
+            case["copied_as"] if case["IstioOwnedCNIConfig"] else OWNED_NAME
+        ),
+        cniConfFileName="" if case["ChainedCNIPlugin"] else case["copied_as"],
+    )
     Installer(settings, pod_name=POD_NAME, pod_namespace="my-namespace").uninstall()
     if case["expect_deleted"]:
         assert not target.exists()
@@ -130,6 +142,7 @@ def test_cleanup(node: Node, case: dict[str, Any]) -> None:
 
 
 # -- TestCheckInstall cases whose meaning is the same for us --------------------------------------
+
 
 def _place(node: Node, src: str, name: str, entry: dict[str, Any]) -> None:
     data = _json(src)
@@ -140,29 +153,68 @@ def _place(node: Node, src: str, name: str, entry: dict[str, Any]) -> None:
 
 CHECK_CASES = [
     # (id, valid, chained, CNIConfName, files {src: name}, owned file name or "")
-    ("preempted config", False, True, "",
-     {"bridge.conf": "bridge.conf", "list.conflist.golden": "list.conflist"}, ""),
-    ("intentional preempted config invalid", False, True, "invalid-arr.conflist",
-     {"bridge.conf": "bridge.conf", "invalid-arr.conflist": "invalid-arr.conflist"}, ""),
-    ("intentional preempted config, missing istio owned config", False, True, "list.conflist",
-     {"bridge.conf": "bridge.conf", "list.conflist.golden": "list.conflist"}, OWNED_NAME),
-    ("intentional preempted config", True, True, "list.conflist",
-     {"bridge.conf": "bridge.conf", "list.conflist.golden": "list.conflist"}, ""),
+    (
+        "preempted config",
+        False,
+        True,
+        "",
+        {"bridge.conf": "bridge.conf", "list.conflist.golden": "list.conflist"},
+        "",
+    ),
+    (
+        "intentional preempted config invalid",
+        False,
+        True,
+        "invalid-arr.conflist",
+        {"bridge.conf": "bridge.conf", "invalid-arr.conflist": "invalid-arr.conflist"},
+        "",
+    ),
+    (
+        "intentional preempted config, missing istio owned config",
+        False,
+        True,
+        "list.conflist",
+        {"bridge.conf": "bridge.conf", "list.conflist.golden": "list.conflist"},
+        OWNED_NAME,
+    ),
+    (
+        "intentional preempted config",
+        True,
+        True,
+        "list.conflist",
+        {"bridge.conf": "bridge.conf", "list.conflist.golden": "list.conflist"},
+        "",
+    ),
     ("CNI config file removed", False, False, "", {}, ""),
-    ("istio-cni config removed from CNI config file", False, True, "",
-     {"list.conflist": "list.conflist"}, ""),
+    (
+        "istio-cni config removed from CNI config file",
+        False,
+        True,
+        "",
+        {"list.conflist": "list.conflist"},
+        "",
+    ),
     ("chained CNI plugin", True, True, "", {"list.conflist.golden": "list.conflist"}, ""),
-    ("standalone CNI plugin istio-cni config not in CNI config file", False, False, "",
-     {"bridge.conf": "bridge.conf"}, ""),
+    (
+        "standalone CNI plugin istio-cni config not in CNI config file",
+        False,
+        False,
+        "",
+        {"bridge.conf": "bridge.conf"},
+        "",
+    ),
 ]
 
 
 @pytest.mark.parametrize("case", CHECK_CASES, ids=lambda c: c[0])
 def test_check_install(node: Node, case: tuple[Any, ...]) -> None:
     _id, valid, chained, name, files, owned = case
-    settings = node.with_settings(chained=chained, cniConfFileName=name,
-                                  istioOwnedCNIConfig=bool(owned),
-                                  istioOwnedCNIConfigFileName=owned or OWNED_NAME)
+    settings = node.with_settings(
+        chained=chained,
+        cniConfFileName=name,
+        istioOwnedCNIConfig=bool(owned),
+        istioOwnedCNIConfigFileName=owned or OWNED_NAME,
+    )
     installer = Installer(settings, pod_name=POD_NAME, pod_namespace="my-namespace")
     for src, dst in files.items():
         _place(node, src, dst, installer.entry)
@@ -179,8 +231,7 @@ def test_standalone_check_valid(node: Node) -> None:
     os.chmod(node.conf_dir / "istio-cni.conf", 0o644)
     shutil.copy(node.src_dir / "istio-cni", node.bin_dir / "istio-cni")
     # Beyond Istio's check: a file of ours must also have our mode (Istio's CNIConfFileMode).
-    assert installer.problems() == [
-        f"{node.conf_dir / 'istio-cni.conf'}: mode 0644, want 0600"]
+    assert installer.problems() == [f"{node.conf_dir / 'istio-cni.conf'}: mode 0644, want 0600"]
     os.chmod(node.conf_dir / "istio-cni.conf", 0o600)
     assert installer.problems() == []
 

@@ -21,8 +21,10 @@ from tests.install.conftest import Node
 
 LIST = {"cniVersion": "0.4.0", "name": "net", "plugins": [{"type": "ptp"}, {"type": "portmap"}]}
 SINGLE = {"cniVersion": "0.4.0", "name": "net", "type": "bridge"}
-GROUP_READ = [pytest.param(False, 0o600, id="default-0600"),
-              pytest.param(True, 0o640, id="group-read-0640")]
+GROUP_READ = [
+    pytest.param(False, 0o600, id="default-0600"),
+    pytest.param(True, 0o640, id="group-read-0640"),
+]
 
 
 def mode(path: Path | str) -> int:
@@ -95,9 +97,7 @@ def test_non_executable_support_file_gets_our_mode(node: Node, group_read: bool)
 
 @pytest.mark.parametrize("group_read", [False, True])
 @pytest.mark.parametrize("primary_mode", [0o644, 0o600, 0o640, 0o604])
-def test_chained_primary_keeps_its_mode(
-    node: Node, primary_mode: int, group_read: bool
-) -> None:
+def test_chained_primary_keeps_its_mode(node: Node, primary_mode: int, group_read: bool) -> None:
     write(node.conf_dir / "10-net.conflist", LIST, primary_mode)
     inst = installer(node, cniConfGroupRead=group_read)
     with umask(0o022):

@@ -51,8 +51,12 @@ def test_metrics_has_istio_names(server: tuple[HttpServer, Flag, Flag]) -> None:
     metrics.INSTALLS.labels(result="success").inc()
     code, body = http_get(srv.bound_port, "/metrics")
     assert code == 200
-    for name in ("istio_cni_install_ready", 'istio_cni_installs_total{result="success"}',
-                 "istio_cni_install_heals_total", "istio_cni_install_conflicts_total"):
+    for name in (
+        "istio_cni_install_ready",
+        'istio_cni_installs_total{result="success"}',
+        "istio_cni_install_heals_total",
+        "istio_cni_install_conflicts_total",
+    ):
         assert name in body
 
 

@@ -28,14 +28,18 @@ def _snapshot(node: Node) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in node.conf_dir.iterdir() if p.is_file()}
 
 
-@pytest.mark.parametrize(("content", "message"), [
-    (b"{\n  \"name\": \"net\",\n  \"plugins\": [", "not valid JSON"),
-    (b"{}", "empty object"),
-    (b"[]", "got an array"),
-    (b'{"name": "net", "plugins": "ptp"}', "plugins must be a list"),
-    (b'{"name": "net", "plugins": [{"type": ["ptp"]}]}', "plugins[0].type"),
-    (b" " * (conflist.MAX_CONFIG_BYTES + 10), "larger than"),
-], ids=["invalid-json", "empty-map", "array", "plugins-string", "type-list", "huge"])
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b'{\n  "name": "net",\n  "plugins": [', "not valid JSON"),
+        (b"{}", "empty object"),
+        (b"[]", "got an array"),
+        (b'{"name": "net", "plugins": "ptp"}', "plugins must be a list"),
+        (b'{"name": "net", "plugins": [{"type": ["ptp"]}]}', "plugins[0].type"),
+        (b" " * (conflist.MAX_CONFIG_BYTES + 10), "larger than"),
+    ],
+    ids=["invalid-json", "empty-map", "array", "plugins-string", "type-list", "huge"],
+)
 def test_bad_named_primary_loses_nothing(node: Node, content: bytes, message: str) -> None:
     (node.conf_dir / "10-net.conflist").write_bytes(content)
     before = _snapshot(node)
@@ -105,7 +109,8 @@ def test_interrupted_conversion_is_finished(node: Node) -> None:
     bridge = json.loads((CASES / "bridge.conf").read_text())
     # What a crash between "write the list into the .conf" and "rename it" leaves behind.
     (node.conf_dir / "10-net.conf").write_bytes(
-        conflist.dumps(conflist.insert(bridge, installer.entry)))
+        conflist.dumps(conflist.insert(bridge, installer.entry))
+    )
     installer.install()
     assert os.listdir(node.conf_dir) == ["10-net.conflist"]
     assert conflist.has_entry(node.conf("10-net.conflist"), installer.entry)
@@ -120,13 +125,15 @@ def test_stale_conf_temp_removed(node: Node) -> None:
     assert sorted(os.listdir(node.conf_dir)) == ["10-net.conflist"]
 
 
-def test_owned_file_follows_primary_and_warns(
-    node: Node, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_owned_file_follows_primary_and_warns(node: Node, caplog: pytest.LogCaptureFixture) -> None:
     (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
     (node.conf_dir / "01-early.conflist").write_text(json.dumps({**LIST, "name": "early"}))
-    installer = _installer(node, istioOwnedCNIConfig=True, cniConfFileName="10-net.conflist",
-                           istioOwnedCNIConfigFileName="02-istio-cni.conflist")
+    installer = _installer(
+        node,
+        istioOwnedCNIConfig=True,
+        cniConfFileName="10-net.conflist",
+        istioOwnedCNIConfigFileName="02-istio-cni.conflist",
+    )
     with caplog.at_level(logging.WARNING):
         installer.install()
     assert "01-early.conflist sorts before 02-istio-cni.conflist" in caplog.text
@@ -156,13 +163,20 @@ def test_standalone_names(node: Node) -> None:
 
 def test_entry_carries_what_the_plugin_needs(node: Node) -> None:
     (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
-    installer = _installer(node, logLevel="debug", excludeNamespaces=("a", "b"),
-                           cniAgentRunDir="/run/x")
+    installer = _installer(
+        node, logLevel="debug", excludeNamespaces=("a", "b"), cniAgentRunDir="/run/x"
+    )
     installer.install()
     entry = node.conf("10-net.conflist")["plugins"][-1]
-    assert entry == {"name": "istio-cni", "type": "istio-cni", "plugin_log_level": "debug",
-                     "cni_agent_run_dir": "/run/x", "exclude_namespaces": ["a", "b"],
-                     "pod_namespace": "istio-system", "agent_pod_prefix": "agent-"}
+    assert entry == {
+        "name": "istio-cni",
+        "type": "istio-cni",
+        "plugin_log_level": "debug",
+        "cni_agent_run_dir": "/run/x",
+        "exclude_namespaces": ["a", "b"],
+        "pod_namespace": "istio-system",
+        "agent_pod_prefix": "agent-",
+    }
     text = (node.conf_dir / "10-net.conflist").read_text().lower()
     assert "token" not in text and "kubeconfig" not in text
 

@@ -48,16 +48,27 @@ def test_every_exact_kill_point(builds: kill_rig.Builds, tmp_path: pathlib.Path)
 
 
 @pytest.mark.stress
-def test_env_hook_kills_a_real_agent_process(builds: kill_rig.Builds,
-                                             tmp_path: pathlib.Path) -> None:
+def test_env_hook_kills_a_real_agent_process(
+    builds: kill_rig.Builds, tmp_path: pathlib.Path
+) -> None:
     """The hook as documented: ISTIO_CNI_KILL_BEFORE_FILE_OP in a real `istio-cni-agent`."""
     trial = kill_rig.Trial("calico.conflist", "install", tmp_path / "node", builds)
     trial.setup()
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), POD_NAME=kill_rig.POD[0],
-               POD_NAMESPACE=kill_rig.POD[1], **{killpoint.ENV: "5"})
-    done = subprocess.run([sys.executable, "-m", "agent.cli", "install", "--config",
-                           str(trial.root / "config.yaml")], env=env, capture_output=True,
-                          text=True, timeout=60, check=False)
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(REPO_ROOT),
+        POD_NAME=kill_rig.POD[0],
+        POD_NAMESPACE=kill_rig.POD[1],
+        **{killpoint.ENV: "5"},
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "install", "--config", str(trial.root / "config.yaml")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == -9, done.stderr
     assert "killpoint 5: SIGKILL before rename" in done.stderr
     assert kill_rig.node_violations(trial) == []
@@ -71,15 +82,19 @@ def test_judge_sees_a_list_in_a_conf(builds: kill_rig.Builds, tmp_path: pathlib.
     trial = kill_rig.Trial("bridge.conf", "install", tmp_path, builds)
     trial.setup()
     config = json.loads((trial.conf_dir / trial.primary).read_text())
-    listed = {"cniVersion": config["cniVersion"], "name": config["name"],
-              "plugins": [{k: v for k, v in config.items() if k != "cniVersion"}]}
+    listed = {
+        "cniVersion": config["cniVersion"],
+        "name": config["name"],
+        "plugins": [{k: v for k, v in config.items() if k != "cniVersion"}],
+    }
     (trial.conf_dir / trial.primary).write_text(json.dumps(listed))
     kinds = {k for k, _ in kill_rig.node_violations(trial)}
     assert "unloadable config" in kinds
 
 
-def test_judge_sees_a_launcher_without_its_runtime(builds: kill_rig.Builds,
-                                                   tmp_path: pathlib.Path) -> None:
+def test_judge_sees_a_launcher_without_its_runtime(
+    builds: kill_rig.Builds, tmp_path: pathlib.Path
+) -> None:
     trial = kill_rig.Trial("calico.conflist", "upgrade-support-dir", tmp_path, builds)
     trial.setup()
     assert kill_rig.node_violations(trial) == []
@@ -88,8 +103,9 @@ def test_judge_sees_a_launcher_without_its_runtime(builds: kill_rig.Builds,
     assert "named plugin does not run" in kinds
 
 
-def test_judge_sees_a_torn_binary_and_leftovers(builds: kill_rig.Builds,
-                                                tmp_path: pathlib.Path) -> None:
+def test_judge_sees_a_torn_binary_and_leftovers(
+    builds: kill_rig.Builds, tmp_path: pathlib.Path
+) -> None:
     trial = kill_rig.Trial("calico.conflist", "install", tmp_path, builds)
     trial.setup()
     data = (builds.new / "istio-cni").read_bytes()
@@ -104,8 +120,9 @@ def test_judge_sees_a_torn_binary_and_leftovers(builds: kill_rig.Builds,
     assert kinds == {"leftover after uninstall"}  # the stray is not ours; the judge counts it
 
 
-def test_judge_sees_the_former_conversion_order(builds: kill_rig.Builds, tmp_path: pathlib.Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_judge_sees_the_former_conversion_order(
+    builds: kill_rig.Builds, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """With the former order (the list written into x.conf, then renamed) the exact points find
     the kill that leaves a .conf containerd rejects; this version's order has none (stress)."""
     from agent.install import atomic
@@ -118,7 +135,11 @@ def test_judge_sees_the_former_conversion_order(builds: kill_rig.Builds, tmp_pat
 
     monkeypatch.setattr(Installer, "_convert", former)  # inherited by the forked command
     trial = kill_rig.Trial("bridge.conf", "install", tmp_path / "node", builds)
-    hits = [n for n in range(1, 16)
-            if any(k == "unloadable config"
-                   for k, _ in kill_rig.run_trial(trial, kill_before=n).violations)]
+    hits = [
+        n
+        for n in range(1, 16)
+        if any(
+            k == "unloadable config" for k, _ in kill_rig.run_trial(trial, kill_before=n).violations
+        )
+    ]
     assert hits, "no exact point found the half-converted .conf"

@@ -22,8 +22,13 @@ from testbed.containerd import Containerd, ContainerdDirs
 
 pytestmark = pytest.mark.node
 
-SINGLE = {"cniVersion": "1.0.0", "name": "net", "type": "bridge", "bridge": "cni0",
-          "ipam": {"type": "host-local", "subnet": "10.22.0.0/16"}}
+SINGLE = {
+    "cniVersion": "1.0.0",
+    "name": "net",
+    "type": "bridge",
+    "bridge": "cni0",
+    "ipam": {"type": "host-local", "subnet": "10.22.0.0/16"},
+}
 OURS = {"type": "istio-cni", "kubernetes": {"kubeconfig": ""}}
 LIST = conflist.insert(SINGLE, OURS)
 
@@ -49,7 +54,7 @@ def _fields(data: bytes) -> Iterator[tuple[int, int | bytes]]:
             yield key >> 3, varint()
         elif key & 7 == 2:
             n = varint()
-            yield key >> 3, data[i:i + n]
+            yield key >> 3, data[i : i + n]
             i += n
         else:
             raise ValueError(f"unexpected wire type {key & 7}")
@@ -58,9 +63,11 @@ def _fields(data: bytes) -> Iterator[tuple[int, int | bytes]]:
 def cri_status(socket: pathlib.Path) -> tuple[dict[str, tuple[bool, str]], dict[str, str]]:
     """The CRI's Status: {condition: (status, message)}, verbose info."""
     with grpc.insecure_channel(f"unix://{socket}") as channel:
-        call = channel.unary_unary("/runtime.v1.RuntimeService/Status",
-                                   request_serializer=lambda b: b,
-                                   response_deserializer=lambda b: b)
+        call = channel.unary_unary(
+            "/runtime.v1.RuntimeService/Status",
+            request_serializer=lambda b: b,
+            response_deserializer=lambda b: b,
+        )
         reply = call(b"\x08\x01", timeout=10)  # StatusRequest{verbose: true}
     conditions: dict[str, tuple[bool, str]] = {}
     info: dict[str, str] = {}
@@ -71,7 +78,9 @@ def cri_status(socket: pathlib.Path) -> tuple[dict[str, tuple[bool, str]], dict[
                 if n == 1 and isinstance(cond, bytes):
                     c = dict(_fields(cond))
                     conditions[bytes(c.get(1, b"")).decode()] = (
-                        bool(c.get(2, 0)), bytes(c.get(4, b"")).decode())
+                        bool(c.get(2, 0)),
+                        bytes(c.get(4, b"")).decode(),
+                    )
         elif number == 2:  # map<string, string> info
             entry = dict(_fields(value))
             info[bytes(entry[1]).decode()] = bytes(entry[2]).decode()
@@ -83,9 +92,14 @@ def containerd(tmp_path: pathlib.Path) -> Iterator[tuple[Containerd, pathlib.Pat
     conf_dir, bin_dir = tmp_path / "net.d", tmp_path / "bin"
     conf_dir.mkdir()
     bin_dir.mkdir()
-    runtime = Containerd(ContainerdDirs(tmp_path / "containerd"), tmp_path / "containerd.log",
-                         prefix=[], sandbox_image="registry.invalid/pause:never-pulled",
-                         cni_bin_dir=bin_dir, cni_conf_dir=conf_dir)
+    runtime = Containerd(
+        ContainerdDirs(tmp_path / "containerd"),
+        tmp_path / "containerd.log",
+        prefix=[],
+        sandbox_image="registry.invalid/pause:never-pulled",
+        cni_bin_dir=bin_dir,
+        cni_conf_dir=conf_dir,
+    )
     runtime.start()
     try:
         yield runtime, conf_dir
@@ -108,8 +122,11 @@ def _network(runtime: Containerd, conf_dir: pathlib.Path, files: dict[str, objec
         ready, message = conditions["NetworkReady"]
         status = info.get("lastCNILoadStatus", "")
         config = json.loads(info.get("cniconfig", "{}"))
-        loaded = [n["Config"] for n in config.get("Networks") or []
-                  if n["Config"]["Name"] != "cni-loopback"]
+        loaded = [
+            n["Config"]
+            for n in config.get("Networks") or []
+            if n["Config"]["Name"] != "cni-loopback"
+        ]
         networks = [n["Name"] for n in loaded]
         plugin_types = [p["Network"]["type"] for n in loaded for p in n["Plugins"]]
         if ready and status == "OK":
@@ -133,8 +150,10 @@ def test_each_state_of_a_conversion(containerd: tuple[Containerd, pathlib.Path])
     seen = {}
     states: dict[str, dict[str, object]] = {
         "before: the provider's .conf": {"10-net.conf": SINGLE},
-        "this order, middle: .conflist written, .conf not yet removed":
-            {"10-net.conf": SINGLE, "10-net.conflist": LIST},
+        "this order, middle: .conflist written, .conf not yet removed": {
+            "10-net.conf": SINGLE,
+            "10-net.conflist": LIST,
+        },
         "after: the .conflist": {"10-net.conflist": LIST},
         "former order, middle: the list written into the .conf": {"10-net.conf": LIST},
     }
@@ -144,7 +163,8 @@ def test_each_state_of_a_conversion(containerd: tuple[Containerd, pathlib.Path])
     assert seen["before: the provider's .conf"].startswith("ok net bridge")
     # Both present: containerd loads the .conf (first in name order), untouched and valid.
     assert seen["this order, middle: .conflist written, .conf not yet removed"].startswith(
-        "ok net bridge"), seen
+        "ok net bridge"
+    ), seen
     assert "istio-cni" not in seen["this order, middle: .conflist written, .conf not yet removed"]
     assert seen["after: the .conflist"] == "ok net bridge+istio-cni"
     # The state the former order left on a kill: containerd's whole load fails.

@@ -120,8 +120,14 @@ def test_start_error_exits_nonzero_with_message(node: Node) -> None:
     real.write_text(json.dumps(LIST))
     (node.conf_dir / "10-net.conflist").symlink_to(real)
     config = node.write_config_yaml(metricsPort=free_port())
-    done = subprocess.run(agent_command("run", "--config", str(config)), env=agent_env(),
-                          capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(
+        agent_command("run", "--config", str(config)),
+        env=agent_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 1
     assert "10-net.conflist: is a symlink" in done.stderr
 
@@ -134,25 +140,39 @@ def test_port_in_use_exits_nonzero(node: Node) -> None:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         config = node.write_config_yaml(metricsPort=busy.getsockname()[1])
-        done = subprocess.run(agent_command("run", "--config", str(config)), env=agent_env(),
-                              capture_output=True, text=True, timeout=60, check=False)
+        done = subprocess.run(
+            agent_command("run", "--config", str(config)),
+            env=agent_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
     assert done.returncode == 1
     assert "cannot start HttpServer" in done.stderr
 
 
 def _ds(**metadata: Any) -> dict[str, Any]:
-    return {"metadata": {"name": "istio-cni-node", **metadata},
-            "spec": {"template": {"spec": {"nodeSelector": {"pool": "a"}}}}}
+    return {
+        "metadata": {"name": "istio-cni-node", **metadata},
+        "spec": {"template": {"spec": {"nodeSelector": {"pool": "a"}}}},
+    }
 
 
-@pytest.mark.parametrize(("state", "kept"), [
-    ({"daemonset": None, "node": NODE}, False),
-    ({"daemonset": _ds(deletionTimestamp="2026-11-30T00:00:00Z"), "node": NODE}, False),
-    ({"daemonset": _ds(), "node": {"metadata": {"name": "node-1", "labels": {"pool": "b"}}}},
-     False),
-    ({"daemonset": _ds(), "node": NODE}, True),
-    ({"error": "connection refused"}, True),
-], ids=["ds-gone", "ds-deleting", "node-no-longer-selected", "upgrade", "api-unreachable"])
+@pytest.mark.parametrize(
+    ("state", "kept"),
+    [
+        ({"daemonset": None, "node": NODE}, False),
+        ({"daemonset": _ds(deletionTimestamp="2026-11-30T00:00:00Z"), "node": NODE}, False),
+        (
+            {"daemonset": _ds(), "node": {"metadata": {"name": "node-1", "labels": {"pool": "b"}}}},
+            False,
+        ),
+        ({"daemonset": _ds(), "node": NODE}, True),
+        ({"error": "connection refused"}, True),
+    ],
+    ids=["ds-gone", "ds-deleting", "node-no-longer-selected", "upgrade", "api-unreachable"],
+)
 def test_sigterm_decides_from_daemonset_state(
     node: Node, state: dict[str, Any], kept: bool
 ) -> None:
@@ -160,8 +180,13 @@ def test_sigterm_decides_from_daemonset_state(
     port = free_port()
     config = node.write_config_yaml(metricsPort=port, uninstallOnStop="auto")
     (node.root / "state.json").write_text(json.dumps(state))
-    command = [sys.executable, "-m", "tests.install.given_state_agent", str(config),
-               str(node.root / "state.json")]
+    command = [
+        sys.executable,
+        "-m",
+        "tests.install.given_state_agent",
+        str(config),
+        str(node.root / "state.json"),
+    ]
     with _agent(command) as proc:
         _wait_status(port, "/readyz", 200)
         code, err = _stop(proc)

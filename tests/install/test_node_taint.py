@@ -28,8 +28,7 @@ from agent.node_taint import (
 )
 from testbed.wait import wait_for
 
-FAST = TaintTiming(ready_poll_seconds=0.01, initial_backoff_seconds=0.01,
-                   max_backoff_seconds=0.05)
+FAST = TaintTiming(ready_poll_seconds=0.01, initial_backoff_seconds=0.01, max_backoff_seconds=0.05)
 OURS = {"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"}
 OTHER = {"key": "example.com/maintenance", "effect": "NoSchedule"}
 
@@ -54,11 +53,13 @@ class FakeCore:
         self.reads += 1
         if self.failures:
             raise self.failures.pop(0)
-        return _Response(json.dumps({"metadata": {"name": name},
-                                     "spec": {"taints": self.taints}}).encode())
+        return _Response(
+            json.dumps({"metadata": {"name": name}, "spec": {"taints": self.taints}}).encode()
+        )
 
-    def patch_node(self, name: str, body: Any, *, _content_type: str | None = None,
-                   **_: Any) -> _Response:
+    def patch_node(
+        self, name: str, body: Any, *, _content_type: str | None = None, **_: Any
+    ) -> _Response:
         self.patches.append((name, copy.deepcopy(body), _content_type))
         if self.before_patch is not None:
             hook, self.before_patch = self.before_patch, None
@@ -75,8 +76,9 @@ class FakeCore:
 def run() -> Iterator[Callable[..., NodeTaintRemover]]:
     started: list[NodeTaintRemover] = []
 
-    def start(core: FakeCore, ready: Callable[[], bool] = lambda: True,
-              timing: TaintTiming = FAST) -> NodeTaintRemover:
+    def start(
+        core: FakeCore, ready: Callable[[], bool] = lambda: True, timing: TaintTiming = FAST
+    ) -> NodeTaintRemover:
         remover = NodeTaintRemover(core, "node-1", is_ready=ready, timing=timing)
         remover.start()
         started.append(remover)
@@ -92,14 +94,16 @@ def test_patch_tests_the_list_read_and_replaces_it() -> None:
     taints = [OURS, OTHER, ours_execute]
     assert removal_patch(taints, TAINT_KEY) == [
         {"op": "test", "path": "/spec/taints", "value": taints},
-        {"op": "replace", "path": "/spec/taints", "value": [OTHER]}]
+        {"op": "replace", "path": "/spec/taints", "value": [OTHER]},
+    ]
     assert removal_patch([OTHER], TAINT_KEY) is None
     assert removal_patch([], TAINT_KEY) is None
     assert without_key([OURS], TAINT_KEY) == []
 
 
-def test_removes_every_effect_keeps_the_rest(run: Callable[..., NodeTaintRemover],
-                                             caplog: pytest.LogCaptureFixture) -> None:
+def test_removes_every_effect_keeps_the_rest(
+    run: Callable[..., NodeTaintRemover], caplog: pytest.LogCaptureFixture
+) -> None:
     core = FakeCore([OURS, OTHER, {**OURS, "effect": "NoExecute"}])
     with caplog.at_level(logging.INFO, logger="agent.node_taint"):
         remover = run(core)
@@ -107,8 +111,11 @@ def test_removes_every_effect_keeps_the_rest(run: Callable[..., NodeTaintRemover
     assert core.taints == [OTHER]
     assert core.patches[0][2] == "application/json-patch+json"
     record = next(r for r in caplog.records if "removed the not-ready taint" in r.message)
-    assert record.fields == {"node": "node-1", "taint": TAINT_KEY,  # type: ignore[attr-defined]
-                             "effects": "NoSchedule,NoExecute"}
+    assert record.fields == {  # type: ignore[attr-defined]
+        "node": "node-1",
+        "taint": TAINT_KEY,
+        "effects": "NoSchedule,NoExecute",
+    }
 
 
 def test_missing_taint_is_success_without_a_write(run: Callable[..., NodeTaintRemover]) -> None:
@@ -162,16 +169,23 @@ def test_api_errors_are_retried_with_backoff(
         remover = run(core)
         assert remover.done.wait(5)
     assert core.taints == [] and remover.attempts == 4
-    waits = [r.fields["retry_in_seconds"] for r in caplog.records  # type: ignore[attr-defined]
-             if "retrying" in r.message]
+    waits = [
+        r.fields["retry_in_seconds"]  # type: ignore[attr-defined]
+        for r in caplog.records
+        if "retrying" in r.message
+    ]
     assert len(waits) == 3
-    assert all(f"HTTP {status}" in r.fields["error"]  # type: ignore[attr-defined]
-               for r in caplog.records if "retrying" in r.message)
+    assert all(
+        f"HTTP {status}" in r.fields["error"]  # type: ignore[attr-defined]
+        for r in caplog.records
+        if "retrying" in r.message
+    )
 
 
 def test_backoff_doubles_up_to_the_cap() -> None:
-    timing = TaintTiming(ready_poll_seconds=0.01, initial_backoff_seconds=1.0,
-                         max_backoff_seconds=4.0)
+    timing = TaintTiming(
+        ready_poll_seconds=0.01, initial_backoff_seconds=1.0, max_backoff_seconds=4.0
+    )
     core = FakeCore([OURS], failures=[ApiException(status=503)] * 100)
     remover = NodeTaintRemover(core, "node-1", is_ready=lambda: True, timing=timing)
     waits: list[float] = []
@@ -202,7 +216,7 @@ def test_stop_does_not_wait_for_the_backoff(run: Callable[..., NodeTaintRemover]
 
 
 def test_connection_errors_and_a_raising_check_are_survived(
-    run: Callable[..., NodeTaintRemover]
+    run: Callable[..., NodeTaintRemover],
 ) -> None:
     calls = {"n": 0}
 
@@ -235,12 +249,21 @@ def _clients() -> KubeClients:
 def test_service_exists_only_when_enabled(enabled: bool, tmp_path: Any) -> None:
     from agent.install.installer import Installer
 
-    settings = Settings(removeNotReadyTaint=enabled, mountedCniConfDir=str(tmp_path),
-                        mountedCniBinDir=str(tmp_path), pluginSourceDir=str(tmp_path),
-                        cniAgentRunDir=str(tmp_path / "run"))
+    settings = Settings(
+        removeNotReadyTaint=enabled,
+        mountedCniConfDir=str(tmp_path),
+        mountedCniBinDir=str(tmp_path),
+        pluginSourceDir=str(tmp_path),
+        cniAgentRunDir=str(tmp_path / "run"),
+    )
     installer = Installer(settings, pod_name="p", pod_namespace="n")
-    services = build_services(settings, installer, config_path=str(tmp_path / "c.yaml"),
-                              node_name="node-1", clients=_clients())
+    services = build_services(
+        settings,
+        installer,
+        config_path=str(tmp_path / "c.yaml"),
+        node_name="node-1",
+        clients=_clients(),
+    )
     removers = [s for s in services if isinstance(s, NodeTaintRemover)]
     assert len(removers) == (1 if enabled else 0)
     if enabled:

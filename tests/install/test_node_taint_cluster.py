@@ -50,8 +50,14 @@ def make_node(kube_core: Any) -> Iterator[Callable[[list[dict[str, Any]]], str]]
 
     def make(taints: list[dict[str, Any]]) -> str:
         name = f"taint-{secrets.token_hex(4)}"
-        kube_core.create_node({"apiVersion": "v1", "kind": "Node",
-                               "metadata": {"name": name}, "spec": {"taints": taints}})
+        kube_core.create_node(
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": name},
+                "spec": {"taints": taints},
+            }
+        )
         made.append(name)
         return name
 
@@ -147,11 +153,21 @@ class _InterleavingCore:
 
 def _add_taint(core: Any, name: str, taint: dict[str, Any]) -> None:
     node = json.loads(core.read_node(name, _preload_content=False).data)
-    core.patch_node(name, [
-        {"op": "test", "path": "/metadata/resourceVersion",
-         "value": node["metadata"]["resourceVersion"]},
-        {"op": "replace", "path": "/spec/taints",
-         "value": [*(node["spec"].get("taints") or []), taint]}])
+    core.patch_node(
+        name,
+        [
+            {
+                "op": "test",
+                "path": "/metadata/resourceVersion",
+                "value": node["metadata"]["resourceVersion"],
+            },
+            {
+                "op": "replace",
+                "path": "/spec/taints",
+                "value": [*(node["spec"].get("taints") or []), taint],
+            },
+        ],
+    )
 
 
 # -- the agent process ----------------------------------------------------------------------
@@ -172,8 +188,9 @@ class _Agent:
         env = agent_env(KUBECONFIG=kubeconfig, NODE_NAME=node_name)
         self.log_path: Path = node.root / "agent.log"
         with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(agent_command("run", "--config", str(path)),
-                                            env=env, stdout=log, stderr=log)
+            self.process = subprocess.Popen(
+                agent_command("run", "--config", str(path)), env=env, stdout=log, stderr=log
+            )
 
     def log(self) -> str:
         return self.log_path.read_text()
@@ -202,21 +219,27 @@ def agent(node: Node) -> Iterator[Callable[..., _Agent]]:
 
 
 def test_agent_removes_the_taint_once_ready(
-    clients: KubeClients, kube_config: str, make_node: Callable[..., str],
+    clients: KubeClients,
+    kube_config: str,
+    make_node: Callable[..., str],
     agent: Callable[..., _Agent],
 ) -> None:
     name = make_node([OURS, OTHER])
     a = agent(name, kube_config, removeNotReadyTaint=True)
     wait_for(lambda: _ready(a.port), "the agent to be ready")
-    wait_for(lambda: TAINT_KEY not in [t["key"] for t in taints_of(clients.core, name)],
-              "the taint to be removed")
+    wait_for(
+        lambda: TAINT_KEY not in [t["key"] for t in taints_of(clients.core, name)],
+        "the taint to be removed",
+    )
     assert (OTHER["key"], "NoSchedule") in keys(taints_of(clients.core, name))
     wait_for(lambda: "removed the not-ready taint from the node" in a.log(), "the log line")
     assert a.process.poll() is None
 
 
 def test_agent_with_the_setting_off_never_touches_the_node(
-    clients: KubeClients, kube_config: str, make_node: Callable[..., str],
+    clients: KubeClients,
+    kube_config: str,
+    make_node: Callable[..., str],
     agent: Callable[..., _Agent],
 ) -> None:
     name = make_node([OURS, OTHER])
@@ -229,20 +252,22 @@ def test_agent_with_the_setting_off_never_touches_the_node(
 
 
 def test_agent_without_rbac_stays_ready_and_keeps_trying(
-    kube_core: Any, kube_config: str, make_node: Callable[..., str],
-    make_identity: Callable[..., Any], agent: Callable[..., _Agent],
+    kube_core: Any,
+    kube_config: str,
+    make_node: Callable[..., str],
+    make_identity: Callable[..., Any],
+    agent: Callable[..., _Agent],
     random_namespace_function_scope: Any,
 ) -> None:
     namespace = random_namespace_function_scope.name
     kube_core.create_namespaced_service_account(
-        namespace, {"apiVersion": "v1", "kind": "ServiceAccount",
-                    "metadata": {"name": "no-rbac"}})
+        namespace, {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "no-rbac"}}
+    )
     identity = make_identity(namespace, "no-rbac")
     name = make_node([OURS])
     a = agent(name, str(identity.kubeconfig), removeNotReadyTaint=True)
     wait_for(lambda: _ready(a.port), "the agent to be ready")
-    wait_for(lambda: a.log().count("cannot remove the not-ready taint yet") >= 2,
-              "two retries")
+    wait_for(lambda: a.log().count("cannot remove the not-ready taint yet") >= 2, "two retries")
     assert "HTTP 403" in a.log()
     assert _ready(a.port) and a.process.poll() is None
     assert (TAINT_KEY, "NoSchedule") in keys(taints_of(kube_core, name))

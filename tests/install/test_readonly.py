@@ -20,12 +20,27 @@ def _install_with_read_only(node: Node, read_only: str) -> subprocess.CompletedP
     if os.geteuid() != 0 or not shutil.which("unshare"):
         pytest.fail("read-only mount tests need root and util-linux unshare")
     config = node.write_config_yaml()
-    script = ('mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@"')
+    script = 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@"'
     # The mount lives in a private mount namespace: it is gone when the process exits.
-    return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
-                           "sh", read_only, *agent_command("install", "--config", str(config))],
-                          env=agent_env(), capture_output=True, text=True, timeout=60,
-                          check=False)
+    return subprocess.run(
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+            "sh",
+            read_only,
+            *agent_command("install", "--config", str(config)),
+        ],
+        env=agent_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def test_read_only_bin_dir_names_the_platform_preset(node: Node) -> None:
@@ -43,6 +58,7 @@ def test_read_only_conf_dir_loses_nothing(node: Node) -> None:
     done = _install_with_read_only(node, str(node.conf_dir))
     assert done.returncode == 1
     assert f"CNI conf dir {node.conf_dir}" in done.stderr or (
-        f"{node.conf_dir / '10-net.conflist'}: Read-only file system" in done.stderr)
+        f"{node.conf_dir / '10-net.conflist'}: Read-only file system" in done.stderr
+    )
     assert json.loads((node.conf_dir / "10-net.conflist").read_text()) == LIST
     assert os.listdir(node.conf_dir) == ["10-net.conflist"]

@@ -41,22 +41,31 @@ def clients(kube_config: str) -> Iterator[KubeClients]:
 def _daemonset(node: str) -> dict[str, Any]:
     labels = {"app": "istio-cni-stop-test"}
     return {
-        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
         "metadata": {"name": "istio-cni-node", "labels": labels},
-        "spec": {"selector": {"matchLabels": labels}, "template": {
-            "metadata": {"labels": labels},
-            "spec": {"nodeSelector": {"kubernetes.io/hostname": node},
-                     "containers": [{"name": "agent", "image": "example.invalid/agent:1"}],
-                     "tolerations": [{"operator": "Exists"}]}}},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "nodeSelector": {"kubernetes.io/hostname": node},
+                    "containers": [{"name": "agent", "image": "example.invalid/agent:1"}],
+                    "tolerations": [{"operator": "Exists"}],
+                },
+            },
+        },
     }
 
 
 def _clear_finalizers(clients: KubeClients, namespace: str, pod: str) -> None:
     for patch in (
         lambda: clients.core.patch_namespaced_pod(
-            pod, namespace, {"metadata": {"finalizers": None}}),
+            pod, namespace, {"metadata": {"finalizers": None}}
+        ),
         lambda: clients.apps.patch_namespaced_daemon_set(
-            "istio-cni-node", namespace, {"metadata": {"finalizers": None}}),
+            "istio-cni-node", namespace, {"metadata": {"finalizers": None}}
+        ),
     ):
         try:
             patch()
@@ -74,16 +83,30 @@ def agent_pod(
     ds = clients.apps.create_namespaced_daemon_set(namespace, _daemonset(sim_node))
     pod = "istio-cni-node-abcde"
     template = _daemonset(sim_node)["spec"]["template"]
-    clients.core.create_namespaced_pod(namespace, {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {
-            "name": pod, "labels": template["metadata"]["labels"],
-            # Held by a finalizer so it outlives its deletion, as a terminating agent pod does.
-            "finalizers": [HOLD],
-            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
-                                 "name": ds.metadata.name, "uid": ds.metadata.uid,
-                                 "controller": True, "blockOwnerDeletion": True}]},
-        "spec": {**template["spec"], "nodeName": sim_node}})
+    clients.core.create_namespaced_pod(
+        namespace,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": pod,
+                "labels": template["metadata"]["labels"],
+                # Held by a finalizer so it outlives its deletion, as a terminating agent pod does.
+                "finalizers": [HOLD],
+                "ownerReferences": [
+                    {
+                        "apiVersion": "apps/v1",
+                        "kind": "DaemonSet",
+                        "name": ds.metadata.name,
+                        "uid": ds.metadata.uid,
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": {**template["spec"], "nodeName": sim_node},
+        },
+    )
     try:
         yield namespace, pod
     finally:
@@ -93,55 +116,71 @@ def agent_pod(
         except ApiException as e:
             if e.status != 404:
                 raise
-        wait_for(lambda: not clients.core.list_namespaced_pod(namespace).items,
-                  "the pod to be gone")
+        wait_for(
+            lambda: not clients.core.list_namespaced_pod(namespace).items, "the pod to be gone"
+        )
 
 
 def test_decision_follows_the_daemonset(
     clients: KubeClients, sim_node: str, agent_pod: tuple[str, str]
 ) -> None:
     namespace, pod = agent_pod
+
     def state() -> Any:
-        return fetch_state(clients, pod_name=pod, pod_namespace=namespace,
-                           node_name=sim_node)
+        return fetch_state(clients, pod_name=pod, pod_namespace=namespace, node_name=sim_node)
 
     upgrade = decide("auto", state())
     assert upgrade.uninstall is False, upgrade.reason
 
-    clients.apps.patch_namespaced_daemon_set("istio-cni-node", namespace, {"spec": {
-        "template": {"spec": {"nodeSelector": {"kubernetes.io/hostname": "elsewhere"}}}}})
+    clients.apps.patch_namespaced_daemon_set(
+        "istio-cni-node",
+        namespace,
+        {"spec": {"template": {"spec": {"nodeSelector": {"kubernetes.io/hostname": "elsewhere"}}}}},
+    )
     moved = decide("auto", state())
     assert moved.uninstall is True and "no longer matches" in moved.reason
-    clients.apps.patch_namespaced_daemon_set("istio-cni-node", namespace, {"spec": {
-        "template": {"spec": {"nodeSelector": {"kubernetes.io/hostname": sim_node}}}}})
+    clients.apps.patch_namespaced_daemon_set(
+        "istio-cni-node",
+        namespace,
+        {"spec": {"template": {"spec": {"nodeSelector": {"kubernetes.io/hostname": sim_node}}}}},
+    )
 
     clients.apps.patch_namespaced_daemon_set(
-        "istio-cni-node", namespace, {"metadata": {"finalizers": [HOLD]}})
+        "istio-cni-node", namespace, {"metadata": {"finalizers": [HOLD]}}
+    )
     clients.apps.delete_namespaced_daemon_set("istio-cni-node", namespace)
     deleting = decide("auto", state())
     assert deleting.uninstall is True and "being deleted" in deleting.reason
 
     clients.apps.patch_namespaced_daemon_set(
-        "istio-cni-node", namespace, {"metadata": {"finalizers": None}})
-    wait_for(lambda: decide("auto", state()).reason == "DaemonSet is gone",
-              "the DaemonSet to be gone")
+        "istio-cni-node", namespace, {"metadata": {"finalizers": None}}
+    )
+    wait_for(
+        lambda: decide("auto", state()).reason == "DaemonSet is gone", "the DaemonSet to be gone"
+    )
     assert decide("never", state()).uninstall is False
 
 
 @pytest.mark.parametrize("daemonset_deleted", [False, True], ids=["upgrade", "ds-deleted"])
 def test_run_on_sigterm_asks_the_api_server(
-    clients: KubeClients, sim_node: str, agent_pod: tuple[str, str], kube_config: str,
-    node: Node, daemonset_deleted: bool,
+    clients: KubeClients,
+    sim_node: str,
+    agent_pod: tuple[str, str],
+    kube_config: str,
+    node: Node,
+    daemonset_deleted: bool,
 ) -> None:
     namespace, pod = agent_pod
     (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
     port = free_port()
     config = node.write_config_yaml(metricsPort=port, uninstallOnStop="auto")
-    env = agent_env(KUBECONFIG=kube_config, POD_NAME=pod, POD_NAMESPACE=namespace,
-                    NODE_NAME=sim_node)
+    env = agent_env(
+        KUBECONFIG=kube_config, POD_NAME=pod, POD_NAMESPACE=namespace, NODE_NAME=sim_node
+    )
     with open(node.root / "agent.log", "wb") as log:
-        agent = subprocess.Popen(agent_command("run", "--config", str(config)), env=env,
-                                 stdout=log, stderr=log)
+        agent = subprocess.Popen(
+            agent_command("run", "--config", str(config)), env=env, stdout=log, stderr=log
+        )
     try:
         wait_for(lambda: _ready(port), "the agent to be ready", timeout=30)
         if daemonset_deleted:

@@ -21,8 +21,11 @@ from agent.install.installer import Installer
 from testbed.ports import free_port
 from tests.install.conftest import Node, agent_command, agent_env, write_plugin
 
-LIST = {"cniVersion": "0.4.0", "name": "net",
-        "plugins": [{"type": "ptp", "ipam": {"type": "host-local"}}, {"type": "portmap"}]}
+LIST = {
+    "cniVersion": "0.4.0",
+    "name": "net",
+    "plugins": [{"type": "ptp", "ipam": {"type": "host-local"}}, {"type": "portmap"}],
+}
 SINGLE = {"cniVersion": "1.0.0", "name": "net", "type": "bridge", "bridge": "cni0"}
 
 READER = r"""
@@ -78,8 +81,17 @@ def test_readers_never_see_a_broken_install(node: Node) -> None:
     installers[0].install()
     stop = node.root / "stop"
     reader = subprocess.Popen(
-        [sys.executable, "-c", READER, str(node.conf_dir / "10-net.conflist"),
-         str(node.bin_dir / "istio-cni"), str(stop)], stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            READER,
+            str(node.conf_dir / "10-net.conflist"),
+            str(node.bin_dir / "istio-cni"),
+            str(stop),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         changed = 0
         for i in range(1000):
@@ -135,8 +147,9 @@ def test_kill_9_at_random_moments(node: Node) -> None:
     durations = []
     for i in range(6):  # how long one install takes here
         start = time.monotonic()
-        _, status = os.waitpid(_fork_install(Installer(versions[i % 2], pod_name="a",
-                                                       pod_namespace="ns")), 0)
+        _, status = os.waitpid(
+            _fork_install(Installer(versions[i % 2], pod_name="a", pod_namespace="ns")), 0
+        )
         durations.append(time.monotonic() - start)
         assert status == 0
     span = sorted(durations)[len(durations) // 2]
@@ -160,13 +173,13 @@ def test_kill_9_at_random_moments(node: Node) -> None:
         installer = Installer(versions[trial % 2], pod_name="a", pod_namespace="ns")
         installer.install()
         assert installer.problems() == []
-        leftovers = [n for d in (node.conf_dir, node.bin_dir) for n in os.listdir(d)
-                     if n.startswith(".")]
+        leftovers = [
+            n for d in (node.conf_dir, node.bin_dir) for n in os.listdir(d) if n.startswith(".")
+        ]
         assert leftovers == []
         _holds_every_primary_plugin(node, single)
         assert subprocess.run([str(node.bin_dir / "istio-cni")], check=False).returncode == 0
-    print(f"crash safety: 200 trials, {killed} killed mid-install, final span "
-          f"{span * 1000:.1f} ms")
+    print(f"crash safety: 200 trials, {killed} killed mid-install, final span {span * 1000:.1f} ms")
     assert killed >= 100
 
 
@@ -194,11 +207,16 @@ def test_foreign_writer_never_wins(node: Node) -> None:
     path = node.conf_dir / "10-net.conflist"
     path.write_text(json.dumps(LIST))
     port = free_port()
-    config = node.write_config_yaml(metricsPort=port, uninstallOnStop="never",
-                                    conflictsPerMinuteWarning=100)
+    config = node.write_config_yaml(
+        metricsPort=port, uninstallOnStop="never", conflictsPerMinuteWarning=100
+    )
     with open(node.root / "agent.log", "w") as log_file:  # a pipe nobody reads would block it
-        agent = subprocess.Popen(agent_command("run", "--config", str(config)),
-                                 env=agent_env(), stdout=subprocess.DEVNULL, stderr=log_file)
+        agent = subprocess.Popen(
+            agent_command("run", "--config", str(config)),
+            env=agent_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=log_file,
+        )
     seen: list[tuple[float, int, Any]] = []
     done = threading.Event()
 
@@ -223,7 +241,9 @@ def test_foreign_writer_never_wins(node: Node) -> None:
         times_file = node.root / "times.json"
         writer = subprocess.run(
             [sys.executable, "-c", WRITER, str(path), "1000", str(times_file), json.dumps(LIST)],
-            timeout=120, check=True)
+            timeout=120,
+            check=True,
+        )
         assert writer.returncode == 0
         time.sleep(1.5)
     finally:
@@ -241,7 +261,8 @@ def test_foreign_writer_never_wins(node: Node) -> None:
         k = bisect.bisect_left(seen_times, written)
         back = next((t for t, gen, _ in seen[k:] if gen >= i), None)
         assert back is not None and back - written <= 1.0, (
-            f"write {i}: entry not back in 1 s; agent log:\n{err[-3000:]}")
+            f"write {i}: entry not back in 1 s; agent log:\n{err[-3000:]}"
+        )
         worst = max(worst, back - written)
     for _, gen, data in seen:  # whenever ours is there, the writer's latest content is too
         expected = json.loads(json.dumps(LIST))
@@ -279,8 +300,11 @@ def test_conversion_never_shows_a_file_the_runtime_rejects(node: Node) -> None:
     """While x.conf becomes x.conflist the runtime's pick is always loadable: x.conf (untouched,
     it sorts first) until it goes, then the complete x.conflist; never a list in a .conf."""
     stop = node.root / "stop"
-    lister = subprocess.Popen([sys.executable, "-c", LISTER, str(node.conf_dir), str(stop)],
-                              stdout=subprocess.PIPE, text=True)
+    lister = subprocess.Popen(
+        [sys.executable, "-c", LISTER, str(node.conf_dir), str(stop)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         for _ in range(300):
             for name in os.listdir(node.conf_dir):

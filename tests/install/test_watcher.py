@@ -27,8 +27,9 @@ LIST = {"cniVersion": "0.4.0", "name": "net", "plugins": [{"type": "ptp"}, {"typ
 class Running:
     def __init__(self, node: Node, recheck: float, config_path: str | None = None) -> None:
         self.installer = Installer(node.settings, pod_name="agent-1", pod_namespace="istio-system")
-        self.watcher = InstallWatcher(self.installer, config_path=config_path,
-                                      timing=WatchTiming(recheck_seconds=recheck))
+        self.watcher = InstallWatcher(
+            self.installer, config_path=config_path, timing=WatchTiming(recheck_seconds=recheck)
+        )
         self.node = node
 
     def has_entry(self, name: str) -> bool:
@@ -60,8 +61,9 @@ def _drop_entry(path: str, **extra: object) -> None:
     atomic_write(path, conflist.dumps(config))
 
 
-def test_heals_removed_entry_and_keeps_their_change(node: Node, running: Callable[..., Running]
-                                                     ) -> None:
+def test_heals_removed_entry_and_keeps_their_change(
+    node: Node, running: Callable[..., Running]
+) -> None:
     (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
     r = running()
     assert wait_for(r.watcher.ready)
@@ -117,8 +119,9 @@ def test_waits_for_primary_by_watching(node: Node, running: Callable[..., Runnin
     assert wait_for(r.watcher.ready)
 
 
-def test_ready_does_not_flap_on_harmless_rewrites(node: Node, running: Callable[..., Running]
-                                                   ) -> None:
+def test_ready_does_not_flap_on_harmless_rewrites(
+    node: Node, running: Callable[..., Running]
+) -> None:
     (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
     r = running()
     assert wait_for(r.watcher.ready)
@@ -150,13 +153,18 @@ def test_conflict_warning_names_file_and_culprit(
     node: Node, running: Callable[..., Running], caplog: pytest.LogCaptureFixture
 ) -> None:
     node.with_settings(conflictsPerMinuteWarning=2)
-    (node.conf_dir / "05-cilium.conflist").write_text(json.dumps(
-        {"cniVersion": "0.3.1", "name": "cilium", "plugins": [{"type": "cilium-cni"}]}))
+    (node.conf_dir / "05-cilium.conflist").write_text(
+        json.dumps({"cniVersion": "0.3.1", "name": "cilium", "plugins": [{"type": "cilium-cni"}]})
+    )
     r = running()
     assert wait_for(r.watcher.ready)
     path = str(node.conf_dir / "05-cilium.conflist")
-    before = REGISTRY.get_sample_value(
-        "istio_cni_install_conflicts_total", {"file": "05-cilium.conflist"}) or 0.0
+    before = (
+        REGISTRY.get_sample_value(
+            "istio_cni_install_conflicts_total", {"file": "05-cilium.conflist"}
+        )
+        or 0.0
+    )
     with caplog.at_level(logging.WARNING, logger="agent.install.watcher"):
         for _ in range(4):
             _drop_entry(path)
@@ -166,8 +174,14 @@ def test_conflict_warning_names_file_and_culprit(
     assert len(warnings) == 1
     fields = warnings[0].fields  # type: ignore[attr-defined]
     assert fields["file"] == path and "Cilium" in fields["likely_culprit"]
-    assert wait_for(lambda: REGISTRY.get_sample_value(
-        "istio_cni_install_conflicts_total", {"file": "05-cilium.conflist"}) == before + 4)
+    assert wait_for(
+        lambda: (
+            REGISTRY.get_sample_value(
+                "istio_cni_install_conflicts_total", {"file": "05-cilium.conflist"}
+            )
+            == before + 4
+        )
+    )
 
 
 def test_config_file_change_rewrites_entry(node: Node, running: Callable[..., Running]) -> None:
@@ -178,8 +192,9 @@ def test_config_file_change_rewrites_entry(node: Node, running: Callable[..., Ru
     assert wait_for(r.watcher.ready)
     data = yaml.safe_load(config_path.read_text())
     config_path.write_text(yaml.safe_dump({**data, "excludeNamespaces": ["only-this"]}))
-    assert wait_for(lambda: node.conf("10-net.conflist")["plugins"][-1]["exclude_namespaces"]
-                    == ["only-this"])
+    assert wait_for(
+        lambda: node.conf("10-net.conflist")["plugins"][-1]["exclude_namespaces"] == ["only-this"]
+    )
 
 
 def test_rearms_when_conf_dir_replaced(node: Node, running: Callable[..., Running]) -> None:
@@ -212,8 +227,9 @@ def test_waiting_is_logged_at_a_steady_interval(
     node: Node, caplog: pytest.LogCaptureFixture
 ) -> None:
     installer = Installer(node.settings, pod_name="agent-1", pod_namespace="istio-system")
-    watcher = InstallWatcher(installer, timing=WatchTiming(recheck_seconds=0.05,
-                                                          waiting_log_seconds=0.4))
+    watcher = InstallWatcher(
+        installer, timing=WatchTiming(recheck_seconds=0.05, waiting_log_seconds=0.4)
+    )
     with caplog.at_level(logging.INFO, logger="agent.install.watcher"):
         watcher.start()
         try:
@@ -245,5 +261,6 @@ def test_configmap_style_config_change_rewrites_entry(
     (mount / "..v2" / "config.yaml").write_text(yaml.safe_dump({**data, "logLevel": "debug"}))
     (mount / "..data_tmp").symlink_to("..v2")
     os.rename(mount / "..data_tmp", mount / "..data")
-    assert wait_for(lambda: node.conf("10-net.conflist")["plugins"][-1]["plugin_log_level"]
-                    == "debug")
+    assert wait_for(
+        lambda: node.conf("10-net.conflist")["plugins"][-1]["plugin_log_level"] == "debug"
+    )

@@ -29,17 +29,28 @@ AGENT_NAMESPACE = "istio-cni-it"
 # The chart's defaults plus one namespace of our own, to see the configured list reach the plugin.
 EXCLUDED = ["istio-system", "kube-system", "no-mesh"]
 SIDECAR_ANNOTATIONS = {"sidecar.istio.io/status": '{"containers":["istio-proxy"]}'}
-SIDECAR_CONTAINERS = [{"name": "app", "image": "registry.invalid/app:1"},
-                      {"name": "istio-proxy", "image": "registry.invalid/proxyv2:1"}]
+SIDECAR_CONTAINERS = [
+    {"name": "app", "image": "registry.invalid/app:1"},
+    {"name": "istio-proxy", "image": "registry.invalid/proxyv2:1"},
+]
 
 
 def rules_in(sandbox: Sandbox) -> str:
     """Everything netfilter holds in the pod's netns: legacy and nft iptables, and nftables."""
     out = []
-    for argv in (["iptables-legacy-save"], ["ip6tables-legacy-save"], ["iptables-nft-save"],
-                 ["ip6tables-nft-save"], ["nft", "list", "ruleset"]):
-        done = subprocess.run(["ip", "netns", "exec", sandbox.netns_name, *argv],
-                              capture_output=True, text=True, check=False)
+    for argv in (
+        ["iptables-legacy-save"],
+        ["ip6tables-legacy-save"],
+        ["iptables-nft-save"],
+        ["ip6tables-nft-save"],
+        ["nft", "list", "ruleset"],
+    ):
+        done = subprocess.run(
+            ["ip", "netns", "exec", sandbox.netns_name, *argv],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         assert done.returncode == 0, f"{' '.join(argv)} in {sandbox.netns_name}: {done.stderr}"
         out.append(f"# {' '.join(argv)}\n{done.stdout}")
     return "\n".join(out)
@@ -86,12 +97,18 @@ class MeshNode:
 
 
 @pytest.fixture
-def mesh_node(chart_on_node: ChartOnNode, helm_releases: Any, helm_binaries: dict[str, Path],
-              cni_node: CniNode, node_pods: NodePods) -> Iterator[MeshNode]:
+def mesh_node(
+    chart_on_node: ChartOnNode,
+    helm_releases: Any,
+    helm_binaries: dict[str, Path],
+    cni_node: CniNode,
+    node_pods: NodePods,
+) -> Iterator[MeshNode]:
     """helm install (newest Helm) with plugin debug logs and our exclude list, then the agent."""
     helm: Helm = helm_releases(helm_binaries[max(helm_binaries)])
-    installed = chart_on_node.install(helm, AGENT_NAMESPACE, values={
-        "logLevel": "debug", "excludeNamespaces": EXCLUDED})
+    installed = chart_on_node.install(
+        helm, AGENT_NAMESPACE, values={"logLevel": "debug", "excludeNamespaces": EXCLUDED}
+    )
     agent = chart_on_node.start_agent(installed)
     agent.wait_ready()
     node = MeshNode(chart_on_node, installed, agent, cni_node, node_pods)

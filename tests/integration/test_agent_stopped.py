@@ -24,14 +24,30 @@ def exec_plugin(node: MeshNode, sandbox: Sandbox, prev_result: dict[str, Any]) -
     """ADD exactly as the runtime calls our link of the chain: the installed binary, CNI_*
     env, the conflist's entry with cniVersion, name and the previous plugin's result on stdin."""
     conflist = json.loads(node.cni.conflist_path.read_text())
-    conf = {**node.plugin_entry(), "cniVersion": conflist["cniVersion"],
-            "name": conflist["name"], "prevResult": prev_result}
-    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": sandbox.infra_container_id,
-           "CNI_NETNS": str(sandbox.netns_path), "CNI_IFNAME": "eth0",
-           "CNI_ARGS": sandbox.cni_args(), "CNI_PATH": str(node.cni.bin_dir),
-           "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-    done = subprocess.run([str(node.plugin_binary)], input=json.dumps(conf), env=env,
-                          capture_output=True, text=True, timeout=30, check=False)
+    conf = {
+        **node.plugin_entry(),
+        "cniVersion": conflist["cniVersion"],
+        "name": conflist["name"],
+        "prevResult": prev_result,
+    }
+    env = {
+        "CNI_COMMAND": "ADD",
+        "CNI_CONTAINERID": sandbox.infra_container_id,
+        "CNI_NETNS": str(sandbox.netns_path),
+        "CNI_IFNAME": "eth0",
+        "CNI_ARGS": sandbox.cni_args(),
+        "CNI_PATH": str(node.cni.bin_dir),
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+    }
+    done = subprocess.run(
+        [str(node.plugin_binary)],
+        input=json.dumps(conf),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     return done.returncode, done.stdout
 
 
@@ -50,8 +66,11 @@ def test_stopped_agent_fails_sidecar_add_with_try_again_and_passes_excluded(
     assert "istio-cni agent is not reachable" in add.stderr
     assert not has_istio_rules(sidecar)
     # The CNI error object the runtime reads from the plugin's stdout.
-    prev = {"cniVersion": "1.0.0", "interfaces": [{"name": "eth0"}],
-            "ips": [{"address": "10.250.0.200/24", "interface": 0}]}
+    prev = {
+        "cniVersion": "1.0.0",
+        "interfaces": [{"name": "eth0"}],
+        "ips": [{"address": "10.250.0.200/24", "interface": 0}],
+    }
     code, stdout = exec_plugin(mesh_node, sidecar, prev)
     error = json.loads(stdout)
     assert code == 1

@@ -17,16 +17,32 @@ def remove_jump_by_hand(sandbox: Sandbox) -> None:
     """What an operator might do: take the OUTPUT jump into our chain out, with the iptables
     variant that holds it (a -save without -t loads no table)."""
     for variant in ("legacy", "nft"):
-        saved = subprocess.run(["ip", "netns", "exec", sandbox.netns_name,
-                                f"iptables-{variant}-save"],
-                               check=True, capture_output=True, text=True).stdout
+        saved = subprocess.run(
+            ["ip", "netns", "exec", sandbox.netns_name, f"iptables-{variant}-save"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         if "-A OUTPUT -j ISTIO_OUTPUT" in saved:
-            subprocess.run(["ip", "netns", "exec", sandbox.netns_name, f"iptables-{variant}",
-                            "-t", "nat", "-D", "OUTPUT", "-j", "ISTIO_OUTPUT"],
-                           check=True, capture_output=True)
+            subprocess.run(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    sandbox.netns_name,
+                    f"iptables-{variant}",
+                    "-t",
+                    "nat",
+                    "-D",
+                    "OUTPUT",
+                    "-j",
+                    "ISTIO_OUTPUT",
+                ],
+                check=True,
+                capture_output=True,
+            )
             return
-    raise AssertionError(f"no jump into ISTIO_OUTPUT in {sandbox.netns_name}:\n"
-                         f"{rules_in(sandbox)}")
+    raise AssertionError(f"no jump into ISTIO_OUTPUT in {sandbox.netns_name}:\n{rules_in(sandbox)}")
 
 
 def test_check_passes_after_add_and_fails_when_rules_were_removed(mesh_node: MeshNode) -> None:

@@ -12,9 +12,11 @@ pytestmark = [pytest.mark.cluster, pytest.mark.netns, pytest.mark.chart]
 
 
 def plugin_lines(log: str, pod_ref: str) -> list[str]:
-    return [line for line in log.splitlines()
-            if "logger=agent.plugin" in line and "source=plugin" in line
-            and f"pod={pod_ref}" in line]
+    return [
+        line
+        for line in log.splitlines()
+        if "logger=agent.plugin" in line and "source=plugin" in line and f"pod={pod_ref}" in line
+    ]
 
 
 def test_plugin_log_lines_reach_the_agent_log_with_the_pod(mesh_node: MeshNode) -> None:
@@ -25,8 +27,10 @@ def test_plugin_log_lines_reach_the_agent_log_with_the_pod(mesh_node: MeshNode) 
     mesh_node.cni.add(sandbox)
     mesh_node.cni.delete(sandbox)
 
-    wait_for(lambda: len(plugin_lines(mesh_node.agent.logs(), ref)) >= 2,
-             f"plugin log lines about {ref} in the agent's log")
+    wait_for(
+        lambda: len(plugin_lines(mesh_node.agent.logs(), ref)) >= 2,
+        f"plugin log lines about {ref} in the agent's log",
+    )
     lines = plugin_lines(mesh_node.agent.logs(), ref)
     assert any('msg="ADD: redirected' in line for line in lines), lines
     assert any("DEL:" in line for line in lines), lines

@@ -17,9 +17,11 @@ from testbed import netns
 
 pytestmark = pytest.mark.netns
 
-POD = {"kind": "Pod", "metadata": {"name": "p", "namespace": "app",
-                                   "annotations": {"sidecar.istio.io/status": "{}"}},
-       "spec": {"containers": [{"name": "app"}, {"name": "istio-proxy"}]}}
+POD = {
+    "kind": "Pod",
+    "metadata": {"name": "p", "namespace": "app", "annotations": {"sidecar.istio.io/status": "{}"}},
+    "spec": {"containers": [{"name": "app"}, {"name": "istio-proxy"}]},
+}
 
 
 @pytest.fixture
@@ -33,8 +35,9 @@ def fresh() -> Iterator[str]:
 
 
 def run_in(name: str, *argv: str) -> str:
-    return subprocess.run(["ip", "netns", "exec", name, *argv], check=True,
-                          capture_output=True, text=True).stdout
+    return subprocess.run(
+        ["ip", "netns", "exec", name, *argv], check=True, capture_output=True, text=True
+    ).stdout
 
 
 def test_a_fresh_sandbox_holds_no_table(fresh: str) -> None:

@@ -17,11 +17,15 @@ INJECTED = {"sidecar.istio.io/status": '{"containers":["istio-proxy"]}'}
 CASES: dict[str, dict[str, Any]] = {
     "excluded-kube-system": {"namespace": "kube-system", "annotations": INJECTED},
     "excluded-configured-list": {"namespace": "no-mesh", "annotations": INJECTED},
-    "inject-false": {"namespace": "default",
-                     "annotations": {**INJECTED, "sidecar.istio.io/inject": "false"}},
-    "istio-init-present": {"namespace": "default", "annotations": INJECTED,
-                           "init_containers": [{"name": "istio-init",
-                                                "image": "registry.invalid/proxyv2:1"}]},
+    "inject-false": {
+        "namespace": "default",
+        "annotations": {**INJECTED, "sidecar.istio.io/inject": "false"},
+    },
+    "istio-init-present": {
+        "namespace": "default",
+        "annotations": INJECTED,
+        "init_containers": [{"name": "istio-init", "image": "registry.invalid/proxyv2:1"}],
+    },
 }
 
 
@@ -43,8 +47,9 @@ def test_pod_gets_no_rules_and_add_succeeds(
     case: str, no_mesh_namespace: str, mesh_node: MeshNode
 ) -> None:
     options = dict(CASES[case])
-    pod = mesh_node.pod(options.pop("namespace"), sidecar=False,
-                        containers=SIDECAR_CONTAINERS, **options)
+    pod = mesh_node.pod(
+        options.pop("namespace"), sidecar=False, containers=SIDECAR_CONTAINERS, **options
+    )
     sandbox = mesh_node.sandbox(pod)
 
     result = mesh_node.cnitool("ADD", sandbox)

@@ -48,21 +48,24 @@ def node_core(real_cluster: RealCluster) -> Any:
 def agent_image(real_cluster: RealCluster) -> images.Image:
     image = real_cluster.images["istio-cni"]
     assert image.ref == f"{image.hub}/istio-cni:{image.tag}", (
-        f"{image.ref}: the chart names its image <hub>/istio-cni:<tag>")
+        f"{image.ref}: the chart names its image <hub>/istio-cni:<tag>"
+    )
     return image
 
 
 def helm_by_major(major: str) -> Path:
     found = {v: p for v, p in helm_binaries().items() if v.split(".")[0] == major}
     if not found:
-        pytest.fail(f"no Helm {major}.x among {sorted(helm_binaries())}; run ci/setup-helm",
-                    pytrace=False)
+        pytest.fail(
+            f"no Helm {major}.x among {sorted(helm_binaries())}; run ci/setup-helm", pytrace=False
+        )
     return found[max(found, key=lambda v: tuple(int(x) for x in v.split(".")))]
 
 
 @pytest.fixture
-def node_helm(real_cluster: RealCluster, node_core: Any,
-              tmp_path: Path) -> Iterator[Callable[[str], Helm]]:
+def node_helm(
+    real_cluster: RealCluster, node_core: Any, tmp_path: Path
+) -> Iterator[Callable[[str], Helm]]:
     """helm_for("3" | "4") -> Helm bound to the cluster. Releases left installed are uninstalled
     at the end and their agent pods waited away, so the next test starts from a clean node."""
     made: list[Helm] = []
@@ -103,8 +106,11 @@ def workload_ns(node_core: Any) -> Iterator[str]:
         yield name
     finally:
         node_core.delete_collection_namespaced_pod(name, grace_period_seconds=1)
-        kubepods.wait_for(lambda: not node_core.list_namespaced_pod(name).items,
-                          f"the pods of {name} to be gone", 90)
+        kubepods.wait_for(
+            lambda: not node_core.list_namespaced_pod(name).items,
+            f"the pods of {name} to be gone",
+            90,
+        )
         node_core.delete_namespace(name)
 
 

@@ -76,27 +76,36 @@ def plain_ns(node_core: Any, workload_ns: str) -> Iterator[str]:
         yield name
     finally:
         node_core.delete_collection_namespaced_pod(name, grace_period_seconds=1)
-        kubepods.wait_for(lambda: not node_core.list_namespaced_pod(name).items,
-                          f"the pods of {name} to be gone", 90)
+        kubepods.wait_for(
+            lambda: not node_core.list_namespaced_pod(name).items,
+            f"the pods of {name} to be gone",
+            90,
+        )
         node_core.delete_namespace(name)
 
 
 def _has_default_sa(core: Any, namespace: str) -> bool:
-    return any(sa.metadata.name == "default"
-               for sa in core.list_namespaced_service_account(namespace).items)
+    return any(
+        sa.metadata.name == "default"
+        for sa in core.list_namespaced_service_account(namespace).items
+    )
 
 
 def probed_pod(name: str, image: str) -> dict[str, Any]:
     """`app` serves APP_PORT behind kubelet's TCP readiness and liveness probes; `client`
     connects to OUTSIDE every half second and logs what answered."""
-    manifest = kubepods.pod_manifest(name, image, app_command=["serve", str(APP_PORT)],
-                                     sidecar=False)
+    manifest = kubepods.pod_manifest(
+        name, image, app_command=["serve", str(APP_PORT)], sidecar=False
+    )
     probe = {"tcpSocket": {"port": APP_PORT}, "periodSeconds": 1, "failureThreshold": 3}
     app = manifest["spec"]["containers"][0]
     app["readinessProbe"] = probe
     app["livenessProbe"] = {**probe, "initialDelaySeconds": 1}
-    manifest["spec"]["containers"].append(kubepods.container(
-        "client", image, [*kubepods.APP, "connect-loop", OUTSIDE[0], str(OUTSIDE[1]), "0.5"]))
+    manifest["spec"]["containers"].append(
+        kubepods.container(
+            "client", image, [*kubepods.APP, "connect-loop", OUTSIDE[0], str(OUTSIDE[1]), "0.5"]
+        )
+    )
     return manifest
 
 
@@ -116,29 +125,44 @@ def set_mode_label(core: Any, namespace: str, value: str | None) -> None:
     core.patch_namespace(namespace, {"metadata": {"labels": {MODE_LABEL: value}}})
 
 
-def wait_client_line(core: Any, namespace: str, pod: str, match: Callable[[str], bool],
-                     what: str, *, after: int = 0) -> str:
+def wait_client_line(
+    core: Any, namespace: str, pod: str, match: Callable[[str], bool], what: str, *, after: int = 0
+) -> str:
     """The first line of the pod's client log, from line `after` on, that matches."""
+
     def check() -> str | None:
         lines = kubepods.logs(core, namespace, pod, "client").splitlines()[after:]
         return next((s for s in lines if match(s)), None)
 
     line = kubepods.wait_for(
-        check, f"{what} in the log of {namespace}/{pod}/client", 60, interval=0.5,
-        on_timeout=lambda: kubepods.logs(core, namespace, pod, "client")[-2000:])
+        check,
+        f"{what} in the log of {namespace}/{pod}/client",
+        60,
+        interval=0.5,
+        on_timeout=lambda: kubepods.logs(core, namespace, pod, "client")[-2000:],
+    )
     assert line is not None
     return str(line)
 
 
 def test_ambient_pod_enrolled_captured_probed_and_released(
-    real_cluster: RealCluster, ztunnel_socket: Path, node_helm: Any, node_core: Any,
-    tree_image: Image, workload_ns: str, plain_ns: str,
+    real_cluster: RealCluster,
+    ztunnel_socket: Path,
+    node_helm: Any,
+    node_core: Any,
+    tree_image: Image,
+    workload_ns: str,
+    plain_ns: str,
 ) -> None:
     # ztunnel_socket comes first: its clean-up runs after the release is uninstalled.
     set_mode_label(node_core, workload_ns, "ambient")
-    agent = agent_mod.install(node_helm("4"), real_cluster, node_core, tree_image,
-                              ambient={"enabled": True,
-                                       "ztunnelSocketPath": str(ztunnel_socket)})
+    agent = agent_mod.install(
+        node_helm("4"),
+        real_cluster,
+        node_core,
+        tree_image,
+        ambient={"enabled": True, "ztunnelSocketPath": str(ztunnel_socket)},
+    )
     # The agent is Ready only once its ZDS server listens: the socket is there on the node.
     assert ztunnel_socket.is_socket(), f"no ZDS socket at {ztunnel_socket} on the node"
 
@@ -164,69 +188,100 @@ def test_ambient_pod_enrolled_captured_probed_and_released(
         assert ("add", meshed.uid, True) in ztunnel.requests  # AddWorkload with a descriptor
         assert (workload.name, workload.namespace) == ("web", workload_ns)
         assert workload.netns_inode == os.stat(meshed_netns).st_ino, (
-            "the descriptor the double got is not the pod's network namespace")
+            "the descriptor the double got is not the pod's network namespace"
+        )
         assert ambient_chains(meshed_netns), podnet.saved_rules(meshed_netns)
 
         # Outbound: the client's connections to an outside address land on the double's 15001
         # in the pod, with their original destination.
-        line = wait_client_line(node_core, workload_ns, "web",
-                                lambda s: f"ztunnel-double|{meshed.uid}|{OUTBOUND_PORT}" in s,
-                                "a connection answered by the ztunnel double")
+        line = wait_client_line(
+            node_core,
+            workload_ns,
+            "web",
+            lambda s: f"ztunnel-double|{meshed.uid}|{OUTBOUND_PORT}" in s,
+            "a connection answered by the ztunnel double",
+        )
         assert f"connect {OUTSIDE[0]}:{OUTSIDE[1]}" in line, line
         client_log = kubepods.logs(node_core, workload_ns, "web", "client").splitlines()
         assert not any(kubepods.escaped(s) for s in client_log), client_log[-20:]
         outbound = [a for a in workload.accepted if a.port == OUTBOUND_PORT]
-        assert outbound and all(a.original_dst == f"{OUTSIDE[0]}:{OUTSIDE[1]}"
-                                and a.peer.startswith(f"{meshed.ip}:") for a in outbound), (
-            workload.accepted)
+        assert outbound and all(
+            a.original_dst == f"{OUTSIDE[0]}:{OUTSIDE[1]}" and a.peer.startswith(f"{meshed.ip}:")
+            for a in outbound
+        ), workload.accepted
 
         # kubelet's probes reach the app itself, SNATed to the probe address, not ztunnel.
-        kubepods.wait_log_line(node_core, workload_ns, "web", "app",
-                               lambda s: f"app port={APP_PORT} peer={PROBE_SNAT}:" in s,
-                               "a kubelet probe from the probe SNAT address")
+        kubepods.wait_log_line(
+            node_core,
+            workload_ns,
+            "web",
+            "app",
+            lambda s: f"app port={APP_PORT} peer={PROBE_SNAT}:" in s,
+            "a kubelet probe from the probe SNAT address",
+        )
         app_log = kubepods.logs(node_core, workload_ns, "web", "app").splitlines()
         probes = [s.split("peer=")[1].rsplit(":", 1)[0] for s in app_log if "peer=" in s]
         assert set(probes) == {PROBE_SNAT}, probes  # every probe came through the SNAT
         assert not [a for a in workload.accepted if a.port != OUTBOUND_PORT], workload.accepted
         pod = node_core.read_namespaced_pod("web", workload_ns)
         assert all(c.restart_count == 0 for c in pod.status.container_statuses), (
-            "the liveness probe failed on the enrolled pod")
+            "the liveness probe failed on the enrolled pod"
+        )
 
         # The plain namespace's pod: not annotated, not in ztunnel, no rules, traffic uncaptured.
         assert annotation(node_core, plain_ns, "web") is None
         assert plain.uid not in ztunnel.workloads()
         assert not any(uid == plain.uid for _, uid, _ in ztunnel.requests)
         assert not ambient_chains(plain_netns), podnet.saved_rules(plain_netns)
-        line = wait_client_line(node_core, plain_ns, "web",
-                                lambda s: f"connect {OUTSIDE[0]}:{OUTSIDE[1]}" in s,
-                                "a connection attempt")
+        line = wait_client_line(
+            node_core,
+            plain_ns,
+            "web",
+            lambda s: f"connect {OUTSIDE[0]}:{OUTSIDE[1]}" in s,
+            "a connection attempt",
+        )
         assert kubepods.escaped(line) and "unreachable" in line, line
 
         # Label removed: the running pod is released, live.
         logged = len(kubepods.logs(node_core, workload_ns, "web", "client").splitlines())
         set_mode_label(node_core, workload_ns, None)
-        kubepods.wait_for(lambda: annotation(node_core, workload_ns, "web") is None,
-                          "the redirection annotation removed", 30,
-                          on_timeout=lambda: agent.logs(node_core)[-3000:])
+        kubepods.wait_for(
+            lambda: annotation(node_core, workload_ns, "web") is None,
+            "the redirection annotation removed",
+            30,
+            on_timeout=lambda: agent.logs(node_core)[-3000:],
+        )
         ztunnel.wait_for("DelWorkload of the pod", lambda z: meshed.uid not in z.workloads())
         assert ("del", meshed.uid, False) in ztunnel.requests
         assert not ambient_chains(meshed_netns), podnet.saved_rules(meshed_netns)
-        line = wait_client_line(node_core, workload_ns, "web", kubepods.escaped,
-                                "a connection no longer captured", after=logged)
+        line = wait_client_line(
+            node_core,
+            workload_ns,
+            "web",
+            kubepods.escaped,
+            "a connection no longer captured",
+            after=logged,
+        )
         assert "unreachable" in line, line
 
         # Labelled again: the running pod is enrolled live (its netns found on the node).
         set_mode_label(node_core, workload_ns, "ambient")
-        kubepods.wait_for(lambda: annotation(node_core, workload_ns, "web") == "enabled",
-                          "the pod enrolled again", 30,
-                          on_timeout=lambda: agent.logs(node_core)[-3000:])
-        again = ztunnel.wait_for("AddWorkload of the running pod",
-                                 lambda z: z.workloads().get(meshed.uid))
+        kubepods.wait_for(
+            lambda: annotation(node_core, workload_ns, "web") == "enabled",
+            "the pod enrolled again",
+            30,
+            on_timeout=lambda: agent.logs(node_core)[-3000:],
+        )
+        again = ztunnel.wait_for(
+            "AddWorkload of the running pod", lambda z: z.workloads().get(meshed.uid)
+        )
         assert again is not None and again.netns_inode == os.stat(meshed_netns).st_ino
         assert ambient_chains(meshed_netns)
         pod = node_core.read_namespaced_pod("web", workload_ns)
         assert pod.status.phase == "Running"
         assert all(c.restart_count == 0 for c in pod.status.container_statuses)
-        print(f"ztunnel double: {len(ztunnel.requests)} requests "
-              f"{[kind for kind, _, _ in ztunnel.requests]}; {len(outbound)}+ outbound "
-              f"connections captured; {len(probes)} probe connections SNATed")
+        print(
+            f"ztunnel double: {len(ztunnel.requests)} requests "
+            f"{[kind for kind, _, _ in ztunnel.requests]}; {len(outbound)}+ outbound "
+            f"connections captured; {len(probes)} probe connections SNATed"
+        )

@@ -27,16 +27,22 @@ BAD = [
 @pytest.mark.parametrize("major", ["3", "4"])
 @pytest.mark.parametrize(("bad", "path"), BAD)
 def test_helm_install_rejects_bad_value_and_creates_nothing(
-    major: str, bad: dict[str, Any], path: str, real_cluster: RealCluster, node_helm: Any,
-    node_core: Any, agent_image: Image,
+    major: str,
+    bad: dict[str, Any],
+    path: str,
+    real_cluster: RealCluster,
+    node_helm: Any,
+    node_core: Any,
+    agent_image: Image,
 ) -> None:
     conflist_before = real_cluster.conflist_path.read_text()
     bins_before = sorted(p.name for p in real_cluster.cni_bin_dir.iterdir())
     helm = node_helm(major)
     values = {**agent_mod.node_values(real_cluster, agent_image), **bad}
     with pytest.raises(HelmError) as failed:
-        helm.install(agent_mod.RELEASE, agent_mod.CHART, namespace=agent_mod.AGENT_NAMESPACE,
-                     values=values)
+        helm.install(
+            agent_mod.RELEASE, agent_mod.CHART, namespace=agent_mod.AGENT_NAMESPACE, values=values
+        )
     assert names_value(str(failed.value), path), str(failed.value)
 
     with pytest.raises(HelmError, match="not found"):

@@ -42,10 +42,12 @@ def leftovers(workdir: Path, record: dict[str, Any]) -> list[str]:
         found.append(f"netns {record['netns_name']}")
     if any(link["ifname"] == record["host_ifname"] for link in netns.ip_json("link", "show")):
         found.append(f"link {record['host_ifname']}")
-    found += [f"cni cache {p}" for p in
-              nodeclean.LIBCNI_CACHE.glob(f"{record['cni_network']}-*")]
-    found += [f"log link {p}" for p in nodeclean.CONTAINER_LOG_LINKS.glob("*")
-              if p.is_symlink() and str(p.readlink()).startswith(str(workdir))]
+    found += [f"cni cache {p}" for p in nodeclean.LIBCNI_CACHE.glob(f"{record['cni_network']}-*")]
+    found += [
+        f"log link {p}"
+        for p in nodeclean.CONTAINER_LOG_LINKS.glob("*")
+        if p.is_symlink() and str(p.readlink()).startswith(str(workdir))
+    ]
     return found
 
 
@@ -60,8 +62,12 @@ def test_stop_leaves_nothing_behind(tmp_path: Path) -> None:
         assert cluster.record is not None
         record = dataclasses.asdict(cluster.record)
         core = cluster.core()
-        core.create_namespaced_pod("default", kubepods.pod_manifest(
-            "one", cluster.images["workload"].ref, app_command=["sleep"], sidecar=False))
+        core.create_namespaced_pod(
+            "default",
+            kubepods.pod_manifest(
+                "one", cluster.images["workload"].ref, app_command=["sleep"], sidecar=False
+            ),
+        )
         kubepods.wait_running(core, "default", "one")
         assert nodeclean.pids_with_cmdline(str(cluster.runtime_dirs.socket))  # shims run
         assert nodeclean.mounted_below(tmp_path)
@@ -90,8 +96,13 @@ NODE_SCRIPT = textwrap.dedent("""
 
 def test_a_killed_session_is_swept_by_the_next(tmp_path: Path) -> None:
     before = machine_state()
-    proc = subprocess.Popen([sys.executable, "-c", NODE_SCRIPT, str(tmp_path)], cwd=REPO_ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", NODE_SCRIPT, str(tmp_path)],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         socket = proc.stdout.readline().strip()

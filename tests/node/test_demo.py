@@ -72,34 +72,36 @@ def demo_workdirs() -> Iterator[list[Path]]:
 
 
 def test_demo_shows_every_step_and_leaves_nothing() -> None:
-    done = subprocess.run(DEMO, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
-                          check=False)
+    done = subprocess.run(
+        DEMO, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, check=False
+    )
     out = done.stdout
     assert done.returncode == 0, out + done.stderr
     flat = " ".join(out.split())  # sentences are wrapped; tables and rules are verbatim
     steps = [(int(n), int(of)) for n, of in re.findall(r"^\[(\d+)/(\d+)\] ", out, re.M)]
     assert steps == [(n, 8) for n in range(1, 9)], steps
     # The agent's pod, Running and Ready on the node, as `kubectl get pods -o wide` shows it.
-    install = out[out.index("[2/"):out.index("[3/")]
+    install = out[out.index("[2/") : out.index("[3/")]
     assert re.search(r"istio-cni-\S+\s+1/1\s+Running\s+0\s+\S+\s+tb-node", install), install
     assert "bridge (+ host-local) -> portmap -> istio-cni (our entry, chained last)" in flat
     assert "one static executable" in flat
-    pods = out[out.index("[4/"):out.index("[5/")]
+    pods = out[out.index("[4/") : out.index("[5/")]
     assert re.search(r"app-with-sidecar\s+2/2\s+Running", pods), pods
     assert re.search(r"app-without-sidecar\s+1/1\s+Running", pods), pods
-    rules = out[out.index("[5/"):out.index("[6/")]
+    rules = out[out.index("[5/") : out.index("[6/")]
     assert "-A ISTIO_REDIRECT -p tcp -j REDIRECT --to-ports 15001" in rules
     assert "-A ISTIO_IN_REDIRECT -p tcp -j REDIRECT --to-ports 15006" in rules
-    traffic = " ".join(out[out.index("[6/"):out.index("[7/")].split())
+    traffic = " ".join(out[out.index("[6/") : out.index("[7/")].split())
     assert "proxy-double port=15001" in traffic and "original_dst=203.0.113.10:80" in traffic
     assert "inbound: the node ->" in traffic and "proxy-double port=15006" in traffic
     assert "unreachable" in traffic
-    log = out[out.index("[7/"):out.index("[8/")]
+    log = out[out.index("[7/") : out.index("[8/")]
     assert re.search(r'msg="pod redirected" command=ADD pod=demo/app-with-sidecar', log), log
     assert re.search(r'msg="pod skipped" command=ADD pod=demo/app-without-sidecar', log), log
-    uninstall = " ".join(out[out.index("[8/"):out.index("[cleanup]")].split())
-    assert ("byte-identical to the one before the install; bin dir: no istio-cni files"
-            in uninstall), uninstall
+    uninstall = " ".join(out[out.index("[8/") : out.index("[cleanup]")].split())
+    assert (
+        "byte-identical to the one before the install; bin dir: no istio-cni files" in uninstall
+    ), uninstall
     assert "nothing left behind" in flat
     assert not workdir_of(out).exists()
     assert_nothing_left(out)
@@ -107,8 +109,14 @@ def test_demo_shows_every_step_and_leaves_nothing() -> None:
 
 def test_demo_interrupted_cleans_up(demo_workdirs: list[Path]) -> None:
     # Its own session, so the Ctrl-C reaches its children too, as a terminal's would.
-    proc = subprocess.Popen(DEMO, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        DEMO,
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     lines = []
     try:
         assert proc.stdout is not None
@@ -133,8 +141,9 @@ def test_demo_interrupted_cleans_up(demo_workdirs: list[Path]) -> None:
 
 def test_demo_failure_names_the_step(tmp_path: Path, demo_workdirs: list[Path]) -> None:
     env = {**os.environ, "ISTIO_CNI_CACHE": str(tmp_path / "empty-cache")}
-    done = subprocess.run(DEMO, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                          timeout=120, check=False)
+    done = subprocess.run(
+        DEMO, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
     demo_workdirs.append(workdir_of(done.stdout))
     assert done.returncode == 1, done.stdout + done.stderr
     assert "FAILED: step 1 (Start a control plane and a node" in done.stdout

@@ -20,7 +20,11 @@ pytestmark = [pytest.mark.node]
 
 @pytest.mark.parametrize("major", ["3", "4"])
 def test_helm_install_runs_the_agent_on_the_node(
-    major: str, real_cluster: RealCluster, node_helm: Any, node_core: Any, agent_image: Image,
+    major: str,
+    real_cluster: RealCluster,
+    node_helm: Any,
+    node_core: Any,
+    agent_image: Image,
 ) -> None:
     reference = agent_mod.conflist(real_cluster)
     helm = node_helm(major)
@@ -42,14 +46,20 @@ def test_helm_install_runs_the_agent_on_the_node(
     assert conf["plugins"][-1]["type"] == "istio-cni"
     # containerd runs the chain from this file: the only one in its conf dir.
     assert sorted(p.name for p in real_cluster.cni_conf_dir.iterdir()) == [
-        real_cluster.conflist_path.name]
+        real_cluster.conflist_path.name
+    ]
 
     # What kubelet gave the container, as the runtime holds it: the chart's security context.
     spec, pid = real_cluster.container(pod.metadata.uid, agent_mod.AGENT_CONTAINER)
     assert spec["root"]["readonly"] is True
     caps = set(spec["process"]["capabilities"]["effective"])
-    assert caps == {"CAP_NET_ADMIN", "CAP_NET_RAW", "CAP_SYS_ADMIN", "CAP_SYS_PTRACE",
-                    "CAP_DAC_OVERRIDE"}, caps
+    assert caps == {
+        "CAP_NET_ADMIN",
+        "CAP_NET_RAW",
+        "CAP_SYS_ADMIN",
+        "CAP_SYS_PTRACE",
+        "CAP_DAC_OVERRIDE",
+    }, caps
     assert spec["process"]["user"]["uid"] == 0
     # hostNetwork: the process is in the node's netns.
     assert os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat(real_cluster.network.netns_path).st_ino
@@ -62,7 +72,8 @@ def test_helm_install_runs_the_agent_on_the_node(
     mounts = {m["destination"]: m for m in spec["mounts"]}
     assert "/var/run/secrets/kubernetes.io/serviceaccount" in mounts
     assert mounts[str(real_cluster.netns_dir)]["options"].count("rslave") == 1, json.dumps(
-        mounts[str(real_cluster.netns_dir)])
+        mounts[str(real_cluster.netns_dir)]
+    )
 
     logs = agent.logs(node_core)
     assert "in-cluster service account" in logs, logs[-3000:]

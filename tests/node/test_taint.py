@@ -27,8 +27,9 @@ TEST_KEYS = {OURS["key"], OTHER["key"]}
 
 
 def taints(core: Any, node: str) -> list[dict[str, Any]]:
-    found: list[dict[str, Any]] = json.loads(
-        core.read_node(node, _preload_content=False).data)["spec"].get("taints") or []
+    found: list[dict[str, Any]] = (
+        json.loads(core.read_node(node, _preload_content=False).data)["spec"].get("taints") or []
+    )
     return found
 
 
@@ -38,11 +39,18 @@ def set_taints(core: Any, node: str, change: Any) -> None:
         node_obj = json.loads(core.read_node(node, _preload_content=False).data)
         current = node_obj["spec"].get("taints") or []
         try:
-            core.patch_node(node, [
-                {"op": "test", "path": "/metadata/resourceVersion",
-                 "value": node_obj["metadata"]["resourceVersion"]},
-                {"op": "add", "path": "/spec/taints", "value": change(current)}],
-                _content_type="application/json-patch+json")
+            core.patch_node(
+                node,
+                [
+                    {
+                        "op": "test",
+                        "path": "/metadata/resourceVersion",
+                        "value": node_obj["metadata"]["resourceVersion"],
+                    },
+                    {"op": "add", "path": "/spec/taints", "value": change(current)},
+                ],
+                _content_type="application/json-patch+json",
+            )
             return
         except ApiException as e:  # 422: changed meanwhile (the test op): read again
             if e.status != 422:
@@ -54,8 +62,9 @@ def set_taints(core: Any, node: str, change: Any) -> None:
 def tainted_node(real_cluster: RealCluster, node_core: Any) -> Iterator[str]:
     """The node with our taint and another one; both removed at the end, whatever happened."""
     node = real_cluster.node_name
-    set_taints(node_core, node, lambda ts: [t for t in ts if t["key"] not in TEST_KEYS]
-               + [OURS, OTHER])
+    set_taints(
+        node_core, node, lambda ts: [t for t in ts if t["key"] not in TEST_KEYS] + [OURS, OTHER]
+    )
     try:
         yield node
     finally:
@@ -63,7 +72,10 @@ def tainted_node(real_cluster: RealCluster, node_core: Any) -> Iterator[str]:
 
 
 def test_agent_removes_only_its_taint_once_ready(
-    real_cluster: RealCluster, node_helm: Any, node_core: Any, agent_image: Image,
+    real_cluster: RealCluster,
+    node_helm: Any,
+    node_core: Any,
+    agent_image: Image,
     tainted_node: str,
 ) -> None:
     keys = [(t["key"], t["effect"]) for t in taints(node_core, tainted_node)]
@@ -71,13 +83,16 @@ def test_agent_removes_only_its_taint_once_ready(
 
     # install() returns once kubelet reports the agent pod Running and Ready: its pod tolerates
     # the taints, and the taint may only go once the agent is ready.
-    agent = agent_mod.install(node_helm("3"), real_cluster, node_core, agent_image,
-                              removeNotReadyTaint=True)
+    agent = agent_mod.install(
+        node_helm("3"), real_cluster, node_core, agent_image, removeNotReadyTaint=True
+    )
     started = time.monotonic()
     kubepods.wait_for(
         lambda: TAINT_KEY not in [t["key"] for t in taints(node_core, tainted_node)],
-        "the agent to remove the not-ready taint", 60,
-        on_timeout=lambda: agent.logs(node_core)[-3000:])
+        "the agent to remove the not-ready taint",
+        60,
+        on_timeout=lambda: agent.logs(node_core)[-3000:],
+    )
     removed_after = time.monotonic() - started
 
     after = taints(node_core, tainted_node)

@@ -20,17 +20,24 @@ pytestmark = [pytest.mark.node]
 
 def listing(directory: Path) -> dict[str, str]:
     """name -> link target or size: what is in a CNI dir."""
-    return {p.name: (str(p.readlink()) if p.is_symlink() else f"{p.stat().st_size} bytes")
-            for p in sorted(directory.iterdir())}
+    return {
+        p.name: (str(p.readlink()) if p.is_symlink() else f"{p.stat().st_size} bytes")
+        for p in sorted(directory.iterdir())
+    }
 
 
 def test_helm_uninstall_restores_the_node(
-    real_cluster: RealCluster, node_helm: Any, node_core: Any, agent_image: Image,
+    real_cluster: RealCluster,
+    node_helm: Any,
+    node_core: Any,
+    agent_image: Image,
     workload_ns: str,
 ) -> None:
     conflist_before = real_cluster.conflist_path.read_text()
-    bins_before, confs_before = (listing(real_cluster.cni_bin_dir),
-                                 listing(real_cluster.cni_conf_dir))
+    bins_before, confs_before = (
+        listing(real_cluster.cni_bin_dir),
+        listing(real_cluster.cni_conf_dir),
+    )
     helm = node_helm("4")
     agent = agent_mod.install(helm, real_cluster, node_core, agent_image)
     agent_mod.wait_conflist(real_cluster, lambda c: c["plugins"][-1]["type"] == "istio-cni")
@@ -47,7 +54,9 @@ def test_helm_uninstall_restores_the_node(
 
     # A pod as the injector leaves it now starts without the plugin: no rules in its netns.
     image = real_cluster.images["workload"].ref
-    node_core.create_namespaced_pod(workload_ns, kubepods.pod_manifest(
-        "after-uninstall", image, app_command=["sleep"], sidecar=True))
+    node_core.create_namespaced_pod(
+        workload_ns,
+        kubepods.pod_manifest("after-uninstall", image, app_command=["sleep"], sidecar=True),
+    )
     pod = kubepods.wait_running(node_core, workload_ns, "after-uninstall")
     assert not podnet.has_istio_rules(real_cluster.pod_netns(pod.uid))

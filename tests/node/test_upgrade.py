@@ -66,9 +66,15 @@ class PodCreator(threading.Thread):
         while not self.stop.is_set():
             name = f"up-{len(self.names):03d}"
             try:
-                self.core.create_namespaced_pod(self.namespace, kubepods.pod_manifest(
-                    name, self.image, app_command=["connect-loop", OUTSIDE, "80", "0.5"],
-                    sidecar=True))
+                self.core.create_namespaced_pod(
+                    self.namespace,
+                    kubepods.pod_manifest(
+                        name,
+                        self.image,
+                        app_command=["connect-loop", OUTSIDE, "80", "0.5"],
+                        sidecar=True,
+                    ),
+                )
                 self.names.append(name)
             except Exception as e:
                 self.errors.append(f"{name}: {e}")
@@ -85,8 +91,12 @@ def next_image(agent_image: Image) -> Image:
 
 
 def test_upgrade_while_pods_start(
-    real_cluster: RealCluster, node_helm: Any, node_core: Any, agent_image: Image,
-    next_image: Image, workload_ns: str,
+    real_cluster: RealCluster,
+    node_helm: Any,
+    node_core: Any,
+    agent_image: Image,
+    next_image: Image,
+    workload_ns: str,
 ) -> None:
     assert next_image.ref != agent_image.ref
     real_cluster.import_image(next_image)
@@ -101,12 +111,19 @@ def test_upgrade_while_pods_start(
     creator.start()
     try:
         kubepods.wait_for(lambda: len(creator.names) >= 2, "pods created before the upgrade", 30)
-        helm.upgrade(agent_mod.RELEASE, agent_mod.CHART, namespace=agent_mod.AGENT_NAMESPACE,
-                     values=agent_mod.node_values(real_cluster, next_image))
+        helm.upgrade(
+            agent_mod.RELEASE,
+            agent_mod.CHART,
+            namespace=agent_mod.AGENT_NAMESPACE,
+            values=agent_mod.node_values(real_cluster, next_image),
+        )
         new = agent_mod.ready_agent(node_core, real_cluster, image=next_image)
         upgraded_at = len(creator.names)
-        kubepods.wait_for(lambda: len(creator.names) >= upgraded_at + PODS_AFTER_UPGRADE,
-                          "pods created after the upgrade", 60)
+        kubepods.wait_for(
+            lambda: len(creator.names) >= upgraded_at + PODS_AFTER_UPGRADE,
+            "pods created after the upgrade",
+            60,
+        )
     finally:
         creator.stop.set()
         creator.join()
@@ -116,15 +133,16 @@ def test_upgrade_while_pods_start(
     # Every pod started (retries allowed), captured from its first connection on.
     started = time.monotonic()
     for name in creator.names:
-        pod = kubepods.wait_running(node_core, workload_ns, name,
-                                    timeout=max(10.0, 180 - (time.monotonic() - started)))
+        pod = kubepods.wait_running(
+            node_core, workload_ns, name, timeout=max(10.0, 180 - (time.monotonic() - started))
+        )
         assert podnet.has_istio_rules(real_cluster.pod_netns(pod.uid)), name
-        line = kubepods.wait_log_line(node_core, workload_ns, name, "app",
-                                      lambda s: "connect " in s, "a connection")
+        line = kubepods.wait_log_line(
+            node_core, workload_ns, name, "app", lambda s: "connect " in s, "a connection"
+        )
         assert "proxy-double port=15001" in line or "Connection refused" in line, (name, line)
         app_log = kubepods.logs(node_core, workload_ns, name, "app")
-        assert not any(kubepods.escaped(s) for s in app_log.splitlines()), (name,
-                                                                              app_log[-1500:])
+        assert not any(kubepods.escaped(s) for s in app_log.splitlines()), (name, app_log[-1500:])
     watch.stop.set()
     watch.join()
     assert watch.reads > 100

@@ -12,10 +12,25 @@ from prometheus_client.parser import text_string_to_metric_families
 
 # Grafana's variables as "All" fills them in.
 VARIABLES = {"$instance": ".*"}
-KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or",
-            "unless", "offset"}
-SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count"),
-            "gauge": ("",), "summary": ("", "_sum", "_count")}
+KEYWORDS = {
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "and",
+    "or",
+    "unless",
+    "offset",
+}
+SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "histogram": ("_bucket", "_sum", "_count"),
+    "gauge": ("",),
+    "summary": ("", "_sum", "_count"),
+}
 
 
 def panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
@@ -29,8 +44,11 @@ def panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
 def queries(path: Path) -> list[tuple[str, str]]:
     """(where, PromQL) for every panel target and query variable, variables filled in."""
     dashboard = json.loads(path.read_text())
-    found = [(f"panel {p['title']!r} target {t['refId']}", t["expr"])
-             for p in panels(dashboard) for t in p.get("targets", [])]
+    found = [
+        (f"panel {p['title']!r} target {t['refId']}", t["expr"])
+        for p in panels(dashboard)
+        for t in p.get("targets", [])
+    ]
     for var in dashboard["templating"]["list"]:
         if var["type"] == "query":
             text = var["query"]["query"] if isinstance(var["query"], dict) else var["query"]
@@ -55,7 +73,7 @@ def metric_names(expr: str) -> set[str]:
     text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)
     names = set()
     for match in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", text):
-        rest = text[match.end():].lstrip()
+        rest = text[match.end() :].lstrip()
         if match.group() in KEYWORDS or rest.startswith("("):
             continue
         names.add(match.group())

@@ -54,8 +54,9 @@ class PrometheusServer:
         assert len(result) <= 1, f"{expr}: {len(result)} series: {result}"
         return float(result[0]["value"][1]) if result else None
 
-    def wait_value(self, expr: str, accept: Callable[[float | None], bool], what: str,
-                   timeout: float = 45.0) -> float | None:
+    def wait_value(
+        self, expr: str, accept: Callable[[float | None], bool], what: str, timeout: float = 45.0
+    ) -> float | None:
         deadline = time.monotonic() + timeout
         seen: float | None = None
         while time.monotonic() < deadline:
@@ -71,17 +72,20 @@ class PrometheusServer:
         return self.log_path.read_text(errors="replace")[-5000:]
 
 
-def scrape_config(*, job: str, address: str, metrics_path: str,
-                  labels: Mapping[str, str], targets_file: Path) -> dict[str, Any]:
+def scrape_config(
+    *, job: str, address: str, metrics_path: str, labels: Mapping[str, str], targets_file: Path
+) -> dict[str, Any]:
     """A scrape job over a file_sd target list (what service discovery would have found)."""
     targets_file.write_text(json.dumps([{"targets": [address], "labels": dict(labels)}]))
     return {
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-        "scrape_configs": [{
-            "job_name": job,
-            "metrics_path": metrics_path,
-            "file_sd_configs": [{"files": [str(targets_file)], "refresh_interval": "5s"}],
-        }],
+        "scrape_configs": [
+            {
+                "job_name": job,
+                "metrics_path": metrics_path,
+                "file_sd_configs": [{"files": [str(targets_file)], "refresh_interval": "5s"}],
+            }
+        ],
     }
 
 
@@ -91,17 +95,29 @@ def running_prometheus(workdir: Path, config: Mapping[str, Any]) -> Iterator[Pro
     workdir.mkdir(parents=True, exist_ok=True)
     config_path = workdir / "prometheus.yml"
     config_path.write_text(yaml.safe_dump(dict(config)))
-    check = subprocess.run([binary("promtool"), "check", "config", str(config_path)],
-                           capture_output=True, text=True, check=False, timeout=60)
+    check = subprocess.run(
+        [binary("promtool"), "check", "config", str(config_path)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
     assert check.returncode == 0, check.stdout + check.stderr
     port = free_port()
     log_path = workdir / "prometheus.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            [binary("prometheus"), f"--config.file={config_path}",
-             f"--storage.tsdb.path={workdir / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1h"],
-            stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
+            [
+                binary("prometheus"),
+                f"--config.file={config_path}",
+                f"--storage.tsdb.path={workdir / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--storage.tsdb.retention.time=1h",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=workdir,
+        )
     server = PrometheusServer(proc, port, log_path)
     try:
         deadline = time.monotonic() + 30

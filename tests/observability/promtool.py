@@ -19,11 +19,18 @@ ALERT_TESTS = Path(__file__).resolve().parent / "alerts_test.yaml"
 def binary(name: str) -> str:
     path = shutil.which(name)
     if path is None:
-        pytest.fail(f"{name} not found: install Debian's prometheus package (ci/setup-apt)",
-                    pytrace=False)
+        pytest.fail(
+            f"{name} not found: install Debian's prometheus package (ci/setup-apt)", pytrace=False
+        )
     return path
 
 
 def promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([binary("promtool"), *args], capture_output=True, text=True,
-                          check=False, timeout=120, cwd=cwd)
+    return subprocess.run(
+        [binary("promtool"), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+        cwd=cwd,
+    )

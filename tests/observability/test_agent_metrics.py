@@ -40,6 +40,7 @@ def refused(rig: HandlerRig, reason: str) -> float:
 
 # -- refusals ------------------------------------------------------------------------------------
 
+
 def test_every_refusal_reason_is_exported_at_zero() -> None:
     registry = CollectorRegistry()
     PluginMetrics(registry)
@@ -50,13 +51,19 @@ def test_every_refusal_reason_is_exported_at_zero() -> None:
 @pytest.mark.parametrize(
     ("setup", "reason"),
     [
-        (lambda rig: setattr(rig.pods, "error", PodLookupError("get pod app/web-0: 500")),
-         "lookup_failed"),
+        (
+            lambda rig: setattr(rig.pods, "error", PodLookupError("get pod app/web-0: 500")),
+            "lookup_failed",
+        ),
         (lambda rig: rig.pods.pods.clear(), "pod_not_found"),
-        (lambda rig: setattr(rig.redirector, "decide_error", ValueError("bad pod")),
-         "decision_failed"),
-        (lambda rig: setattr(rig.redirector, "apply_error", RedirectError("iptables: boom")),
-         "apply_failed"),
+        (
+            lambda rig: setattr(rig.redirector, "decide_error", ValueError("bad pod")),
+            "decision_failed",
+        ),
+        (
+            lambda rig: setattr(rig.redirector, "apply_error", RedirectError("iptables: boom")),
+            "apply_failed",
+        ),
     ],
     ids=["lookup", "not-found", "decide", "apply"],
 )
@@ -76,8 +83,10 @@ def test_a_bad_request_is_refused_as_such() -> None:
 
 
 def test_served_adds_and_failed_checks_are_not_refusals() -> None:
-    rig = build_rig(InMemoryPods(make_pod(), make_pod("plain", sidecar=False)),
-                    ScriptedRedirector(rules_in_place=False))
+    rig = build_rig(
+        InMemoryPods(make_pod(), make_pod("plain", sidecar=False)),
+        ScriptedRedirector(rules_in_place=False),
+    )
     assert rig.handlers.add(cni_body()).body["result"] == "redirected"
     assert rig.handlers.add(cni_body(pod="plain", container_id="c2")).status == 200
     assert rig.handlers.check(cni_body("CHECK")).status == 500  # CHECK: not a pod start
@@ -88,11 +97,13 @@ def test_an_unknown_reason_is_counted_as_internal_error() -> None:
     registry = CollectorRegistry()
     metrics = PluginMetrics(registry)
     metrics.refused("web-0 exploded")  # never a free-form label value
-    assert registry.get_sample_value(
-        "istio_cni_pods_refused_total", {"reason": "internal_error"}) == 1
+    assert (
+        registry.get_sample_value("istio_cni_pods_refused_total", {"reason": "internal_error"}) == 1
+    )
 
 
 # -- install ready timestamp ----------------------------------------------------------------------
+
 
 def ready_since() -> float:
     return REGISTRY.get_sample_value("istio_cni_install_ready_timestamp_seconds") or 0.0
@@ -101,13 +112,15 @@ def ready_since() -> float:
 def test_install_ready_timestamp_is_set_when_the_install_becomes_ready(
     node: Node,  # noqa: F811 (the fixture imported above)
 ) -> None:
-    watcher = InstallWatcher(Installer(node.settings, pod_name="agent-1",
-                                       pod_namespace="istio-system"))
+    watcher = InstallWatcher(
+        Installer(node.settings, pod_name="agent-1", pod_namespace="istio-system")
+    )
     before = ready_since()
     watcher.reconcile("start")  # no primary CNI config yet: waiting, not ready
     assert not watcher.ready() and ready_since() == before
-    (node.conf_dir / "10-bridge.conflist").write_text(json.dumps({
-        "cniVersion": "1.0.0", "name": "k8s", "plugins": [{"type": "bridge"}]}))
+    (node.conf_dir / "10-bridge.conflist").write_text(
+        json.dumps({"cniVersion": "1.0.0", "name": "k8s", "plugins": [{"type": "bridge"}]})
+    )
     started = time.time()
     watcher.reconcile("conf dir changed")
     assert watcher.ready()
@@ -119,6 +132,7 @@ def test_install_ready_timestamp_is_set_when_the_install_becomes_ready(
 
 
 # -- pod cache ------------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def cache_rig() -> tuple[PodCache, CollectorRegistry]:
@@ -177,8 +191,11 @@ class ListOnly:
 
 def test_relists_count_and_set_the_size() -> None:
     registry = CollectorRegistry()
-    cache = PodCache(ListOnly([make_pod("a"), make_pod("b"), make_pod("c")]), "node-1",
-                     metrics=CacheMetrics(registry))
+    cache = PodCache(
+        ListOnly([make_pod("a"), make_pod("b"), make_pod("c")]),
+        "node-1",
+        metrics=CacheMetrics(registry),
+    )
     cache.relist()
     cache.relist()
     assert sample(registry, "istio_cni_cache_relists_total") == 2
@@ -187,6 +204,7 @@ def test_relists_count_and_set_the_size() -> None:
 
 
 # -- rules apply failures (real network namespace) ------------------------------------------------
+
 
 @pytest.fixture
 def pod_netns() -> Iterator[Path]:
@@ -199,8 +217,7 @@ def pod_netns() -> Iterator[Path]:
 
 
 def apply_failures(backend: str) -> float:
-    value = REGISTRY.get_sample_value("istio_cni_rules_apply_failures_total",
-                                      {"backend": backend})
+    value = REGISTRY.get_sample_value("istio_cni_rules_apply_failures_total", {"backend": backend})
     return value or 0.0
 
 

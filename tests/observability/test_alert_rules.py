@@ -15,16 +15,23 @@ from tests.observability.promtool import ALERT_TESTS, ALERTS, promtool
 
 pytestmark = pytest.mark.observability
 
-ALERT_NAMES = ("IstioCniInstallNotReady", "IstioCniConfigConflict",
-               "IstioCniPodsRefusedUndecided", "IstioCniRepairFailing", "IstioCniPodCacheStale",
-               "IstioCniPluginSlow")
+ALERT_NAMES = (
+    "IstioCniInstallNotReady",
+    "IstioCniConfigConflict",
+    "IstioCniPodsRefusedUndecided",
+    "IstioCniRepairFailing",
+    "IstioCniPodCacheStale",
+    "IstioCniPluginSlow",
+)
 
 # Per alert, an edit of its expression that lets a series of its test which must not fire do so.
 LOOSENED = {
     "IstioCniInstallNotReady": ("== 0", ">= 0"),
     "IstioCniConfigConflict": ("> 3", ">= 0"),
-    "IstioCniPodsRefusedUndecided": ('{reason=~"lookup_failed|pod_not_found|decision_failed|'
-                                     'ambient_detection_failed"}', ""),
+    "IstioCniPodsRefusedUndecided": (
+        '{reason=~"lookup_failed|pod_not_found|decision_failed|ambient_detection_failed"}',
+        "",
+    ),
     "IstioCniRepairFailing": ('{result="fail"}', ""),
     "IstioCniPodCacheStale": ("> 600", "> -1"),
     "IstioCniPluginSlow": ("> 1", "> 0.01"),
@@ -61,14 +68,14 @@ def test_promtool_unit_tests_pass() -> None:
 def test_every_alert_has_a_firing_case_and_series_that_must_not_fire() -> None:
     tests = yaml.safe_load(ALERT_TESTS.read_text())["tests"]
     for name in ALERT_NAMES:
-        cases = [(t, c) for t in tests for c in t.get("alert_rule_test", [])
-                 if c["alertname"] == name]
+        cases = [
+            (t, c) for t in tests for c in t.get("alert_rule_test", []) if c["alertname"] == name
+        ]
         firing = [(t, c) for t, c in cases if c["exp_alerts"]]
         assert firing, f"{name}: no case where it fires"
         for test, case in firing:
             fired = {a["exp_labels"]["instance"] for a in case["exp_alerts"]}
-            fed = {s["series"].split('instance="')[1].split('"')[0]
-                   for s in test["input_series"]}
+            fed = {s["series"].split('instance="')[1].split('"')[0] for s in test["input_series"]}
             assert fed - fired, f"{name}: every series of its test fires; none must not"
 
 

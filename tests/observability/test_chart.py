@@ -31,11 +31,16 @@ def test_nothing_is_rendered_by_default(helm: Helm) -> None:  # noqa: F811
 
 @pytest.mark.parametrize(
     ("option", "kind"),
-    [("podMonitor", "PodMonitor"), ("prometheusRule", "PrometheusRule"),
-     ("dashboards", "ConfigMap")],
+    [
+        ("podMonitor", "PodMonitor"),
+        ("prometheusRule", "PrometheusRule"),
+        ("dashboards", "ConfigMap"),
+    ],
 )
 def test_each_option_renders_only_its_own_resource(
-    helm: Helm, option: str, kind: str,  # noqa: F811
+    helm: Helm,  # noqa: F811
+    option: str,
+    kind: str,
 ) -> None:
     docs = helm.render(sets=[f"{option}.enabled=true"])
     extra = [d for d in docs if d["kind"] in ("PodMonitor", "PrometheusRule")]
@@ -44,8 +49,14 @@ def test_each_option_renders_only_its_own_resource(
 
 
 def test_pod_monitor_scrapes_the_port_and_path_of_the_agent_pods(helm: Helm) -> None:  # noqa: F811
-    docs = helm.render(sets=[*ALL_ON, "metricsPort=19014", "podMonitor.labels.release=kps",
-                             "podMonitor.interval=30s"])
+    docs = helm.render(
+        sets=[
+            *ALL_ON,
+            "metricsPort=19014",
+            "podMonitor.labels.release=kps",
+            "podMonitor.interval=30s",
+        ]
+    )
     monitor = only(docs, "PodMonitor")
     template = only(docs, "DaemonSet")["spec"]["template"]
     container = template["spec"]["containers"][0]
@@ -77,8 +88,14 @@ def test_dashboard_config_map_has_the_sidecar_label_and_the_dashboard(
     (cm,) = dashboard_maps(docs)
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(cm["data"]["istio-cni-agent.json"]) == json.loads(DASHBOARD.read_text())
-    docs = helm.render(sets=[*ALL_ON, "dashboards.label=grafana-dash",
-                             "dashboards.labelValue=istio", "dashboards.annotations.f=Istio"])
+    docs = helm.render(
+        sets=[
+            *ALL_ON,
+            "dashboards.label=grafana-dash",
+            "dashboards.labelValue=istio",
+            "dashboards.annotations.f=Istio",
+        ]
+    )
     (cm,) = dashboard_maps(docs)
     assert cm["metadata"]["labels"]["grafana-dash"] == "istio"
     assert "grafana_dashboard" not in cm["metadata"]["labels"]
@@ -87,12 +104,18 @@ def test_dashboard_config_map_has_the_sidecar_label_and_the_dashboard(
 
 @pytest.mark.parametrize(
     ("value", "named"),
-    [("podMonitor.interval=soon", "interval"), ("podMonitor.port=1", "port"),
-     ("dashboards.label=", "label"), ("prometheusRule.enabled=maybe", "enabled")],
+    [
+        ("podMonitor.interval=soon", "interval"),
+        ("podMonitor.port=1", "port"),
+        ("dashboards.label=", "label"),
+        ("prometheusRule.enabled=maybe", "enabled"),
+    ],
     ids=["bad-duration", "unknown-key", "empty-label", "not-boolean"],
 )
 def test_schema_rejects_bad_values_naming_them(
-    helm: Helm, value: str, named: str,  # noqa: F811
+    helm: Helm,  # noqa: F811
+    value: str,
+    named: str,
 ) -> None:
     with pytest.raises(HelmError) as failed:
         helm.template(sets=[value])

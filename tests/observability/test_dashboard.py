@@ -27,8 +27,10 @@ def defined() -> set[str]:
 @pytest.mark.parametrize(
     ("expr", "names"),
     [
-        ('histogram_quantile(0.99, sum by (instance, le) (rate(a_bucket{command="add"}[5m])))',
-         {"a_bucket"}),
+        (
+            'histogram_quantile(0.99, sum by (instance, le) (rate(a_bucket{command="add"}[5m])))',
+            {"a_bucket"},
+        ),
         ('time() - max by (instance) (b{kind="pod",instance=~".*"} > 0)', {"b"}),
         ("count(c == 0) or vector(0)", {"c"}),
         ('sum without (x) (d{l="by (y)"}) / on (i) group_left e', {"d", "e"}),
@@ -40,8 +42,10 @@ def test_metric_names_of_an_expression(expr: str, names: set[str]) -> None:
 
 
 def test_exported_names_include_families_without_samples() -> None:
-    text = ("# HELP x_total X.\n# TYPE x_total counter\n"
-            "# HELP h H.\n# TYPE h histogram\n# HELP g G.\n# TYPE g gauge\ng 1.0\n")
+    text = (
+        "# HELP x_total X.\n# TYPE x_total counter\n"
+        "# HELP h H.\n# TYPE h histogram\n# HELP g G.\n# TYPE g gauge\ng 1.0\n"
+    )
     assert {"x_total", "h_bucket", "h_count", "g"} <= exported_names(text)
 
 
@@ -62,17 +66,24 @@ def test_the_dashboard_shows_what_an_operator_needs() -> None:
     dashboard = json.loads(DASHBOARD.read_text())
     used = {n for _, e in queries(DASHBOARD) for n in metric_names(e)}
     assert {
-        "istio_cni_install_ready", "istio_cni_install_ready_timestamp_seconds",
-        "istio_cni_plugin_requests_total", "istio_cni_plugin_request_duration_seconds_bucket",
-        "istio_cni_pods_refused_total", "istio_cni_install_heals_total",
-        "istio_cni_install_conflicts_total", "istio_cni_repair_pods_repaired_total",
-        "istio_cni_cache_last_event_timestamp_seconds", "istio_cni_cache_objects",
+        "istio_cni_install_ready",
+        "istio_cni_install_ready_timestamp_seconds",
+        "istio_cni_plugin_requests_total",
+        "istio_cni_plugin_request_duration_seconds_bucket",
+        "istio_cni_pods_refused_total",
+        "istio_cni_install_heals_total",
+        "istio_cni_install_conflicts_total",
+        "istio_cni_repair_pods_repaired_total",
+        "istio_cni_cache_last_event_timestamp_seconds",
+        "istio_cni_cache_objects",
         "istio_cni_rules_apply_failures_total",
     } <= used
     exprs = [t["expr"] for p in panels(dashboard) for t in p["targets"]]
     # ADD rate and latency both cluster-wide and per node.
-    for metric in ("istio_cni_plugin_requests_total",
-                   "istio_cni_plugin_request_duration_seconds_bucket"):
+    for metric in (
+        "istio_cni_plugin_requests_total",
+        "istio_cni_plugin_request_duration_seconds_bucket",
+    ):
         groupings = [e for e in exprs if metric in e]
         assert any("by (instance" in e for e in groupings), metric
         assert any("by (instance" not in e for e in groupings), metric

@@ -29,13 +29,19 @@ from tests.observability.dashboard import exported_names, metric_names, queries
 from tests.observability.prometheus import PrometheusServer, running_prometheus, scrape_config
 from tests.observability.promtool import DASHBOARD
 
-pytestmark = [pytest.mark.e2e, pytest.mark.chart, pytest.mark.cluster, pytest.mark.netns,
-              pytest.mark.observability]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.chart,
+    pytest.mark.cluster,
+    pytest.mark.netns,
+    pytest.mark.observability,
+]
 
 JOB = "istio-cni-agent"
-SIDECAR = {"annotations": {"sidecar.istio.io/status": "{}"},
-           "containers": [{"name": "app", "image": "app"},
-                          {"name": "istio-proxy", "image": "proxy"}]}
+SIDECAR = {
+    "annotations": {"sidecar.istio.io/status": "{}"},
+    "containers": [{"name": "app", "image": "app"}, {"name": "istio-proxy", "image": "proxy"}],
+}
 
 
 class Scraped:
@@ -54,8 +60,9 @@ class Scraped:
 
 
 @pytest.fixture
-def scraped(chart_on_node: ChartOnNode, helm_releases: Any, helm_binaries: dict[str, Any],
-            tmp_path: Path) -> Iterator[Scraped]:
+def scraped(
+    chart_on_node: ChartOnNode, helm_releases: Any, helm_binaries: dict[str, Any], tmp_path: Path
+) -> Iterator[Scraped]:
     helm: Helm = helm_releases(helm_binaries[max(helm_binaries)])
     installed: Installed = chart_on_node.install(helm, "istio-cni-observability")
     agent = chart_on_node.start_agent(installed)
@@ -67,10 +74,16 @@ def scraped(chart_on_node: ChartOnNode, helm_releases: Any, helm_binaries: dict[
     port = int(notes["prometheus.io/port"])
     assert port == agent.metrics_port
     config = scrape_config(
-        job=JOB, address=f"127.0.0.1:{port}", metrics_path=notes["prometheus.io/path"],
-        labels={"namespace": installed.namespace, "pod": installed.agent_pod,
-                "node": chart_on_node.node_name},
-        targets_file=tmp_path / "targets.json")
+        job=JOB,
+        address=f"127.0.0.1:{port}",
+        metrics_path=notes["prometheus.io/path"],
+        labels={
+            "namespace": installed.namespace,
+            "pod": installed.agent_pod,
+            "node": chart_on_node.node_name,
+        },
+        targets_file=tmp_path / "targets.json",
+    )
     with running_prometheus(tmp_path / "prometheus", config) as prometheus:
         prometheus.wait_value(f'up{{job="{JOB}"}}', lambda v: v == 1, "the agent scraped")
         yield Scraped(agent, prometheus, chart_on_node.node_name)
@@ -78,7 +91,9 @@ def scraped(chart_on_node: ChartOnNode, helm_releases: Any, helm_binaries: dict[
 
 
 def test_prometheus_sees_pods_conflicts_and_refusals(
-    scraped: Scraped, node_pods: NodePods, cni_node: CniNode,
+    scraped: Scraped,
+    node_pods: NodePods,
+    cni_node: CniNode,
 ) -> None:
     s = scraped
     assert s.series(f'istio_cni_install_ready{{job="{JOB}"}}') == 1
@@ -89,12 +104,18 @@ def test_prometheus_sees_pods_conflicts_and_refusals(
     # Pods added to the node: the cache's size rises by two, and an ADD is counted served.
     pods_before = s.wait_above('istio_cni_cache_objects{kind="pod"}', 0, "the agent pod cached")
     created = [node_pods.create("default", f"obs-app-{i}", **SIDECAR) for i in range(2)]
-    s.prometheus.wait_value('istio_cni_cache_objects{kind="pod"}',
-                            lambda v: v == pods_before + 2, "two more pods in the cache")
+    s.prometheus.wait_value(
+        'istio_cni_cache_objects{kind="pod"}',
+        lambda v: v == pods_before + 2,
+        "two more pods in the cache",
+    )
     sandbox = cni_node.new_sandbox("obs-app-0", "default", created[0]["metadata"]["uid"])
     cni_node.add(sandbox)
-    s.wait_above('istio_cni_plugin_requests_total{command="add",result="redirected"}', 0,
-                 "the redirected ADD")
+    s.wait_above(
+        'istio_cni_plugin_requests_total{command="add",result="redirected"}',
+        0,
+        "the redirected ADD",
+    )
 
     # A foreign writer rewrites the conflist without our entry: the agent heals it, a conflict.
     conflicts = f'sum(istio_cni_install_conflicts_total{{file="{cni_node.conflist_path.name}"}})'

@@ -39,14 +39,21 @@ def run_plugin(env: dict[str, str], stdin: bytes | str | dict[str, Any]) -> Run:
     if isinstance(stdin, str):
         stdin = stdin.encode()
     out, err = io.StringIO(), io.StringIO()
-    code = dispatch(Plugin(stderr=err).commands(), environ=env, stdin=io.BytesIO(stdin),
-                    stdout=out, stderr=err)
+    code = dispatch(
+        Plugin(stderr=err).commands(), environ=env, stdin=io.BytesIO(stdin), stdout=out, stderr=err
+    )
     return Run(code, out.getvalue(), err.getvalue())
 
 
 def cni_env(command: str, **extra: str) -> dict[str, str]:
-    env = {"CNI_COMMAND": command, "CNI_CONTAINERID": "c0ffee", "CNI_NETNS": "/var/run/netns/x",
-           "CNI_IFNAME": "eth0", "CNI_PATH": "/opt/cni/bin", "CNI_ARGS": POD_ARGS}
+    env = {
+        "CNI_COMMAND": command,
+        "CNI_CONTAINERID": "c0ffee",
+        "CNI_NETNS": "/var/run/netns/x",
+        "CNI_IFNAME": "eth0",
+        "CNI_PATH": "/opt/cni/bin",
+        "CNI_ARGS": POD_ARGS,
+    }
     env.update(extra)
     return env
 
@@ -61,9 +68,11 @@ def result_for(version: str) -> dict[str, Any]:
         ips[0]["version"], ips[1]["version"] = "4", "6"
     return {
         "cniVersion": version,
-        "interfaces": [{"name": "cni0", "mac": "aa:bb:cc:dd:ee:01"},
-                       {"name": "veth1", "mac": "aa:bb:cc:dd:ee:02"},
-                       {"name": "eth0", "mac": "aa:bb:cc:dd:ee:03", "sandbox": "/var/run/netns/x"}],
+        "interfaces": [
+            {"name": "cni0", "mac": "aa:bb:cc:dd:ee:01"},
+            {"name": "veth1", "mac": "aa:bb:cc:dd:ee:02"},
+            {"name": "eth0", "mac": "aa:bb:cc:dd:ee:03", "sandbox": "/var/run/netns/x"},
+        ],
         "ips": ips,
         "routes": [{"dst": "0.0.0.0/0", "gw": "10.1.0.1"}],
         "dns": {"nameservers": ["10.96.0.10"]},
@@ -72,10 +81,14 @@ def result_for(version: str) -> dict[str, Any]:
 
 def net_conf(version: str = "1.0.0", run_dir: str = "/nonexistent", **extra: Any) -> dict[str, Any]:
     conf: dict[str, Any] = {
-        "cniVersion": version, "name": "k8s-pod-network", "type": "istio-cni",
-        "plugin_log_level": "debug", "cni_agent_run_dir": run_dir,
+        "cniVersion": version,
+        "name": "k8s-pod-network",
+        "type": "istio-cni",
+        "plugin_log_level": "debug",
+        "cni_agent_run_dir": run_dir,
         "exclude_namespaces": ["istio-system", "kube-system"],
-        "pod_namespace": "istio-system", "agent_pod_prefix": "istio-cni-node-",
+        "pod_namespace": "istio-system",
+        "agent_pod_prefix": "istio-cni-node-",
         "prevResult": result_for(version),
     }
     conf.update(extra)
@@ -113,8 +126,7 @@ class AgentTestDouble:
             def _answer(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
-                double.requests.append((self.command, self.path,
-                                        json.loads(raw) if raw else None))
+                double.requests.append((self.command, self.path, json.loads(raw) if raw else None))
                 answer = double.answers.get(self.path, Answer(404, {"code": 999, "msg": "?"}))
                 time.sleep(answer.delay)
                 try:
@@ -136,8 +148,7 @@ class AgentTestDouble:
             request_queue_size = 128
 
         self.server = Server(str(run_dir / "pluginevent.sock"), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,),
-                                       daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True)
         self.thread.start()
 
     def paths(self) -> list[str]:
@@ -150,4 +161,3 @@ class AgentTestDouble:
         self.server.shutdown()
         self.server.server_close()
         self.thread.join(timeout=5)
-

@@ -24,8 +24,13 @@ MAX_BYTES = 7_500_000
 
 
 def build_plugin(out: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([str(REPO / "ci" / "build-plugin"), str(out)], capture_output=True,
-                          text=True, timeout=3600, env={**os.environ, **env})
+    proc = subprocess.run(
+        [str(REPO / "ci" / "build-plugin"), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        env={**os.environ, **env},
+    )
     assert proc.returncode == 0, f"ci/build-plugin failed:\n{proc.stderr[-3000:]}"
     return proc
 
@@ -38,12 +43,12 @@ def build(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     shutil.rmtree(out, ignore_errors=True)
 
 
-def run_built(exe: Path, env: dict[str, str], stdin: dict[str, object] | str = ""
-              ) -> tuple[int, object]:
+def run_built(
+    exe: Path, env: dict[str, str], stdin: dict[str, object] | str = ""
+) -> tuple[int, object]:
     """Exec the built plugin with only the CNI variables: no PATH, no PYTHON* anything."""
     data = stdin if isinstance(stdin, str) else json.dumps(stdin)
-    proc = subprocess.run([str(exe)], env=env, input=data.encode(), capture_output=True,
-                          timeout=60)
+    proc = subprocess.run([str(exe)], env=env, input=data.encode(), capture_output=True, timeout=60)
     text = proc.stdout.decode()
     return proc.returncode, json.loads(text) if text.strip() else None
 
@@ -65,7 +70,7 @@ def test_no_shipped_elf_needs_a_newer_glibc_than_the_floor(build: Path) -> None:
 
 def test_the_glibc_check_catches_a_glibc_binary(tmp_path: Path) -> None:
     """The check above can fail: a program linked against this machine's glibc trips it."""
-    (tmp_path / "hello.c").write_text("#include <stdio.h>\nint main(void){puts(\"hi\");}\n")
+    (tmp_path / "hello.c").write_text('#include <stdio.h>\nint main(void){puts("hi");}\n')
     gcc = shutil.which("gcc")
     assert gcc, "gcc is missing: install it with ci/setup-apt"
     subprocess.run([gcc, "-o", str(tmp_path / "hello"), str(tmp_path / "hello.c")], check=True)
@@ -105,9 +110,14 @@ def test_environment_cannot_change_what_runs(build: Path, tmp_path: Path) -> Non
     (tmp_path / "plugin").mkdir()
     (tmp_path / "plugin" / "__init__.py").write_text("raise SystemExit('hijacked')\n")
     (tmp_path / "start.py").write_text("raise SystemExit('hijacked')\n")
-    env = {"CNI_COMMAND": "VERSION", "PYTHONPATH": str(tmp_path), "PYTHONHOME": str(tmp_path),
-           "PYTHONSTARTUP": str(tmp_path / "start.py"), "PYTHONINSPECT": "1",
-           "PYTHONVERBOSE": "1"}
+    env = {
+        "CNI_COMMAND": "VERSION",
+        "PYTHONPATH": str(tmp_path),
+        "PYTHONHOME": str(tmp_path),
+        "PYTHONSTARTUP": str(tmp_path / "start.py"),
+        "PYTHONINSPECT": "1",
+        "PYTHONVERBOSE": "1",
+    }
     code, out = run_built(build / "istio-cni", env)
     assert (code, out) == (0, {"cniVersion": "1.1.0", "supportedVersions": list(VERSIONS)})
 
@@ -115,14 +125,32 @@ def test_environment_cannot_change_what_runs(build: Path, tmp_path: Path) -> Non
 def test_failure_before_python_runs_is_a_cni_error(build: Path, tmp_path: Path) -> None:
     """The launcher linked with no frozen modules (the interpreter cannot start: no codecs)
     still answers the runtime with a CNI error object and exit code 1."""
-    stage = subprocess.run([str(REPO / "ci" / "plugin" / "build-python")], capture_output=True,
-                           text=True, check=True, timeout=3600).stdout.strip()
+    stage = subprocess.run(
+        [str(REPO / "ci" / "plugin" / "build-python")],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=3600,
+    ).stdout.strip()
     (tmp_path / "none.c").write_text(
-        "#include <Python.h>\nconst struct _frozen istio_cni_frozen[] = {{0, 0, 0, 0, 0}};\n")
-    subprocess.run(["musl-gcc", "-static", "-O2", f"-I{stage}/include", "-o",
-                    str(tmp_path / "broken"), str(REPO / "ci" / "plugin" / "launcher.c"),
-                    str(tmp_path / "none.c"), f"{stage}/lib/libpython3.11.a", "-lm"],
-                   check=True, capture_output=True)
+        "#include <Python.h>\nconst struct _frozen istio_cni_frozen[] = {{0, 0, 0, 0, 0}};\n"
+    )
+    subprocess.run(
+        [
+            "musl-gcc",
+            "-static",
+            "-O2",
+            f"-I{stage}/include",
+            "-o",
+            str(tmp_path / "broken"),
+            str(REPO / "ci" / "plugin" / "launcher.c"),
+            str(tmp_path / "none.c"),
+            f"{stage}/lib/libpython3.11.a",
+            "-lm",
+        ],
+        check=True,
+        capture_output=True,
+    )
     code, out = run_built(tmp_path / "broken", {"CNI_COMMAND": "VERSION"})
     assert code == 1
     assert isinstance(out, dict) and out["code"] == 999, out
@@ -147,8 +175,9 @@ def test_input_larger_than_the_allocation_arena(build: Path) -> None:
 
 
 def test_add_through_the_agent(build: Path, agent: AgentTestDouble) -> None:
-    code, out = run_built(build / "istio-cni", cni_env("ADD"),
-                          net_conf("1.1.0", str(agent.run_dir)))
+    code, out = run_built(
+        build / "istio-cni", cni_env("ADD"), net_conf("1.1.0", str(agent.run_dir))
+    )
     assert (code, out) == (0, result_for("1.1.0"))
     assert agent.paths() == ["/v1/cni/add"]
 
@@ -180,8 +209,13 @@ def test_logs_of_an_absent_agent_reach_the_real_agent_later(
     run_dir.mkdir()
     try:
         conf = json.dumps(net_conf(run_dir=str(run_dir), log_as_json=True)).encode()
-        proc = subprocess.run([str(build / "istio-cni")], env=cni_env("ADD"), input=conf,
-                              capture_output=True, timeout=60)
+        proc = subprocess.run(
+            [str(build / "istio-cni")],
+            env=cni_env("ADD"),
+            input=conf,
+            capture_output=True,
+            timeout=60,
+        )
         assert proc.returncode == 1 and json.loads(proc.stdout)["code"] == 11
         [stderr_line] = [json.loads(line) for line in proc.stderr.decode().splitlines()]
         log_file = run_dir / wire.LOG_FILE_NAME
@@ -189,7 +223,10 @@ def test_logs_of_an_absent_agent_reach_the_real_agent_later(
         [file_line] = [json.loads(line) for line in log_file.read_text().splitlines()]
         assert file_line == stderr_line
         assert (file_line["level"], file_line["msg"], file_line["scope"]) == (
-            "error", "ADD failed", "istio-cni")
+            "error",
+            "ADD failed",
+            "istio-cni",
+        )
 
         rig = build_rig(InMemoryPods(make_pod()), ScriptedRedirector())
         server = PodServer(str(run_dir / wire.SOCKET_NAME), rig.handlers)
@@ -197,8 +234,13 @@ def test_logs_of_an_absent_agent_reach_the_real_agent_later(
         try:
             assert forward_once(str(run_dir), settle=0) == 1
             assert not log_file.exists()
-            proc = subprocess.run([str(build / "istio-cni")], env=cni_env("DEL"), input=conf,
-                                  capture_output=True, timeout=60)
+            proc = subprocess.run(
+                [str(build / "istio-cni")],
+                env=cni_env("DEL"),
+                input=conf,
+                capture_output=True,
+                timeout=60,
+            )
             assert proc.returncode == 0, proc.stdout
         finally:
             server.stop()
@@ -214,7 +256,8 @@ def test_logs_of_an_absent_agent_reach_the_real_agent_later(
 
 def test_log_level_none_writes_nothing(build: Path, tmp_path: Path) -> None:
     conf = json.dumps(net_conf(run_dir=str(tmp_path), plugin_log_level="none")).encode()
-    proc = subprocess.run([str(build / "istio-cni")], env=cni_env("ADD"), input=conf,
-                          capture_output=True, timeout=60)
+    proc = subprocess.run(
+        [str(build / "istio-cni")], env=cni_env("ADD"), input=conf, capture_output=True, timeout=60
+    )
     assert proc.returncode == 1 and proc.stderr == b""
     assert list(tmp_path.iterdir()) == []

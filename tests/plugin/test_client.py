@@ -13,9 +13,17 @@ from plugin.client import AgentClient, AgentUnavailable
 from plugin.errors import CniError
 from tests.plugin.helpers import AgentTestDouble, Answer
 
-ADD = wire.cni_request(command="ADD", container_id="c", netns="/n", ifname="eth0",
-                       pod_name="p", pod_namespace="ns", pod_uid="u", cni_version="1.1.0",
-                       prev_result=None)
+ADD = wire.cni_request(
+    command="ADD",
+    container_id="c",
+    netns="/n",
+    ifname="eth0",
+    pod_name="p",
+    pod_namespace="ns",
+    pod_uid="u",
+    cni_version="1.1.0",
+    prev_result=None,
+)
 
 
 def test_socket_path_comes_from_run_dir(agent: AgentTestDouble) -> None:
@@ -100,8 +108,9 @@ def test_not_http_is_internal_error(tmp_path: Path) -> None:
         thread.join(timeout=5)
 
 
-@pytest.mark.parametrize("body", [b"", b"[]", b'{"result": "maybe"}'],
-                         ids=["empty", "array", "bad-result"])
+@pytest.mark.parametrize(
+    "body", [b"", b"[]", b'{"result": "maybe"}'], ids=["empty", "array", "bad-result"]
+)
 def test_invalid_ok_reply_is_internal_error(body: bytes, agent: AgentTestDouble) -> None:
     agent.answers["/v1/cni/add"] = Answer(200, body)
     with pytest.raises(CniError) as caught:
@@ -110,7 +119,8 @@ def test_invalid_ok_reply_is_internal_error(body: bytes, agent: AgentTestDouble)
 
 
 def test_log_is_best_effort(tmp_path: Path, agent: AgentTestDouble) -> None:
-    line = wire.log_request(level="info", msg="m", pod_name="p", pod_namespace="ns",
-                            container_id="c")
+    line = wire.log_request(
+        level="info", msg="m", pod_name="p", pod_namespace="ns", container_id="c"
+    )
     assert AgentClient(str(agent.run_dir), timeout=2).log(line) is True
     assert AgentClient(str(tmp_path), timeout=2).log(line) is False

@@ -45,12 +45,14 @@ def test_same_pod_name_in_other_namespace_is_not_the_agent(agent: AgentTestDoubl
 
 
 # CHECK exists since 0.4.0 (test_skel covers its refusal before that).
-AGENT_CASES = [(c, v) for c in ("ADD", "CHECK", "DEL") for v in VERSIONS
-               if c != "CHECK" or v >= "0.4.0"]
+AGENT_CASES = [
+    (c, v) for c in ("ADD", "CHECK", "DEL") for v in VERSIONS if c != "CHECK" or v >= "0.4.0"
+]
 
 
-@pytest.mark.parametrize(("command", "version"), AGENT_CASES,
-                         ids=[f"{c}-{v}" for c, v in AGENT_CASES])
+@pytest.mark.parametrize(
+    ("command", "version"), AGENT_CASES, ids=[f"{c}-{v}" for c, v in AGENT_CASES]
+)
 def test_one_request_to_the_agent(command: str, version: str, agent: AgentTestDouble) -> None:
     conf = net_conf(version, str(agent.run_dir))
     run = run_plugin(cni_env(command), conf)
@@ -60,20 +62,31 @@ def test_one_request_to_the_agent(command: str, version: str, agent: AgentTestDo
     method, _, body = agent.requests[0]
     assert method == "POST"
     assert body == {
-        "command": command, "containerId": "c0ffee", "netns": "/var/run/netns/x",
-        "ifname": "eth0", "podName": "app-1", "podNamespace": "default", "podUid": "uid-1",
-        "cniVersion": version, "prevResult": result_for(version),
+        "command": command,
+        "containerId": "c0ffee",
+        "netns": "/var/run/netns/x",
+        "ifname": "eth0",
+        "podName": "app-1",
+        "podNamespace": "default",
+        "podUid": "uid-1",
+        "cniVersion": version,
+        "prevResult": result_for(version),
     }
 
 
 @pytest.mark.parametrize("command", ["ADD", "CHECK", "DEL"])
 def test_agent_error_becomes_cni_error(command: str, agent: AgentTestDouble) -> None:
     agent.answers[f"/v1/cni/{command.lower()}"] = Answer(
-        500, {"code": 104, "msg": "apply rules failed", "details": "iptables-restore: exit 4"})
+        500, {"code": 104, "msg": "apply rules failed", "details": "iptables-restore: exit 4"}
+    )
     run = run_plugin(cni_env(command), net_conf(run_dir=str(agent.run_dir)))
     assert run.code == 1
-    assert run.out == {"cniVersion": "1.0.0", "code": 104, "msg": "apply rules failed",
-                       "details": "iptables-restore: exit 4"}
+    assert run.out == {
+        "cniVersion": "1.0.0",
+        "code": 104,
+        "msg": "apply rules failed",
+        "details": "iptables-restore: exit 4",
+    }
 
 
 def test_agent_error_without_cni_body(agent: AgentTestDouble) -> None:
@@ -146,17 +159,31 @@ def test_status_agent_down(tmp_path) -> None:  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("key", ["cni.dev/valid-attachments", "cni.dev/attachments"])
 def test_gc_passes_valid_attachments(key: str, agent: AgentTestDouble) -> None:
-    conf = net_conf("1.1.0", str(agent.run_dir), **{key: [
-        {"containerID": "a1", "ifname": "eth0"}, {"containerID": "b2", "ifname": "net1"}]})
+    conf = net_conf(
+        "1.1.0",
+        str(agent.run_dir),
+        **{key: [{"containerID": "a1", "ifname": "eth0"}, {"containerID": "b2", "ifname": "net1"}]},
+    )
     del conf["prevResult"]
     run = run_plugin({"CNI_COMMAND": "GC", "CNI_PATH": "/opt/cni/bin"}, conf)
     assert (run.code, run.out) == (0, None), run.raw
-    assert agent.requests[0] == ("POST", "/v1/cni/gc", {"validAttachments": [
-        {"containerId": "a1", "ifname": "eth0"}, {"containerId": "b2", "ifname": "net1"}]})
+    assert agent.requests[0] == (
+        "POST",
+        "/v1/cni/gc",
+        {
+            "validAttachments": [
+                {"containerId": "a1", "ifname": "eth0"},
+                {"containerId": "b2", "ifname": "net1"},
+            ]
+        },
+    )
 
 
-@pytest.mark.parametrize("value", [None, "a1", [{"containerID": "a1"}], [["a1", "eth0"]]],
-                         ids=["missing", "string", "no-ifname", "pair-list"])
+@pytest.mark.parametrize(
+    "value",
+    [None, "a1", [{"containerID": "a1"}], [["a1", "eth0"]]],
+    ids=["missing", "string", "no-ifname", "pair-list"],
+)
 def test_gc_rejects_bad_attachments(value: object, agent: AgentTestDouble) -> None:
     conf = net_conf("1.1.0", str(agent.run_dir))
     if value is not None:

@@ -33,7 +33,7 @@ def random_value(rng: random.Random, depth: int = 0) -> Any:
     if kind == 1:
         return rng.random() < 0.5
     if kind == 2:
-        return rng.randint(-2**40, 2**40)
+        return rng.randint(-(2**40), 2**40)
     if kind == 3:
         return rng.uniform(-1e9, 1e9)
     if kind == 4:
@@ -45,8 +45,10 @@ def random_value(rng: random.Random, depth: int = 0) -> Any:
     if kind == 7:
         keys = ["address", "version", "ips", "x", "cniVersion"]
         return {rng.choice(keys): random_value(rng, depth + 1) for _ in range(rng.randrange(4))}
-    return {"address": rng.choice(["10.1.0.9/24", "fd00::1/64", "x", "1.2.3.4"]),
-            "version": rng.choice(["4", "6", 4])}
+    return {
+        "address": rng.choice(["10.1.0.9/24", "fd00::1/64", "x", "1.2.3.4"]),
+        "version": rng.choice(["4", "6", 4]),
+    }
 
 
 def mutate_tree(rng: random.Random, obj: Any) -> None:
@@ -54,8 +56,11 @@ def mutate_tree(rng: random.Random, obj: Any) -> None:
     for _ in range(rng.randrange(1, 4)):
         node = obj
         while True:
-            children = ([k for k in node if k not in KEEP] if isinstance(node, dict)
-                        else list(range(len(node))))
+            children = (
+                [k for k in node if k not in KEEP]
+                if isinstance(node, dict)
+                else list(range(len(node)))
+            )
             if not children:
                 break
             child = rng.choice(children)
@@ -68,9 +73,20 @@ def mutate_tree(rng: random.Random, obj: Any) -> None:
             elif action == 1:
                 node[child] = random_value(rng)
             elif isinstance(node, dict):
-                node[rng.choice(["prevResult", "name", "type", "cniVersion", "ips", "z",
-                                 "cni.dev/valid-attachments", "exclude_namespaces"])] = \
-                    random_value(rng)
+                node[
+                    rng.choice(
+                        [
+                            "prevResult",
+                            "name",
+                            "type",
+                            "cniVersion",
+                            "ips",
+                            "z",
+                            "cni.dev/valid-attachments",
+                            "exclude_namespaces",
+                        ]
+                    )
+                ] = random_value(rng)
             break
 
 
@@ -85,7 +101,7 @@ def mutate_bytes(rng: random.Random, data: bytes, keep: bytes) -> bytes:
     if action == 0:
         return data[:pos]
     if action == 1:
-        return data[:pos] + bytes([rng.randrange(256)]) + data[pos + 1:]
+        return data[:pos] + bytes([rng.randrange(256)]) + data[pos + 1 :]
     return data[:pos] + rng.choice([b"{", b"}", b'"', b",", b"\x00", b"\xc3"]) + data[pos:]
 
 
@@ -96,11 +112,20 @@ def mutate_env(rng: random.Random, env: dict[str, str]) -> None:
         if rng.random() < 0.4:
             env.pop(var, None)
         else:
-            env[var] = rng.choice([
-                "", "x", "-x", "a" * 20, "K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME=p",
-                "K8S_POD_NAME", ";;", "K8S_POD_NAMESPACE=default;K8S_POD_NAME=", "eth0 ",
-                "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=p;K8S_POD_UID=u",
-            ])
+            env[var] = rng.choice(
+                [
+                    "",
+                    "x",
+                    "-x",
+                    "a" * 20,
+                    "K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME=p",
+                    "K8S_POD_NAME",
+                    ";;",
+                    "K8S_POD_NAMESPACE=default;K8S_POD_NAME=",
+                    "eth0 ",
+                    "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=p;K8S_POD_UID=u",
+                ]
+            )
 
 
 def check(run: Any, env: dict[str, str], stdin: bytes) -> None:
@@ -132,9 +157,12 @@ def test_fuzz_request_parser(agent: AgentTestDouble) -> None:
     outcomes: dict[str, int] = {}
     for _ in range(RUNS):
         version = rng.choice(VERSIONS)
-        conf = net_conf(version, str(agent.run_dir),
-                        prevResult=result_for(rng.choice(VERSIONS)),
-                        **{"cni.dev/valid-attachments": [{"containerID": "a", "ifname": "e"}]})
+        conf = net_conf(
+            version,
+            str(agent.run_dir),
+            prevResult=result_for(rng.choice(VERSIONS)),
+            **{"cni.dev/valid-attachments": [{"containerID": "a", "ifname": "e"}]},
+        )
         env = cni_env("ADD")
         mutate_env(rng, env)
         if rng.random() < 0.8:

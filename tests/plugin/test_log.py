@@ -39,7 +39,8 @@ def test_key_value_line() -> None:
 def test_json_line_has_the_agents_keys() -> None:
     err = io.StringIO()
     PluginLog("debug", stderr=err, fields={"pod": "ns/p"}, as_json=True).warn(
-        'say "hi"\n', time="clash", error="boom")
+        'say "hi"\n', time="clash", error="boom"
+    )
     obj = json.loads(err.getvalue())
     assert list(obj)[:4] == ["time", "level", "scope", "msg"]
     assert obj["level"] == "warn" and obj["scope"] == "istio-cni" and obj["msg"] == 'say "hi"\n'
@@ -47,10 +48,18 @@ def test_json_line_has_the_agents_keys() -> None:
     assert obj["time"].endswith("Z") and len(obj["time"]) == len("2024-01-01T00:00:00.000Z")
 
 
-@pytest.mark.parametrize(("level", "written"), [
-    ("debug", ["debug", "info", "warn", "error"]), ("info", ["info", "warn", "error"]),
-    ("warn", ["warn", "error"]), ("error", ["error"]), ("fatal", []), ("panic", []),
-    ("none", [])])
+@pytest.mark.parametrize(
+    ("level", "written"),
+    [
+        ("debug", ["debug", "info", "warn", "error"]),
+        ("info", ["info", "warn", "error"]),
+        ("warn", ["warn", "error"]),
+        ("error", ["error"]),
+        ("fatal", []),
+        ("panic", []),
+        ("none", []),
+    ],
+)
 def test_levels(level: str, written: list[str], tmp_path: Path) -> None:
     err = io.StringIO()
     sent: list[str] = []
@@ -63,7 +72,8 @@ def test_levels(level: str, written: list[str], tmp_path: Path) -> None:
     for name in ("debug", "info", "warn", "error"):
         getattr(plog, name)("x")
     assert [line.split()[1] for line in err.getvalue().splitlines()] == [
-        f"level={w}" for w in written]
+        f"level={w}" for w in written
+    ]
     assert sent == written
     assert not (tmp_path / wire.LOG_FILE_NAME).exists()
 
@@ -101,6 +111,7 @@ def test_log_as_json_must_be_a_bool() -> None:
 
 # -- the fallback file --------------------------------------------------------------------------
 
+
 def test_agent_down_lines_go_to_the_file(tmp_path: Path) -> None:
     run = run_plugin(cni_env("ADD"), net_conf(run_dir=str(tmp_path)))
     assert run.out["code"] == errors.TRY_AGAIN_LATER
@@ -108,7 +119,9 @@ def test_agent_down_lines_go_to_the_file(tmp_path: Path) -> None:
     assert run.code == 0
     lines = file_lines(tmp_path)
     assert [(o["level"], o["msg"].split(" ")[0]) for o in lines] == [
-        ("error", "ADD"), ("warn", "DEL")]
+        ("error", "ADD"),
+        ("warn", "DEL"),
+    ]
     for o in lines:
         assert o["scope"] == "istio-cni" and o["pod"] == "default/app-1"
         assert o["containerId"] == "c0ffee" and "pluginevent.sock" in o["details"]
@@ -124,17 +137,16 @@ def test_after_a_failed_request_no_connect_per_line(tmp_path: Path) -> None:
         calls.append("sink")
         return False
 
-    plog = PluginLog("debug", stderr=io.StringIO(), fields={"pod": "a/b"}, sink=sink,
-                     run_dir=str(tmp_path))
+    plog = PluginLog(
+        "debug", stderr=io.StringIO(), fields={"pod": "a/b"}, sink=sink, run_dir=str(tmp_path)
+    )
     plog.agent_unreachable()
     plog.error("one")
     plog.info("two")
     assert calls == [] and [o["msg"] for o in file_lines(tmp_path)] == ["one", "two"]
 
 
-def test_a_failed_forward_sends_that_line_and_the_rest_to_the_file(
-    agent: AgentTestDouble
-) -> None:
+def test_a_failed_forward_sends_that_line_and_the_rest_to_the_file(agent: AgentTestDouble) -> None:
     agent.answers["/v1/log"] = Answer(500, {"code": 999, "msg": "no"})
     run = run_plugin(cni_env("ADD"), net_conf(run_dir=str(agent.run_dir)))
     assert run.code == 0
@@ -179,8 +191,7 @@ def test_rotation_bounds_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert (len(current), len(rotated)) == (3, 3)  # 3 lines fit in 100 bytes; older .1 replaced
     assert [line[:7] for line in rotated + current] == [f"line {n:02d}" for n in range(24, 30)]
     assert stat.S_IMODE((tmp_path / wire.LOG_FILE_NAME).stat().st_mode) == 0o600
-    assert sorted(p.name for p in tmp_path.iterdir()) == [wire.LOG_FILE_NAME,
-                                                           wire.LOG_FILE_ROTATED]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [wire.LOG_FILE_NAME, wire.LOG_FILE_ROTATED]
 
 
 def test_long_values_are_cut_in_the_file(tmp_path: Path) -> None:
@@ -219,5 +230,4 @@ def test_concurrent_writers_never_interleave_lines(tmp_path: Path) -> None:
         # past the limit before one of them rotates.
         assert (tmp_path / name).stat().st_size <= 20_000 + 8 * 400
     assert seen > 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == [wire.LOG_FILE_NAME,
-                                                           wire.LOG_FILE_ROTATED]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [wire.LOG_FILE_NAME, wire.LOG_FILE_ROTATED]

@@ -24,8 +24,11 @@ def assert_error(run, code: int, *words: str) -> None:  # type: ignore[no-untype
 
 
 @pytest.mark.parametrize("version", VERSIONS, ids=VERSIONS)
-@pytest.mark.parametrize("stdin", ["", "{}", '{"cniVersion": "0.2.0"}', "garbage"],
-                         ids=["empty", "no-version", "old-version", "not-json"])
+@pytest.mark.parametrize(
+    "stdin",
+    ["", "{}", '{"cniVersion": "0.2.0"}', "garbage"],
+    ids=["empty", "no-version", "old-version", "not-json"],
+)
 def test_version_lists_supported_versions(version: str, stdin: str) -> None:
     run = run_plugin({"CNI_COMMAND": "VERSION"}, stdin or json.dumps({"cniVersion": version}))
     assert run.code == 0
@@ -67,50 +70,103 @@ def test_del_needs_no_netns(agent) -> None:  # type: ignore[no-untyped-def]
     assert agent.requests[0][2]["netns"] == ""
 
 
-@pytest.mark.parametrize(("var", "value", "code"), [
-    ("CNI_CONTAINERID", "-bad", errors.INVALID_ENV),
-    ("CNI_CONTAINERID", "a b", errors.INVALID_ENV),
-    ("CNI_IFNAME", "a-name-longer-than-15", errors.INVALID_ENV),
-    ("CNI_IFNAME", "..", errors.INVALID_ENV),
-    ("CNI_IFNAME", "eth/0", errors.INVALID_ENV),
-    ("CNI_ARGS", "K8S_POD_NAME", errors.INVALID_ENV),
-], ids=["id-dash", "id-space", "ifname-long", "ifname-dots", "ifname-slash", "args-no-equals"])
+@pytest.mark.parametrize(
+    ("var", "value", "code"),
+    [
+        ("CNI_CONTAINERID", "-bad", errors.INVALID_ENV),
+        ("CNI_CONTAINERID", "a b", errors.INVALID_ENV),
+        ("CNI_IFNAME", "a-name-longer-than-15", errors.INVALID_ENV),
+        ("CNI_IFNAME", "..", errors.INVALID_ENV),
+        ("CNI_IFNAME", "eth/0", errors.INVALID_ENV),
+        ("CNI_ARGS", "K8S_POD_NAME", errors.INVALID_ENV),
+    ],
+    ids=["id-dash", "id-space", "ifname-long", "ifname-dots", "ifname-slash", "args-no-equals"],
+)
 def test_invalid_variable_values(var: str, value: str, code: int) -> None:
     run = run_plugin(cni_env("ADD", **{var: value}), net_conf(exclude_namespaces=["default"]))
     assert_error(run, code)
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=COMMANDS)
-@pytest.mark.parametrize(("stdin", "code", "word"), [
-    (b"", errors.DECODING_FAILURE, "not JSON"),
-    (b"{not json", errors.DECODING_FAILURE, "not JSON"),
-    (b"\xff\xfe", errors.DECODING_FAILURE, "not JSON"),
-    (b"[1, 2]", errors.DECODING_FAILURE, "object"),
-    (b'"text"', errors.DECODING_FAILURE, "object"),
-    (b'{"name": "n", "type": "istio-cni"}', errors.INVALID_CONFIG, "cniVersion"),
-    (b'{"cniVersion": "1.1.0", "type": "istio-cni"}', errors.INVALID_CONFIG, "name"),
-    (b'{"cniVersion": "1.1.0", "name": "n"}', errors.INVALID_CONFIG, "type"),
-    (b'{"cniVersion": 1, "name": "n", "type": "t"}', errors.INVALID_CONFIG, "cniVersion"),
-    (b'{"cniVersion": "1.1.0", "name": ["n"], "type": "t"}', errors.INVALID_CONFIG, "name"),
-    (b'{"cniVersion": "1.1.0", "name": "n", "type": ""}', errors.INVALID_CONFIG, "type"),
-    (b'{"cniVersion": "1.1.0", "name": "-n", "type": "t"}', errors.INVALID_CONFIG, "name"),
-    (b'{"cniVersion": "9.9.9", "name": "n", "type": "t"}', errors.INCOMPATIBLE_VERSION, "9.9.9"),
-    (b'{"cniVersion": "0.2.0", "name": "n", "type": "t"}', errors.INCOMPATIBLE_VERSION, "0.2.0"),
-    (b'{"cniVersion": "1.1.0", "name": "n", "type": "t", "prevResult": []}',
-     errors.INVALID_CONFIG, "prevResult"),
-    (b'{"cniVersion": "1.1.0", "name": "n", "type": "t", "exclude_namespaces": "a"}',
-     errors.INVALID_CONFIG, "exclude_namespaces"),
-    (b'{"cniVersion": "1.1.0", "name": "n", "type": "t", "cni_agent_run_dir": "rel"}',
-     errors.INVALID_CONFIG, "cni_agent_run_dir"),
-    (b'{"cniVersion": "1.1.0", "name": "n", "type": "t", "plugin_log_level": "loud"}',
-     errors.INVALID_CONFIG, "plugin_log_level"),
-    (b'{"cniVersion": "1.1.0", "name": "n", "type": "t", "agent_timeout_seconds": true}',
-     errors.INVALID_CONFIG, "agent_timeout_seconds"),
-    (b'{"cniVersion": "1.1.0", "name": "n", "type": "t", "pod_name": 5}',
-     errors.INVALID_CONFIG, "pod_name"),
-], ids=["empty", "not-json", "not-utf8", "array", "string", "no-version", "no-name", "no-type",
-        "version-int", "name-list", "type-empty", "name-bad", "version-unknown", "version-old",
-        "prev-list", "exclude-str", "rundir-rel", "level-bad", "timeout-bool", "podname-int"])
+@pytest.mark.parametrize(
+    ("stdin", "code", "word"),
+    [
+        (b"", errors.DECODING_FAILURE, "not JSON"),
+        (b"{not json", errors.DECODING_FAILURE, "not JSON"),
+        (b"\xff\xfe", errors.DECODING_FAILURE, "not JSON"),
+        (b"[1, 2]", errors.DECODING_FAILURE, "object"),
+        (b'"text"', errors.DECODING_FAILURE, "object"),
+        (b'{"name": "n", "type": "istio-cni"}', errors.INVALID_CONFIG, "cniVersion"),
+        (b'{"cniVersion": "1.1.0", "type": "istio-cni"}', errors.INVALID_CONFIG, "name"),
+        (b'{"cniVersion": "1.1.0", "name": "n"}', errors.INVALID_CONFIG, "type"),
+        (b'{"cniVersion": 1, "name": "n", "type": "t"}', errors.INVALID_CONFIG, "cniVersion"),
+        (b'{"cniVersion": "1.1.0", "name": ["n"], "type": "t"}', errors.INVALID_CONFIG, "name"),
+        (b'{"cniVersion": "1.1.0", "name": "n", "type": ""}', errors.INVALID_CONFIG, "type"),
+        (b'{"cniVersion": "1.1.0", "name": "-n", "type": "t"}', errors.INVALID_CONFIG, "name"),
+        (
+            b'{"cniVersion": "9.9.9", "name": "n", "type": "t"}',
+            errors.INCOMPATIBLE_VERSION,
+            "9.9.9",
+        ),
+        (
+            b'{"cniVersion": "0.2.0", "name": "n", "type": "t"}',
+            errors.INCOMPATIBLE_VERSION,
+            "0.2.0",
+        ),
+        (
+            b'{"cniVersion": "1.1.0", "name": "n", "type": "t", "prevResult": []}',
+            errors.INVALID_CONFIG,
+            "prevResult",
+        ),
+        (
+            b'{"cniVersion": "1.1.0", "name": "n", "type": "t", "exclude_namespaces": "a"}',
+            errors.INVALID_CONFIG,
+            "exclude_namespaces",
+        ),
+        (
+            b'{"cniVersion": "1.1.0", "name": "n", "type": "t", "cni_agent_run_dir": "rel"}',
+            errors.INVALID_CONFIG,
+            "cni_agent_run_dir",
+        ),
+        (
+            b'{"cniVersion": "1.1.0", "name": "n", "type": "t", "plugin_log_level": "loud"}',
+            errors.INVALID_CONFIG,
+            "plugin_log_level",
+        ),
+        (
+            b'{"cniVersion": "1.1.0", "name": "n", "type": "t", "agent_timeout_seconds": true}',
+            errors.INVALID_CONFIG,
+            "agent_timeout_seconds",
+        ),
+        (
+            b'{"cniVersion": "1.1.0", "name": "n", "type": "t", "pod_name": 5}',
+            errors.INVALID_CONFIG,
+            "pod_name",
+        ),
+    ],
+    ids=[
+        "empty",
+        "not-json",
+        "not-utf8",
+        "array",
+        "string",
+        "no-version",
+        "no-name",
+        "no-type",
+        "version-int",
+        "name-list",
+        "type-empty",
+        "name-bad",
+        "version-unknown",
+        "version-old",
+        "prev-list",
+        "exclude-str",
+        "rundir-rel",
+        "level-bad",
+        "timeout-bool",
+        "podname-int",
+    ],
+)
 def test_malformed_config(command: str, stdin: bytes, code: int, word: str) -> None:
     run = run_plugin(cni_env(command), stdin)
     assert_error(run, code, word)
@@ -142,8 +198,13 @@ def test_unexpected_exception_becomes_error_999() -> None:
         raise RuntimeError("kaput")
 
     out, err = io.StringIO(), io.StringIO()
-    code = dispatch({"ADD": boom}, environ=cni_env("ADD"),
-                    stdin=io.BytesIO(json.dumps(net_conf()).encode()), stdout=out, stderr=err)
+    code = dispatch(
+        {"ADD": boom},
+        environ=cni_env("ADD"),
+        stdin=io.BytesIO(json.dumps(net_conf()).encode()),
+        stdout=out,
+        stderr=err,
+    )
     assert code == 1
     assert json.loads(out.getvalue())["code"] == errors.INTERNAL
     assert "kaput" in json.loads(out.getvalue())["msg"]
@@ -156,15 +217,24 @@ def test_stdin_read_failure_is_io_error() -> None:
             raise OSError(5, "Input/output error")
 
     out = io.StringIO()
-    code = dispatch(Plugin(stderr=io.StringIO()).commands(), environ=cni_env("ADD"),
-                    stdin=Broken(), stdout=out, stderr=io.StringIO())  # type: ignore[arg-type]
+    code = dispatch(
+        Plugin(stderr=io.StringIO()).commands(),
+        environ=cni_env("ADD"),
+        stdin=Broken(),  # type: ignore[arg-type]
+        stdout=out,
+        stderr=io.StringIO(),
+    )
     assert code == 1 and json.loads(out.getvalue())["code"] == errors.IO_FAILURE
 
 
-@pytest.mark.parametrize(("args", "parsed"), [
-    ("", {}),
-    ("IgnoreUnknown=1;K8S_POD_NAME=a", {"IgnoreUnknown": "1", "K8S_POD_NAME": "a"}),
-    ("A=b=c;", {"A": "b=c"}),
-], ids=["empty", "k8s", "equals-in-value"])
+@pytest.mark.parametrize(
+    ("args", "parsed"),
+    [
+        ("", {}),
+        ("IgnoreUnknown=1;K8S_POD_NAME=a", {"IgnoreUnknown": "1", "K8S_POD_NAME": "a"}),
+        ("A=b=c;", {"A": "b=c"}),
+    ],
+    ids=["empty", "k8s", "equals-in-value"],
+)
 def test_parse_cni_args(args: str, parsed: dict[str, str]) -> None:
     assert parse_cni_args(args) == parsed

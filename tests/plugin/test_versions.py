@@ -60,8 +60,9 @@ def test_legacy_shape_drops_fields_it_does_not_have() -> None:
 def test_lower_case_cniversion_key_is_replaced() -> None:
     """Istio's sample stdin spells it `cniversion` inside prevResult."""
     stdin = json.loads((CONFORMANCE / "cni-stdin.json").read_text())
-    run = run_plugin(cni_env("ADD", CNI_ARGS="K8S_POD_NAMESPACE=testExcludeNS;K8S_POD_NAME=p"),
-                     stdin)
+    run = run_plugin(
+        cni_env("ADD", CNI_ARGS="K8S_POD_NAMESPACE=testExcludeNS;K8S_POD_NAME=p"), stdin
+    )
     assert run.code == 0, run.raw
     assert run.out == {
         "cniVersion": "1.0.0",
@@ -71,17 +72,29 @@ def test_lower_case_cniversion_key_is_replaced() -> None:
     }
 
 
-@pytest.mark.parametrize(("prev", "code", "word"), [
-    ({"cniVersion": "0.2.0", "ips": []}, errors.INCOMPATIBLE_VERSION, "0.2.0"),
-    ({"ips": {"address": "10.0.0.1/24"}}, errors.INVALID_CONFIG, "prevResult.ips"),
-    ({"ips": [{"gateway": "10.0.0.1"}]}, errors.INVALID_CONFIG, "prevResult.ips[0].address"),
-    ({"ips": ["10.0.0.1/24"]}, errors.INVALID_CONFIG, "prevResult.ips[0]"),
-    ({"ips": [{"address": "banana"}]}, errors.INVALID_CONFIG, "banana"),
-    ({"interfaces": [1]}, errors.INVALID_CONFIG, "prevResult.interfaces[0]"),
-    ({"routes": "none"}, errors.INVALID_CONFIG, "prevResult.routes"),
-    ({"dns": []}, errors.INVALID_CONFIG, "prevResult.dns"),
-], ids=["old-version", "ips-object", "no-address", "ip-string", "bad-address", "iface-int",
-        "routes-str", "dns-list"])
+@pytest.mark.parametrize(
+    ("prev", "code", "word"),
+    [
+        ({"cniVersion": "0.2.0", "ips": []}, errors.INCOMPATIBLE_VERSION, "0.2.0"),
+        ({"ips": {"address": "10.0.0.1/24"}}, errors.INVALID_CONFIG, "prevResult.ips"),
+        ({"ips": [{"gateway": "10.0.0.1"}]}, errors.INVALID_CONFIG, "prevResult.ips[0].address"),
+        ({"ips": ["10.0.0.1/24"]}, errors.INVALID_CONFIG, "prevResult.ips[0]"),
+        ({"ips": [{"address": "banana"}]}, errors.INVALID_CONFIG, "banana"),
+        ({"interfaces": [1]}, errors.INVALID_CONFIG, "prevResult.interfaces[0]"),
+        ({"routes": "none"}, errors.INVALID_CONFIG, "prevResult.routes"),
+        ({"dns": []}, errors.INVALID_CONFIG, "prevResult.dns"),
+    ],
+    ids=[
+        "old-version",
+        "ips-object",
+        "no-address",
+        "ip-string",
+        "bad-address",
+        "iface-int",
+        "routes-str",
+        "dns-list",
+    ],
+)
 def test_bad_prev_result(prev: dict[str, object], code: int, word: str) -> None:
     with pytest.raises(CniError) as caught:
         convert_result(prev, "0.3.1")
@@ -90,7 +103,6 @@ def test_bad_prev_result(prev: dict[str, object], code: int, word: str) -> None:
 
 
 def test_bad_prev_result_fails_add_even_when_pod_passes() -> None:
-    conf = net_conf("0.4.0", prevResult={"ips": [{"address": 7}]},
-                    exclude_namespaces=["default"])
+    conf = net_conf("0.4.0", prevResult={"ips": [{"address": 7}]}, exclude_namespaces=["default"])
     run = run_plugin(cni_env("ADD"), conf)
     assert run.code == 1 and run.out["code"] == errors.INVALID_CONFIG

@@ -25,5 +25,3 @@ def rig() -> HandlerRig:
 def agent_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
     caplog.set_level(logging.DEBUG)
     yield caplog
-
-

@@ -37,10 +37,19 @@ def cni_body(
     namespace: str = "app",
     uid: str = "",
 ) -> bytes:
-    return wire.encode(wire.cni_request(
-        command=command, container_id=container_id, netns=netns, ifname=ifname, pod_name=pod,
-        pod_namespace=namespace, pod_uid=uid, cni_version="1.0.0", prev_result=None,
-    ))
+    return wire.encode(
+        wire.cni_request(
+            command=command,
+            container_id=container_id,
+            netns=netns,
+            ifname=ifname,
+            pod_name=pod,
+            pod_namespace=namespace,
+            pod_uid=uid,
+            cni_version="1.0.0",
+            prev_result=None,
+        )
+    )
 
 
 def make_pod(
@@ -128,7 +137,8 @@ class HandlerRig:
 
     def count(self, command: str, result: str) -> float:
         value = self.registry.get_sample_value(
-            "istio_cni_plugin_requests_total", {"command": command, "result": result})
+            "istio_cni_plugin_requests_total", {"command": command, "result": result}
+        )
         return value or 0.0
 
 
@@ -137,15 +147,18 @@ def build_rig(pods: InMemoryPods, redirector: Any) -> HandlerRig:
     sandboxes = SandboxStore()
     not_ready: list[str] = []
     handlers = PodHandlers(
-        pods=pods, redirector=redirector, sandboxes=sandboxes,
+        pods=pods,
+        redirector=redirector,
+        sandboxes=sandboxes,
         readiness=lambda: not_ready[0] if not_ready else None,
         metrics=PluginMetrics(registry),
     )
     return HandlerRig(pods, redirector, sandboxes, registry, handlers, not_ready)
 
 
-def fields_of(records: list[logging.LogRecord], predicate: Callable[[logging.LogRecord], bool]
-              ) -> list[dict[str, Any]]:
+def fields_of(
+    records: list[logging.LogRecord], predicate: Callable[[logging.LogRecord], bool]
+) -> list[dict[str, Any]]:
     return [dict(getattr(r, "fields", {})) for r in records if predicate(r)]
 
 
@@ -176,8 +189,12 @@ class UnixHTTPConnection(http.client.HTTPConnection):
 def call(path: str, method: str, url: str, body: bytes | None = None) -> tuple[int, Any]:
     conn = UnixHTTPConnection(path)
     try:
-        conn.request(method, url, body=body,
-                     headers={"Content-Type": "application/json"} if body is not None else {})
+        conn.request(
+            method,
+            url,
+            body=body,
+            headers={"Content-Type": "application/json"} if body is not None else {},
+        )
         response = conn.getresponse()
         return response.status, json.loads(response.read())
     finally:

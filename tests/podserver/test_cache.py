@@ -60,8 +60,9 @@ def test_pod_on_the_node_appears_then_disappears(
     assert pod["spec"]["nodeName"] == node_pods.node_name
     assert pod["spec"]["containers"][0]["name"] == "app"  # API JSON, camelCase keys
     node_pods.delete(namespace, "web-0")
-    wait_for(lambda: running_cache.cached(namespace, "web-0") is None, "pod left the cache",
-             EVENTUAL)
+    wait_for(
+        lambda: running_cache.cached(namespace, "web-0") is None, "pod left the cache", EVENTUAL
+    )
 
 
 def test_annotation_change_reaches_the_cache(
@@ -70,7 +71,8 @@ def test_annotation_change_reaches_the_cache(
     node_pods.create(namespace, "web-0")
     wait_for(lambda: running_cache.cached(namespace, "web-0"), "pod in the cache", EVENTUAL)
     kube_core.patch_namespaced_pod(
-        "web-0", namespace, {"metadata": {"annotations": {"sidecar.istio.io/inject": "false"}}})
+        "web-0", namespace, {"metadata": {"annotations": {"sidecar.istio.io/inject": "false"}}}
+    )
 
     def annotated() -> bool:
         pod = running_cache.cached(namespace, "web-0") or {}
@@ -91,8 +93,11 @@ def test_pod_on_another_node_never_appears(
         node_pods.create(namespace, "marker")
         wait_for(lambda: running_cache.cached(namespace, "marker"), "marker pod", EVENTUAL)
         assert running_cache.cached(namespace, "elsewhere") is None
-        assert {p["metadata"]["name"] for p in running_cache.list_pods()
-                if p["metadata"]["namespace"] == namespace} == {"marker"}
+        assert {
+            p["metadata"]["name"]
+            for p in running_cache.list_pods()
+            if p["metadata"]["namespace"] == namespace
+        } == {"marker"}
     finally:
         other.close()
 
@@ -128,7 +133,8 @@ def test_expired_resource_version_leads_to_a_relist(
             for _ in range(50):
                 patches += 1
                 kube_core.patch_namespaced_pod(
-                    "churn", namespace, {"metadata": {"annotations": {"n": str(patches)}}})
+                    "churn", namespace, {"metadata": {"annotations": {"n": str(patches)}}}
+                )
             # Not expired yet: the watch resumes from `old` and returns a newer version.
             expired = cache.step(old) is None
     finally:

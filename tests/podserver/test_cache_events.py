@@ -44,8 +44,14 @@ def test_bookmark_moves_the_version_only(cache: PodCache) -> None:
 
 
 def test_gone_error_event_means_relist(cache: PodCache) -> None:
-    status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 410,
-              "reason": "Expired", "message": "too old resource version: 5 (200)"}
+    status = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "code": 410,
+        "reason": "Expired",
+        "message": "too old resource version: 5 (200)",
+    }
     with pytest.raises(ResourceExpired, match="too old resource version"):
         cache.apply_event(event("ERROR", status), "5")
 

@@ -35,20 +35,28 @@ def _inject_false_label(pod: dict[str, Any]) -> None:
 
 CASES = [
     ("injected-sidecar", _with(_no_change), "redirected", "injected sidecar"),
-    ("excluded-namespace", _with(_no_change, namespace="kube-system"), "skipped",
-     "namespace kube-system is excluded"),
+    (
+        "excluded-namespace",
+        _with(_no_change, namespace="kube-system"),
+        "skipped",
+        "namespace kube-system is excluded",
+    ),
     ("no-sidecar", _with(_no_change, sidecar=False), "skipped", "no istio-proxy container"),
-    ("inject-false-annotation",
-     _with(_no_change, annotations={"sidecar.istio.io/inject": "false"}), "skipped",
-     "injection disabled"),
+    (
+        "inject-false-annotation",
+        _with(_no_change, annotations={"sidecar.istio.io/inject": "false"}),
+        "skipped",
+        "injection disabled",
+    ),
     ("inject-false-label", _with(_inject_false_label), "skipped", "injection disabled"),
     ("istio-init-present", _with(_istio_init), "skipped", "istio-init"),
     ("host-network", _with(_host_network), "skipped", "host network"),
 ]
 
 
-@pytest.mark.parametrize(("pod", "result", "reason"), [c[1:] for c in CASES],
-                         ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("pod", "result", "reason"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
 def test_add_follows_the_decision_table(pod: dict[str, Any], result: str, reason: str) -> None:
     redirector = RealDecisions()
     rig = build_rig(InMemoryPods(pod), redirector)

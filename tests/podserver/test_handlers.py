@@ -44,6 +44,7 @@ def _nothing(pods: InMemoryPods, redirector: ScriptedRedirector) -> None:
 def _skip(reason: str) -> Callable[[InMemoryPods, ScriptedRedirector], None]:
     def arrange(pods: InMemoryPods, redirector: ScriptedRedirector) -> None:
         redirector.decisions["web-0"] = StandInDecision(False, reason)
+
     return arrange
 
 
@@ -61,7 +62,8 @@ def _apply_fails(pods: InMemoryPods, redirector: ScriptedRedirector) -> None:
 
 def _bad_annotation(pods: InMemoryPods, redirector: ScriptedRedirector) -> None:
     redirector.apply_error = InvalidAnnotationError(
-        "annotation traffic.sidecar.istio.io/includeOutboundPorts: 'x' is not a port")
+        "annotation traffic.sidecar.istio.io/includeOutboundPorts: 'x' is not a port"
+    )
 
 
 def _decide_crashes(pods: InMemoryPods, redirector: ScriptedRedirector) -> None:
@@ -70,31 +72,79 @@ def _decide_crashes(pods: InMemoryPods, redirector: ScriptedRedirector) -> None:
 
 ADD_CASES = [
     AddCase("sidecar-redirected", _nothing, 200, "redirected"),
-    AddCase("excluded-namespace-skipped", _skip("namespace app is excluded"), 200, "skipped",
-            msg_has=("namespace app is excluded",)),
-    AddCase("no-sidecar-skipped", _skip("no istio-proxy container"), 200, "skipped",
-            msg_has=("no istio-proxy container",)),
-    AddCase("pod-missing-try-again", _remove_pod, 503, code=11,
-            msg_has=("app/web-0", "not found", "try again later")),
-    AddCase("api-down-try-again", _api_down, 503, code=11,
-            msg_has=("app/web-0", "look up pod", "503")),
-    AddCase("apply-fails-error", _apply_fails, 500, code=999,
-            msg_has=("app/web-0", "apply redirect rules", "exit 4")),
-    AddCase("invalid-annotation-error", _bad_annotation, 500, code=999,
-            msg_has=("app/web-0", "includeOutboundPorts", "'x'")),
-    AddCase("decide-crash-error", _decide_crashes, 500, code=999,
-            msg_has=("app/web-0", "decide redirect")),
-    AddCase("no-pod-args-skipped", _nothing, 200, "skipped", msg_has=("no Kubernetes pod",),
-            body=cni_body(pod="", namespace="")),
+    AddCase(
+        "excluded-namespace-skipped",
+        _skip("namespace app is excluded"),
+        200,
+        "skipped",
+        msg_has=("namespace app is excluded",),
+    ),
+    AddCase(
+        "no-sidecar-skipped",
+        _skip("no istio-proxy container"),
+        200,
+        "skipped",
+        msg_has=("no istio-proxy container",),
+    ),
+    AddCase(
+        "pod-missing-try-again",
+        _remove_pod,
+        503,
+        code=11,
+        msg_has=("app/web-0", "not found", "try again later"),
+    ),
+    AddCase(
+        "api-down-try-again", _api_down, 503, code=11, msg_has=("app/web-0", "look up pod", "503")
+    ),
+    AddCase(
+        "apply-fails-error",
+        _apply_fails,
+        500,
+        code=999,
+        msg_has=("app/web-0", "apply redirect rules", "exit 4"),
+    ),
+    AddCase(
+        "invalid-annotation-error",
+        _bad_annotation,
+        500,
+        code=999,
+        msg_has=("app/web-0", "includeOutboundPorts", "'x'"),
+    ),
+    AddCase(
+        "decide-crash-error",
+        _decide_crashes,
+        500,
+        code=999,
+        msg_has=("app/web-0", "decide redirect"),
+    ),
+    AddCase(
+        "no-pod-args-skipped",
+        _nothing,
+        200,
+        "skipped",
+        msg_has=("no Kubernetes pod",),
+        body=cni_body(pod="", namespace=""),
+    ),
     AddCase("not-json", _nothing, 400, code=6, msg_has=("not JSON",), body=b"{nope"),
     AddCase("not-an-object", _nothing, 400, code=6, msg_has=("JSON object",), body=b"[1]"),
-    AddCase("empty-container-id", _nothing, 400, code=4, msg_has=("containerId",),
-            body=cni_body(container_id="")),
+    AddCase(
+        "empty-container-id",
+        _nothing,
+        400,
+        code=4,
+        msg_has=("containerId",),
+        body=cni_body(container_id=""),
+    ),
     AddCase("empty-netns", _nothing, 400, code=4, msg_has=("netns",), body=cni_body(netns="")),
-    AddCase("command-mismatch", _nothing, 400, code=6, msg_has=("DEL",),
-            body=cni_body("DEL")),
-    AddCase("field-not-string", _nothing, 400, code=6, msg_has=("podName",),
-            body=json.dumps({**json.loads(cni_body()), "podName": 7}).encode()),
+    AddCase("command-mismatch", _nothing, 400, code=6, msg_has=("DEL",), body=cni_body("DEL")),
+    AddCase(
+        "field-not-string",
+        _nothing,
+        400,
+        code=6,
+        msg_has=("podName",),
+        body=json.dumps({**json.loads(cni_body()), "podName": 7}).encode(),
+    ),
 ]
 
 
@@ -144,8 +194,15 @@ def test_add_logs_result_and_reason(rig: HandlerRig, agent_log: pytest.LogCaptur
     rig.redirector.decisions["web-0"] = StandInDecision(False, "istio-init present")
     rig.handlers.add(cni_body(container_id="abc"))
     fields = fields_of(agent_log.records, lambda r: r.getMessage() == "pod skipped")
-    assert fields == [{"command": "ADD", "pod": "app/web-0", "containerId": "abc",
-                       "netns": "/var/run/netns/cni-test", "reason": "istio-init present"}]
+    assert fields == [
+        {
+            "command": "ADD",
+            "pod": "app/web-0",
+            "containerId": "abc",
+            "netns": "/var/run/netns/cni-test",
+            "reason": "istio-init present",
+        }
+    ]
 
 
 CHECK_CASES = [
@@ -159,11 +216,16 @@ CHECK_CASES = [
 
 @pytest.mark.parametrize(
     ("rules", "decision", "pod_present", "status", "expected"),
-    [c[1:] for c in CHECK_CASES], ids=[c[0] for c in CHECK_CASES],
+    [c[1:] for c in CHECK_CASES],
+    ids=[c[0] for c in CHECK_CASES],
 )
 def test_check(
-    rig: HandlerRig, rules: bool, decision: StandInDecision | None, pod_present: bool,
-    status: int, expected: str | int,
+    rig: HandlerRig,
+    rules: bool,
+    decision: StandInDecision | None,
+    pod_present: bool,
+    status: int,
+    expected: str | int,
 ) -> None:
     rig.redirector.rules_in_place = rules
     if decision is not None:
@@ -207,9 +269,16 @@ def test_gc_keeps_only_valid_attachments(rig: HandlerRig) -> None:
     assert rig.sandboxes.get("a") is None and rig.sandboxes.get("c") is None  # c: other ifname
 
 
-@pytest.mark.parametrize("body", [
-    b"{}", b'{"validAttachments": {}}', b'{"validAttachments": [{"containerId": 1}]}', b"x",
-], ids=["missing", "not-list", "bad-item", "not-json"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"{}",
+        b'{"validAttachments": {}}',
+        b'{"validAttachments": [{"containerId": 1}]}',
+        b"x",
+    ],
+    ids=["missing", "not-list", "bad-item", "not-json"],
+)
 def test_gc_rejects_bad_bodies(rig: HandlerRig, body: bytes) -> None:
     rig.handlers.add(cni_body(container_id="a"))
     reply = rig.handlers.gc(body)
@@ -223,24 +292,37 @@ def test_status_follows_readiness(rig: HandlerRig) -> None:
     reply = rig.handlers.status()
     assert reply.status == 503
     assert wire.parse_status_reply(wire.encode(reply.body)) == {
-        "ready": False, "reason": "pod cache has not listed this node's pods yet"}
+        "ready": False,
+        "reason": "pod cache has not listed this node's pods yet",
+    }
 
 
 def test_log_writes_plugin_line_with_pod(
     rig: HandlerRig, agent_log: pytest.LogCaptureFixture
 ) -> None:
-    body = wire.encode(wire.log_request(level="warn", msg="agent slow", pod_name="web-0",
-                                        pod_namespace="app", container_id="abc"))
+    body = wire.encode(
+        wire.log_request(
+            level="warn",
+            msg="agent slow",
+            pod_name="web-0",
+            pod_namespace="app",
+            container_id="abc",
+        )
+    )
     assert rig.handlers.log(body).status == 200
     [record] = [r for r in agent_log.records if r.name == "agent.plugin"]
     assert (record.levelno, record.getMessage()) == (logging.WARNING, "agent slow")
     assert record.fields == {  # type: ignore[attr-defined]  # set through extra=
-        "source": "plugin", "pod": "app/web-0", "containerId": "abc"}
+        "source": "plugin",
+        "pod": "app/web-0",
+        "containerId": "abc",
+    }
 
 
 def test_log_rejects_unknown_level(rig: HandlerRig) -> None:
-    body = json.dumps({"level": "loud", "msg": "x", "podName": "", "podNamespace": "",
-                       "containerId": ""}).encode()
+    body = json.dumps(
+        {"level": "loud", "msg": "x", "podName": "", "podNamespace": "", "containerId": ""}
+    ).encode()
     reply = rig.handlers.log(body)
     assert (reply.status, reply.body["code"]) == (400, 6)
     assert "level" in str(reply.body["msg"])
@@ -261,6 +343,6 @@ def test_latency_is_observed_per_command(rig: HandlerRig) -> None:
     rig.handlers.check(cni_body("CHECK"))
     for command in ("add", "check"):
         count = rig.registry.get_sample_value(
-            "istio_cni_plugin_request_duration_seconds_count", {"command": command})
+            "istio_cni_plugin_request_duration_seconds_count", {"command": command}
+        )
         assert count == 1
-

@@ -55,8 +55,13 @@ def v6_netns() -> Iterator[Path]:
 def nat_rules(path: Path, tool: str) -> str:
     found = shutil.which(tool)
     assert found, f"{tool} is missing: install it with ci/setup-apt"
-    done = subprocess.run(["ip", "netns", "exec", path.name, found, "-t", "nat"],
-                          capture_output=True, text=True, check=True, timeout=30)
+    done = subprocess.run(
+        ["ip", "netns", "exec", path.name, found, "-t", "nat"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
     return done.stdout
 
 

@@ -16,15 +16,20 @@ TOKEN = "sekret-token-must-never-be-logged"
 
 
 def write_kubeconfig(path: Path, server: str = "https://127.0.0.1:6443") -> Path:
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "c", "cluster": {"server": server,
-                                               "insecure-skip-tls-verify": True}}],
-        "users": [{"name": "u", "user": {"token": TOKEN}}],
-        "contexts": [{"name": "ctx", "context": {"cluster": "c", "user": "u"}}],
-        "current-context": "ctx",
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {"name": "c", "cluster": {"server": server, "insecure-skip-tls-verify": True}}
+                ],
+                "users": [{"name": "u", "user": {"token": TOKEN}}],
+                "contexts": [{"name": "ctx", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "ctx",
+            }
+        )
+    )
     return path
 
 

@@ -34,19 +34,25 @@ def nat_rules(path: Path, backend: str) -> str:
     if backend == "nftables":
         argv = ["nft", "list", "ruleset"]
     else:
-        argv = ["iptables-legacy-save" if backend == "iptables-legacy" else "iptables-nft-save",
-                "-t", "nat"]
+        argv = [
+            "iptables-legacy-save" if backend == "iptables-legacy" else "iptables-nft-save",
+            "-t",
+            "nat",
+        ]
     tool = shutil.which(argv[0])
     assert tool, f"{argv[0]} is missing: install it with ci/setup-apt"
-    done = subprocess.run(["ip", "netns", "exec", path.name, tool, *argv[1:]],
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        ["ip", "netns", "exec", path.name, tool, *argv[1:]],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return done.stdout
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_add_then_check_in_a_real_netns(pod_netns: Path, backend: str) -> None:
-    redirector = RulesRedirector(exclude_namespaces=Settings().excludeNamespaces,
-                                 backend=backend)
+    redirector = RulesRedirector(exclude_namespaces=Settings().excludeNamespaces, backend=backend)
     rig = build_rig(InMemoryPods(make_pod()), redirector)
     body = cni_body(netns=str(pod_netns))
     assert rig.handlers.check(cni_body("CHECK", netns=str(pod_netns))).status == 500  # none yet

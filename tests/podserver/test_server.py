@@ -73,15 +73,24 @@ def test_every_endpoint_answers(served: tuple[PodServer, HandlerRig]) -> None:
     assert call(path, "POST", wire.PATH_DEL, cni_body("DEL", netns=""))[0] == 200
     assert call(path, "POST", wire.PATH_GC, wire.encode(wire.gc_request([])))[0] == 200
     assert call(path, "GET", wire.PATH_STATUS) == (200, {"ready": True})
-    log_body = wire.encode(wire.log_request(
-        level="info", msg="hello", pod_name="web-0", pod_namespace="app", container_id="c"))
+    log_body = wire.encode(
+        wire.log_request(
+            level="info", msg="hello", pod_name="web-0", pod_namespace="app", container_id="c"
+        )
+    )
     assert call(path, "POST", wire.PATH_LOG, log_body)[0] == 200
 
 
-@pytest.mark.parametrize(("method", "url", "status"), [
-    ("GET", "/v1/nope", 404), ("GET", wire.PATH_ADD, 405), ("POST", wire.PATH_STATUS, 405),
-    ("DELETE", wire.PATH_DEL, 405),
-], ids=["unknown-path", "get-add", "post-status", "delete-del"])
+@pytest.mark.parametrize(
+    ("method", "url", "status"),
+    [
+        ("GET", "/v1/nope", 404),
+        ("GET", wire.PATH_ADD, 405),
+        ("POST", wire.PATH_STATUS, 405),
+        ("DELETE", wire.PATH_DEL, 405),
+    ],
+    ids=["unknown-path", "get-add", "post-status", "delete-del"],
+)
 def test_wrong_path_or_method(
     served: tuple[PodServer, HandlerRig], method: str, url: str, status: int
 ) -> None:
@@ -93,8 +102,9 @@ def test_wrong_path_or_method(
 
 def test_body_over_limit_is_refused(served: tuple[PodServer, HandlerRig]) -> None:
     server, rig = served
-    head = (f"POST {wire.PATH_ADD} HTTP/1.1\r\nHost: x\r\n"
-            f"Content-Length: {wire.MAX_BODY + 1}\r\n\r\n").encode()
+    head = (
+        f"POST {wire.PATH_ADD} HTTP/1.1\r\nHost: x\r\nContent-Length: {wire.MAX_BODY + 1}\r\n\r\n"
+    ).encode()
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(10)
         sock.connect(server.socket_path)
@@ -136,15 +146,30 @@ def test_curl_unix_socket(served: tuple[PodServer, HandlerRig]) -> None:
     assert curl, "curl is missing: install it with ci/setup-apt"
     server, _ = served
     out = subprocess.run(
-        [curl, "-sS", "--fail-with-body", "--unix-socket", server.socket_path,
-         "-H", "Content-Type: application/json", "--data-binary", cni_body().decode(),
-         "http://localhost" + wire.PATH_ADD],
-        capture_output=True, text=True, timeout=30, check=True,
+        [
+            curl,
+            "-sS",
+            "--fail-with-body",
+            "--unix-socket",
+            server.socket_path,
+            "-H",
+            "Content-Type: application/json",
+            "--data-binary",
+            cni_body().decode(),
+            "http://localhost" + wire.PATH_ADD,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
     )
     assert json.loads(out.stdout)["result"] == "redirected"
     status = subprocess.run(
         [curl, "-sS", "--unix-socket", server.socket_path, "http://localhost/v1/status"],
-        capture_output=True, text=True, timeout=30, check=True,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
     )
     assert json.loads(status.stdout) == {"ready": True}
 
@@ -243,8 +268,12 @@ def test_110_concurrent_adds_all_answered(run_dir: Path) -> None:
     server.start()
     try:
         with ThreadPoolExecutor(max_workers=110) as pool:
-            futures = [pool.submit(call, path, "POST", wire.PATH_ADD,
-                                   cni_body(container_id=f"sandbox-{n}")) for n in range(110)]
+            futures = [
+                pool.submit(
+                    call, path, "POST", wire.PATH_ADD, cni_body(container_id=f"sandbox-{n}")
+                )
+                for n in range(110)
+            ]
             # Let every request reach the redirector before any finishes (or 20 s pass).
             for _ in range(200):
                 with redirector.lock:

@@ -25,15 +25,22 @@ from tests.podserver.helpers import RealDecisions, call
 pytestmark = pytest.mark.cluster
 
 SIDECAR = {
-    "containers": [{"name": "app", "image": "registry.invalid/app:1"},
-                   {"name": "istio-proxy", "image": "registry.invalid/proxyv2:1"}],
+    "containers": [
+        {"name": "app", "image": "registry.invalid/app:1"},
+        {"name": "istio-proxy", "image": "registry.invalid/proxyv2:1"},
+    ],
     "annotations": {"sidecar.istio.io/status": '{"containers":["istio-proxy"]}'},
 }
 
 
 class Service:
-    def __init__(self, service: PodService, redirector: RealDecisions, socket_path: str,
-                 installed: list[bool]) -> None:
+    def __init__(
+        self,
+        service: PodService,
+        redirector: RealDecisions,
+        socket_path: str,
+        installed: list[bool],
+    ) -> None:
         self.service = service
         self.redirector = redirector
         self.socket = socket_path
@@ -53,8 +60,14 @@ def pod_service(sim_node: str, tmp_path: Path) -> Iterator[Service]:
     settings = Settings(cniAgentRunDir=str(run_dir))
     installed = [False]
     redirector = RealDecisions(exclude=settings.excludeNamespaces)
-    service = PodService(settings, sim_node, build_clients, lambda: installed[0],
-                         redirector=redirector, metrics=PluginMetrics(CollectorRegistry()))
+    service = PodService(
+        settings,
+        sim_node,
+        build_clients,
+        lambda: installed[0],
+        redirector=redirector,
+        metrics=PluginMetrics(CollectorRegistry()),
+    )
     service.start()
     try:
         yield Service(service, redirector, settings.socket_path, installed)
@@ -80,25 +93,44 @@ def test_status_waits_for_install_and_cache(pod_service: Service) -> None:
 def test_add_of_api_pods(pod_service: Service, node_pods: NodePods, namespace: str) -> None:
     sidecar = node_pods.create(namespace, "with-sidecar", **SIDECAR)
     node_pods.create(namespace, "plain")
-    add = wire.encode(wire.cni_request(
-        command="ADD", container_id="sandbox-1", netns="/var/run/netns/x", ifname="eth0",
-        pod_name="with-sidecar", pod_namespace=namespace, pod_uid=sidecar["metadata"]["uid"],
-        cni_version="1.0.0", prev_result=None))
+    add = wire.encode(
+        wire.cni_request(
+            command="ADD",
+            container_id="sandbox-1",
+            netns="/var/run/netns/x",
+            ifname="eth0",
+            pod_name="with-sidecar",
+            pod_namespace=namespace,
+            pod_uid=sidecar["metadata"]["uid"],
+            cni_version="1.0.0",
+            prev_result=None,
+        )
+    )
     status, body = call(pod_service.socket, "POST", wire.PATH_ADD, add)
     assert (status, body["result"]) == (200, "redirected")
     assert pod_service.redirector.applied == [("/var/run/netns/x", "with-sidecar")]
     plain = add.replace(b'"with-sidecar"', b'"plain"').replace(
-        sidecar["metadata"]["uid"].encode(), b"")
+        sidecar["metadata"]["uid"].encode(), b""
+    )
     status, body = call(pod_service.socket, "POST", wire.PATH_ADD, plain)
     assert (status, body["result"]) == (200, "skipped")
     assert "no istio-proxy container" in body["reason"]
 
 
 def test_add_of_unknown_pod_asks_to_retry(pod_service: Service, namespace: str) -> None:
-    add = wire.encode(wire.cni_request(
-        command="ADD", container_id="sandbox-2", netns="/var/run/netns/x", ifname="eth0",
-        pod_name="ghost", pod_namespace=namespace, pod_uid="", cni_version="1.0.0",
-        prev_result=None))
+    add = wire.encode(
+        wire.cni_request(
+            command="ADD",
+            container_id="sandbox-2",
+            netns="/var/run/netns/x",
+            ifname="eth0",
+            pod_name="ghost",
+            pod_namespace=namespace,
+            pod_uid="",
+            cni_version="1.0.0",
+            prev_result=None,
+        )
+    )
     status, body = call(pod_service.socket, "POST", wire.PATH_ADD, add)
     assert status == 503
     assert body["code"] == 11
@@ -109,8 +141,14 @@ def test_add_of_unknown_pod_asks_to_retry(pod_service: Service, namespace: str) 
 def test_stop_removes_the_socket(sim_node: str, tmp_path: Path) -> None:
     run_dir = Path("/tmp") / f"podsvc-{os.getpid()}-stop"
     settings = Settings(cniAgentRunDir=str(run_dir))
-    service = PodService(settings, sim_node, build_clients, lambda: True,
-                         redirector=RealDecisions(), metrics=PluginMetrics(CollectorRegistry()))
+    service = PodService(
+        settings,
+        sim_node,
+        build_clients,
+        lambda: True,
+        redirector=RealDecisions(),
+        metrics=PluginMetrics(CollectorRegistry()),
+    )
     try:
         service.start()
         assert os.path.exists(settings.socket_path)

@@ -45,8 +45,9 @@ def umask(value: int) -> Iterator[None]:
 
 @contextlib.contextmanager
 def serving(path: Path) -> Iterator[PodServer]:
-    server = PodServer(str(path), build_rig(InMemoryPods(make_pod()),
-                                            ScriptedRedirector()).handlers)
+    server = PodServer(
+        str(path), build_rig(InMemoryPods(make_pod()), ScriptedRedirector()).handlers
+    )
     server.start()
     try:
         yield server
@@ -139,6 +140,7 @@ def test_stale_socket_with_a_loose_mode_is_replaced_by_a_0600_one(run_dir: Path)
 def test_too_long_path_is_refused_by_name(tmp_path: Path) -> None:
     path = Path("/tmp") / ("x" * 96) / wire.SOCKET_NAME
     with pytest.raises(ServerError, match="too long for a Unix socket"):
-        PodServer(str(path), build_rig(InMemoryPods(make_pod()),
-                                       ScriptedRedirector()).handlers).start()
+        PodServer(
+            str(path), build_rig(InMemoryPods(make_pod()), ScriptedRedirector()).handlers
+        ).start()
     assert not path.parent.exists()

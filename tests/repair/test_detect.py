@@ -7,18 +7,29 @@ import pytest
 from agent.repair.detect import is_running_with_addresses, pod_ips, validation_failed
 
 
-def pod(*, annotated: bool = True, statuses: list[dict[str, Any]] | None = None,
-        phase: str = "Running", ips: list[str] | None = None) -> dict[str, Any]:
+def pod(
+    *,
+    annotated: bool = True,
+    statuses: list[dict[str, Any]] | None = None,
+    phase: str = "Running",
+    ips: list[str] | None = None,
+) -> dict[str, Any]:
     annotations = {"sidecar.istio.io/status": "{}"} if annotated else {}
     status: dict[str, Any] = {"phase": phase, "initContainerStatuses": statuses or []}
     if ips is not None:
         status["podIPs"] = [{"ip": ip} for ip in ips]
-    return {"metadata": {"name": "p", "namespace": "ns", "uid": "u", "annotations": annotations},
-            "status": status}
+    return {
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u", "annotations": annotations},
+        "status": status,
+    }
 
 
-def init(name: str = "istio-validation", *, state: dict[str, Any] | None = None,
-         last: dict[str, Any] | None = None) -> dict[str, Any]:
+def init(
+    name: str = "istio-validation",
+    *,
+    state: dict[str, Any] | None = None,
+    last: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     return {"name": name, "state": state or {}, "lastState": last or {}}
 
 
@@ -28,18 +39,33 @@ FAILED = {"terminated": {"exitCode": 126, "reason": "Error"}}
 @pytest.mark.parametrize(
     ("case", "expected"),
     [
-        (pod(statuses=[init(last=FAILED, state={"waiting": {"reason": "CrashLoopBackOff"}})]),
-         True),
+        (
+            pod(statuses=[init(last=FAILED, state={"waiting": {"reason": "CrashLoopBackOff"}})]),
+            True,
+        ),
         (pod(statuses=[init(last=FAILED)]), True),
         (pod(annotated=False, statuses=[init(last=FAILED)]), False),
         (pod(statuses=[init(last={"terminated": {"exitCode": 1}})]), False),
-        (pod(statuses=[init(last=FAILED, state={"terminated": {"exitCode": 0,
-                                                               "reason": "Completed"}})]), False),
+        (
+            pod(
+                statuses=[
+                    init(last=FAILED, state={"terminated": {"exitCode": 0, "reason": "Completed"}})
+                ]
+            ),
+            False,
+        ),
         (pod(statuses=[init("other-init", last=FAILED)]), False),
         (pod(statuses=[]), False),
     ],
-    ids=["crashloop", "last-failed", "no-sidecar", "other-exit-code", "now-succeeded",
-         "other-container", "no-init-status"],
+    ids=[
+        "crashloop",
+        "last-failed",
+        "no-sidecar",
+        "other-exit-code",
+        "now-succeeded",
+        "other-container",
+        "no-init-status",
+    ],
 )
 def test_validation_failed(case: dict[str, Any], expected: bool) -> None:
     assert validation_failed(case, init_container_name="istio-validation") is expected

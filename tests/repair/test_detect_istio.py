@@ -23,19 +23,39 @@ LAST_126 = {"terminated": {"exitCode": 126, "reason": "Error", "message": "no re
     ("status", "broken"),
     [
         ({"name": "istio-validation", "state": {"running": {}}, "lastState": LAST_126}, True),
-        ({"name": "istio-validation",
-          "state": {"terminated": {"exitCode": 126, "reason": "Error"}}, "lastState": LAST_126},
-         True),
-        ({"name": "istio-validation",
-          "state": {"terminated": {"exitCode": 1, "reason": "Completed"}}, "lastState": LAST_126},
-         False),
-        ({"name": "istio-validation",
-          "state": {"terminated": {"exitCode": 0, "reason": "Error"}}, "lastState": LAST_126},
-         False),
+        (
+            {
+                "name": "istio-validation",
+                "state": {"terminated": {"exitCode": 126, "reason": "Error"}},
+                "lastState": LAST_126,
+            },
+            True,
+        ),
+        (
+            {
+                "name": "istio-validation",
+                "state": {"terminated": {"exitCode": 1, "reason": "Completed"}},
+                "lastState": LAST_126,
+            },
+            False,
+        ),
+        (
+            {
+                "name": "istio-validation",
+                "state": {"terminated": {"exitCode": 0, "reason": "Error"}},
+                "lastState": LAST_126,
+            },
+            False,
+        ),
         ({"name": "istio-validation", "state": {}, "lastState": {}}, False),
     ],
-    ids=["running-after-126", "terminated-126-again", "completed-reason", "exit-0",
-         "never-terminated"],
+    ids=[
+        "running-after-126",
+        "terminated-126-again",
+        "completed-reason",
+        "exit-0",
+        "never-terminated",
+    ],
 )
 def test_istio_filter(status: dict[str, Any], broken: bool) -> None:
     assert validation_failed(broken_pod(status), init_container_name="istio-validation") is broken

@@ -33,8 +33,9 @@ def named_netns() -> Iterator[tuple[str, str]]:
 
 def test_named_netns_found_by_address(named_netns: tuple[str, str], tmp_path: Path) -> None:
     name, ip = named_netns
-    index = index_netns_by_address(netns_dir="/var/run/netns", proc_dir=str(tmp_path),
-                                   read_addresses=netns_addresses)
+    index = index_netns_by_address(
+        netns_dir="/var/run/netns", proc_dir=str(tmp_path), read_addresses=netns_addresses
+    )
     assert find_pod_netns([ip], index) == f"/var/run/netns/{name}"
     assert find_pod_netns(["10.250.7.10"], index) is None
 
@@ -46,8 +47,9 @@ def test_netns_held_only_by_a_process_found_through_proc(
     pause = subprocess.Popen(["ip", "netns", "exec", name, "sleep", "60"])
     try:
         # Empty netns dir: only /proc can lead to the namespace, as for runtimes that keep none.
-        index = index_netns_by_address(netns_dir=str(tmp_path), proc_dir="/proc",
-                                       read_addresses=netns_addresses)
+        index = index_netns_by_address(
+            netns_dir=str(tmp_path), proc_dir="/proc", read_addresses=netns_addresses
+        )
         path = find_pod_netns([ip], index)
         assert path is not None and path.startswith("/proc/") and path.endswith("/ns/net")
         assert ip in netns_addresses(path)

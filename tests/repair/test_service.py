@@ -10,16 +10,29 @@ from agent.config import RepairMode, RepairSettings, Settings
 from agent.repair.service import RepairService
 
 BROKEN_STATUS = {
-    "phase": "Pending", "podIPs": [{"ip": "10.9.9.9"}],
-    "initContainerStatuses": [{"name": "istio-validation", "state": {"waiting": {}},
-                               "lastState": {"terminated": {"exitCode": 126}}}],
+    "phase": "Pending",
+    "podIPs": [{"ip": "10.9.9.9"}],
+    "initContainerStatuses": [
+        {
+            "name": "istio-validation",
+            "state": {"waiting": {}},
+            "lastState": {"terminated": {"exitCode": 126}},
+        }
+    ],
 }
 
 
 def broken_pod(uid: str = "u1") -> dict[str, Any]:
-    return {"metadata": {"name": "p", "namespace": "ns", "uid": uid, "resourceVersion": "1",
-                         "annotations": {"sidecar.istio.io/status": "{}"}},
-            "status": BROKEN_STATUS}
+    return {
+        "metadata": {
+            "name": "p",
+            "namespace": "ns",
+            "uid": uid,
+            "resourceVersion": "1",
+            "annotations": {"sidecar.istio.io/status": "{}"},
+        },
+        "status": BROKEN_STATUS,
+    }
 
 
 class FakePods:
@@ -45,21 +58,27 @@ class FakeCore:
     def delete_namespaced_pod(self, name: str, namespace: str, **kwargs: Any) -> None:
         self.deleted.append((namespace, name, kwargs.get("body")))
 
-    def patch_namespaced_pod_status(self, name: str, namespace: str, body: Any,
-                                    **kwargs: Any) -> None:
+    def patch_namespaced_pod_status(
+        self, name: str, namespace: str, body: Any, **kwargs: Any
+    ) -> None:
         raise AssertionError("not used here")
 
     def create_namespaced_event(self, namespace: str, body: Any, **kwargs: Any) -> None:
         self.events.append(body)
 
 
-def service(pods: FakePods, core: FakeCore, *,
-            mode: RepairMode = "repair-in-place") -> RepairService:
+def service(
+    pods: FakePods, core: FakeCore, *, mode: RepairMode = "repair-in-place"
+) -> RepairService:
     """No netns is found (empty dirs): repair in place cannot succeed."""
-    settings = Settings(repair=RepairSettings(mode=mode), mountedNetnsDir="/nonexistent",
-                        hostProcDir="/nonexistent")
+    settings = Settings(
+        repair=RepairSettings(mode=mode), mountedNetnsDir="/nonexistent", hostProcDir="/nonexistent"
+    )
     return RepairService(
-        settings=settings, node_name="node-1", pods=pods, core=core,
+        settings=settings,
+        node_name="node-1",
+        pods=pods,
+        core=core,
         should_redirect=lambda pod: True,
         redirect=lambda pod, path: "iptables-nft",
         rules_in_place=lambda pod, path: False,

@@ -24,8 +24,11 @@ def ambient_argv(case: dict[str, object]) -> list[str]:
         return "true" if value else "false"
 
     argv = [
-        "--ambient", str(case["target"]), f"--ipv6={tf(case['ipv6'])}",
-        f"--redirect-dns={tf(case['redirectDNS'])}", f"--probe-snat={case['probeSNAT']}",
+        "--ambient",
+        str(case["target"]),
+        f"--ipv6={tf(case['ipv6'])}",
+        f"--redirect-dns={tf(case['redirectDNS'])}",
+        f"--probe-snat={case['probeSNAT']}",
         f"--probe-snat-v6={case['probeSNATv6']}",
     ]
     if case.get("ingress"):

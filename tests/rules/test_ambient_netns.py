@@ -162,9 +162,7 @@ def test_inpod_rules_read_back_as_istios_golden(
 
 
 @pytest.mark.parametrize("backend", IPTABLES_BACKENDS)
-def test_inpod_apply_twice_then_remove_restores_the_namespace(
-    podnet: PodNet, backend: str
-) -> None:
+def test_inpod_apply_twice_then_remove_restores_the_namespace(podnet: PodNet, backend: str) -> None:
     pod = podnet.pod_path
     variant = variant_of(backend)
     tool = f"iptables-{variant}"
@@ -192,9 +190,9 @@ def test_inpod_apply_twice_then_remove_restores_the_namespace(
     ip_rules = run_command(pod, ["ip", "rule"]).stdout
     assert ip_rules.count("fwmark 0x111/0xfff lookup 100") == 1, ip_rules
     assert run_command(pod, ["ip", "-6", "rule"]).stdout.count("lookup 100") == 1
-    assert "local default dev lo" in run_command(
-        pod, ["ip", "route", "show", "table", "100"]
-    ).stdout
+    assert (
+        "local default dev lo" in run_command(pod, ["ip", "route", "show", "table", "100"]).stdout
+    )
 
     rules.remove(pod)
     assert save_text(pod, f"{tool}-save") == before
@@ -242,8 +240,14 @@ def test_traffic_is_redirected_to_ztunnels_ports(podnet: PodNet, backend: str) -
     serve(
         podnet,
         pod,
-        ["tcp:15001:outbound", "tcp:15006:inbound", "tcp:15008:hbone", "tcp:8080:app",
-         "udp:15053:dns", "tcp:15053:dns"],
+        [
+            "tcp:15001:outbound",
+            "tcp:15006:inbound",
+            "tcp:15008:hbone",
+            "tcp:8080:app",
+            "udp:15053:dns",
+            "tcp:15053:dns",
+        ],
     )
     serve(podnet, peer, ["tcp:8080:peer", "udp:53:peer-dns"])
     # Before: plain connections both ways.
@@ -256,9 +260,7 @@ def test_traffic_is_redirected_to_ztunnels_ports(podnet: PodNet, backend: str) -
     assert landed(podnet, pod, "udp", podnet.peer_ip, 53)[:2] == ("dns", "15053")
     for pod_ip in (podnet.pod_ip, podnet.pod_ip6):
         label, port, source = landed(podnet, peer, "tcp", pod_ip, 8080)
-        assert (label, port) == ("inbound", "15006") and source in (
-            podnet.peer_ip, podnet.peer_ip6
-        )
+        assert (label, port) == ("inbound", "15006") and source in (podnet.peer_ip, podnet.peer_ip6)
         assert landed(podnet, peer, "tcp", pod_ip, 15008)[:2] == ("hbone", "15008")
     # The pod calling itself over lo stays local (Istio's `-o lo -j ACCEPT`).
     assert landed(podnet, pod, "tcp", podnet.pod_ip, 8080)[0] == "app"
@@ -288,8 +290,9 @@ def test_host_rules_read_back_and_remove_cleanly(podnet: PodNet, backend: str) -
     foreign = [tool, "-t", "nat", "-A", "POSTROUTING", "-j", "RETURN"]
     assert run_command(peer, foreign).returncode == 0
     before = save_text(peer, f"{tool}-save")
-    rules = HostProbeRules(peer, ipv6=True, probe_snat=PROBE_V4, probe_snat_v6=PROBE_V6,
-                           backend=backend)
+    rules = HostProbeRules(
+        peer, ipv6=True, probe_snat=PROBE_V4, probe_snat_v6=PROBE_V6, backend=backend
+    )
     rules.ensure()
     rules.ensure()
     ruleset = host_rules(ipv6=True, probe_snat=PROBE_V4, probe_snat_v6=PROBE_V6)

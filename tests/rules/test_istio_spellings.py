@@ -87,5 +87,7 @@ def test_resolv_conf_is_read_as_go_reads_it(tmp_path: Path) -> None:
         "nameserver ::ffff:10.0.0.1\n"
     )
     assert hostfacts.resolv_conf_servers(str(conf)) == [
-        "fd00:10:96::a", "10.96.0.10", "::ffff:10.0.0.1"
+        "fd00:10:96::a",
+        "10.96.0.10",
+        "::ffff:10.0.0.1",
     ]

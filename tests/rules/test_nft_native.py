@@ -48,7 +48,8 @@ def test_cleanup_only_deletes_each_table() -> None:
     got = run_rules(["--native-nftables", "--cleanup-only", "--ipv6=false", "--dns-servers="])
     assert got.code == 0, got.stderr
     assert got.stdout.splitlines() == [
-        f"{verb} table inet istio-proxy-{t}" for t in ("nat", "mangle", "raw")
+        f"{verb} table inet istio-proxy-{t}"
+        for t in ("nat", "mangle", "raw")
         for verb in ("add", "delete")
     ]
 

@@ -41,8 +41,12 @@ def netns() -> Iterator[str]:
 
 
 def _ruleset(path: str) -> str:
-    done = subprocess.run(["nsenter", f"--net={path}", "nft", "list", "ruleset"],
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        ["nsenter", f"--net={path}", "nft", "list", "ruleset"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return backend_nft.COUNTERS.sub("counter", done.stdout)
 
 
@@ -88,8 +92,19 @@ def test_backend_programs_istio_rules(netns: str, case: Path) -> None:
 def test_check_notices_a_changed_rule(netns: str) -> None:
     config = _config(conformance_dir() / "nftables" / "tproxy")
     apply_rules(netns, config, backend="nftables")
-    subprocess.run(["nsenter", f"--net={netns}", "nft", "flush", "chain", "inet",
-                    "istio-proxy-mangle", "istio-divert"], check=True)
+    subprocess.run(
+        [
+            "nsenter",
+            f"--net={netns}",
+            "nft",
+            "flush",
+            "chain",
+            "inet",
+            "istio-proxy-mangle",
+            "istio-divert",
+        ],
+        check=True,
+    )
     assert not rules_present(netns, config, backend="nftables")
 
 
@@ -101,11 +116,20 @@ def test_cli_output_applies_as_is(netns: str) -> None:
     case = conformance_dir() / "nftables" / "ipv6-dns-outbound-owner-groups"
     cfg = json.loads((case / "config.json").read_text())
     out = io.StringIO()
-    argv = [*read_args(case / "args.txt"), "--ipv6=true", "--format=nft",
-            "--dns-servers=" + ",".join(cfg["DNSServersV4"] + cfg["DNSServersV6"])]
+    argv = [
+        *read_args(case / "args.txt"),
+        "--ipv6=true",
+        "--format=nft",
+        "--dns-servers=" + ",".join(cfg["DNSServersV4"] + cfg["DNSServersV6"]),
+    ]
     with redirect_stdout(out):
         assert rules_main("rules", argv, read_env(case / "env.txt")) == 0
     # `java` is no group on this host: nft refuses Istio's rule exactly as it refuses ours.
-    done = subprocess.run(["nsenter", f"--net={netns}", "nft", "-f", "-"], input=out.getvalue(),
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        ["nsenter", f"--net={netns}", "nft", "-f", "-"],
+        input=out.getvalue(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode != 0 and "java" in done.stderr

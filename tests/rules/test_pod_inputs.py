@@ -85,9 +85,21 @@ DUAL_V6_FIRST = ["fd00:10:244::5", "10.244.0.5"]  # an IPv6-primary cluster's po
         (["127.0.0.1", "::1", "fe80::1"], {"ISTIO_DUAL_STACK": "true"}, False),
     ],
     ids=[
-        "v4", "v4-dual-env", "v6", "v6-dual-false", "dual-true", "dual-1", "dual-T",
-        "dual-unset", "dual-false", "dual-unparsable", "dual-empty", "v6-first-unset",
-        "v6-first-true", "v4-mapped", "link-local-only",
+        "v4",
+        "v4-dual-env",
+        "v6",
+        "v6-dual-false",
+        "dual-true",
+        "dual-1",
+        "dual-T",
+        "dual-unset",
+        "dual-false",
+        "dual-unparsable",
+        "dual-empty",
+        "v6-first-unset",
+        "v6-first-true",
+        "v4-mapped",
+        "link-local-only",
     ],
 )
 def test_ipv6_decision(addresses: list[str], env: dict[str, str], ipv6: bool) -> None:
@@ -164,8 +176,10 @@ def _with_containers(containers: list[dict[str, Any]], init: list[dict[str, Any]
         (sidecar_pod(), True),
         (sidecar_pod(native=True), True),
         (_with_containers([{"name": "app"}], []), False),
-        (_with_containers([{"name": "app"}], [{"name": "istio-init"}, {"name": "istio-proxy"}]),
-         False),
+        (
+            _with_containers([{"name": "app"}], [{"name": "istio-init"}, {"name": "istio-proxy"}]),
+            False,
+        ),
         (_with_containers([{"name": "istio-proxy"}, {"name": "istio-init"}], []), False),
         (sidecar_pod(proxy={"args": ["proxy", "router"]}), False),
         (sidecar_pod(proxy={"args": ["proxy", "waypoint"]}), False),
@@ -176,9 +190,18 @@ def _with_containers(containers: list[dict[str, Any]], init: list[dict[str, Any]
         (sidecar_pod(proxy={"args": [], "command": ["pilot-agent", "proxy", "router"]}), True),
     ],
     ids=[
-        "sidecar", "native-sidecar", "no-istio-proxy", "istio-init-as-init",
-        "istio-init-as-container", "router", "waypoint", "native-router", "empty-type",
-        "proxy-without-type", "args-not-proxy-first", "command-not-read",
+        "sidecar",
+        "native-sidecar",
+        "no-istio-proxy",
+        "istio-init-as-init",
+        "istio-init-as-container",
+        "router",
+        "waypoint",
+        "native-router",
+        "empty-type",
+        "proxy-without-type",
+        "args-not-proxy-first",
+        "command-not-read",
     ],
 )
 def test_containers_and_proxy_type(manifest: dict[str, Any], redirect: bool) -> None:
@@ -188,9 +211,19 @@ def test_containers_and_proxy_type(manifest: dict[str, Any], redirect: bool) -> 
 @pytest.mark.parametrize(
     ("value", "redirect"),
     [
-        ("1", False), ("t", False), ("T", False), ("TRUE", False), ("true", False),
-        ("True", False), ("0", True), ("f", True), ("false", True), ("yes", True),
-        ("on", True), ("", True), ("tRuE", True),
+        ("1", False),
+        ("t", False),
+        ("T", False),
+        ("TRUE", False),
+        ("true", False),
+        ("True", False),
+        ("0", True),
+        ("f", True),
+        ("false", True),
+        ("yes", True),
+        ("on", True),
+        ("", True),
+        ("tRuE", True),
     ],
 )
 def test_disable_envoy_parse_bool(value: str, redirect: bool) -> None:
@@ -221,8 +254,17 @@ def test_disable_envoy_on_another_container_is_ignored() -> None:
         ({"sidecar.istio.io/inject": "f"}, {}, False),
     ],
     ids=[
-        "none", "ann-false", "ann-0", "ann-F", "ann-FALSE", "ann-unparsable", "ann-true",
-        "label-false-wins", "label-true-wins", "empty-label-wins", "unparsable-label-wins",
+        "none",
+        "ann-false",
+        "ann-0",
+        "ann-F",
+        "ann-FALSE",
+        "ann-unparsable",
+        "ann-true",
+        "label-false-wins",
+        "label-true-wins",
+        "empty-label-wins",
+        "unparsable-label-wins",
         "label-f",
     ],
 )
@@ -285,8 +327,12 @@ def test_defaults_of_every_annotation() -> None:
         (INTERCEPTION, "REDIRECT", "interception_mode", "REDIRECT"),
         (INC_RANGES, "*", "outbound_ip_ranges_include", "*"),
         (INC_RANGES, "", "outbound_ip_ranges_include", ()),
-        (INC_RANGES, "10.0.0.0/8,fd00::/8", "outbound_ip_ranges_include",
-         ("10.0.0.0/8", "fd00::/8")),
+        (
+            INC_RANGES,
+            "10.0.0.0/8,fd00::/8",
+            "outbound_ip_ranges_include",
+            ("10.0.0.0/8", "fd00::/8"),
+        ),
         (INC_RANGES, "10.1.2.3/8", "outbound_ip_ranges_include", ("10.1.2.3/8",)),
         (EXC_RANGES, "", "outbound_ip_ranges_exclude", ()),
         (EXC_RANGES, "192.168.0.0/16", "outbound_ip_ranges_exclude", ("192.168.0.0/16",)),
@@ -438,7 +484,8 @@ def test_env_from_value_from_reads_as_empty() -> None:
 
 def test_dns_capture_ignores_the_resolvers() -> None:
     got = capture_config_for_pod(
-        sidecar_pod(env={"ISTIO_META_DNS_CAPTURE": "true"}), ipv6=True,
+        sidecar_pod(env={"ISTIO_META_DNS_CAPTURE": "true"}),
+        ipv6=True,
         dns_servers=["10.96.0.10", "fd00::10"],
     )
     assert got.capture_all_dns is True

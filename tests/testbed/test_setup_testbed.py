@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from testbed import parts
+from testbed.istio_binaries import istio_version
 
 # The script checks Debian's etcd, a part of the cluster tier.
 pytestmark = pytest.mark.cluster
@@ -42,6 +43,8 @@ def test_cached_parts_are_reused_without_building(tmp_path: Path) -> None:
         f"kube/{version}/kube-scheduler",
         f"kube/{version}/kubelet",
         f"cnitool/{cni_version}/cnitool",
+        f"istio/{istio_version()}/pilot-agent",
+        f"istio/{istio_version()}/istio-cni",
     ):
         path = tmp_path / rel
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -49,5 +52,5 @@ def test_cached_parts_are_reused_without_building(tmp_path: Path) -> None:
         path.chmod(0o755)
     result = _run(tmp_path)
     assert result.returncode == 0, result.stderr
-    assert result.stderr.count("cached at") == 5
+    assert result.stderr.count("cached at") == 7
     assert f"kube-apiserver {tmp_path}/kube/{version}/kube-apiserver" in result.stdout
