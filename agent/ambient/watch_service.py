@@ -172,6 +172,7 @@ class AmbientParts:
                 probe_snat=amb.hostProbeSnatAddress,
                 probe_snat_v6=amb.hostProbeSnatAddressV6,
                 backend=settings.ruleBackend,
+                proc_dir=settings.hostProcDir,  # nftables: kubelet's UID, from the node's /proc
             ),
             ztunnel=self.ztunnel,
             annotator=StatusAnnotator(core),

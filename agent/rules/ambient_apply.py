@@ -1,21 +1,23 @@
 """Program ambient mode's rules: `InpodRules` in a pod's namespace, `HostProbeRules` on the node.
 
 Both use sidecar mode's backends (agent.rules.apply): python-iptables, iptables-restore legacy
-or nft, and (in pods) native nftables; `auto` picks as for sidecar mode. Each table changes in
-one restore and only ambient's own chains and jumps are touched (agent.rules.ambient's
-ownership), so applying twice leaves one set and other software's rules stay.
+or nft, and `nftables`: Istio's native nftables form for ambient (agent.rules.ambient_nft, its
+`inet istio-ambient-*` tables and nft sets instead of ipsets); `auto` picks as for sidecar mode.
+Each table changes in one restore and only ambient's own chains and jumps are touched
+(agent.rules.ambient's ownership), so applying twice leaves one set and other software's rules
+stay.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import logging
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 
 from agent import constants
 from agent.ambient.dataplane import PodRuleOptions
 from agent.errors import RedirectError
-from agent.rules import ambient_routes, backend_iptc, backend_nft, backend_restore
+from agent.rules import ambient_nft_apply, ambient_routes, backend_iptc, backend_restore
 from agent.rules.ambient import (
     HOST_OWNERSHIP,
     POD_OWNERSHIP,
@@ -25,6 +27,9 @@ from agent.rules.ambient import (
     pod_rules,
 )
 from agent.rules.ambient_ipset import AddressSets
+from agent.rules.ambient_nft_apply import HostTable
+from agent.rules.ambient_nft_kubelet import kubelet_uid
+from agent.rules.ambient_nft_sets import NftAddressSets
 from agent.rules.apply import _empty, _variant, choose_backend
 from agent.rules.model import RuleSet
 from agent.rules.ownership import Ownership
@@ -33,16 +38,22 @@ from agent.rules.probe import probe as probe_netns
 log = logging.getLogger(__name__)
 
 
-def _program(netns_path: str, ruleset: RuleSet | None, *, backend: str, owner: Ownership) -> str:
-    """Replace (or, with None, remove) our rules there; returns the backend used."""
+def _program(
+    netns_path: str,
+    ruleset: RuleSet | None,
+    *,
+    backend: str,
+    owner: Ownership,
+    native: Callable[[], None],
+) -> str:
+    """Replace (or, with None, remove) our rules there; returns the backend used. `native`
+    does the same in Istio's native nftables form."""
     seen = probe_netns(netns_path)
     chosen = choose_backend(netns_path, backend, probe=seen)
     if chosen == "python-iptables":
         backend_iptc.apply(netns_path, ruleset, owner)
     elif chosen == "nftables":
-        if owner is not POD_OWNERSHIP:
-            raise RedirectError("host probe rules need iptables (ipset, --socket-exists)")
-        backend_nft.apply(netns_path, ruleset)
+        native()
     else:
         variant = _variant(chosen)
         empty = _empty(seen, variant)
@@ -50,11 +61,18 @@ def _program(netns_path: str, ruleset: RuleSet | None, *, backend: str, owner: O
     return chosen
 
 
-def _present(netns_path: str, ruleset: RuleSet, *, backend: str, owner: Ownership) -> bool:
+def _present(
+    netns_path: str,
+    ruleset: RuleSet,
+    *,
+    backend: str,
+    owner: Ownership,
+    native: Callable[[], bool],
+) -> bool:
     seen = probe_netns(netns_path)
     chosen = choose_backend(netns_path, backend, probe=seen)
     if chosen == "nftables":
-        return backend_nft.present(netns_path, ruleset)
+        return native()
     variant = "legacy" if chosen == "python-iptables" else _variant(chosen)
     return backend_restore.present(
         netns_path, ruleset, variant, empty=_empty(seen, variant), owner=owner
@@ -70,7 +88,13 @@ class InpodRules:
     def apply(self, netns_path: str, options: PodRuleOptions) -> str:
         # Routes first, as Istio does: the rules only work with them in place.
         ambient_routes.apply_routes(netns_path, ipv6=options.ipv6)
-        chosen = _program(netns_path, pod_rules(options), backend=self.backend, owner=POD_OWNERSHIP)
+        chosen = _program(
+            netns_path,
+            pod_rules(options),
+            backend=self.backend,
+            owner=POD_OWNERSHIP,
+            native=lambda: ambient_nft_apply.apply_pod(netns_path, options),
+        )
         log.info(
             "applied ambient in-pod rules",
             extra={"fields": {"netns": netns_path, "backend": chosen}},
@@ -78,13 +102,23 @@ class InpodRules:
         return chosen
 
     def remove(self, netns_path: str) -> None:
-        _program(netns_path, None, backend=self.backend, owner=POD_OWNERSHIP)
+        _program(
+            netns_path,
+            None,
+            backend=self.backend,
+            owner=POD_OWNERSHIP,
+            native=lambda: ambient_nft_apply.apply_pod(netns_path, None),
+        )
         ambient_routes.remove_routes(netns_path)
         log.info("removed ambient in-pod rules", extra={"fields": {"netns": netns_path}})
 
     def present(self, netns_path: str, options: PodRuleOptions) -> bool:
         return _present(
-            netns_path, pod_rules(options), backend=self.backend, owner=POD_OWNERSHIP
+            netns_path,
+            pod_rules(options),
+            backend=self.backend,
+            owner=POD_OWNERSHIP,
+            native=lambda: ambient_nft_apply.pod_present(netns_path, options),
         ) and ambient_routes.routes_present(netns_path, ipv6=options.ipv6)
 
 
@@ -92,7 +126,9 @@ class HostProbeRules:
     """The node-side probe SNAT (CreateHostRulesForHealthChecks) and the enrolled-IP sets.
 
     `netns_path` is the node's own namespace in production (the agent runs on the host
-    network); tests give a namespace of their own.
+    network); tests give a namespace of their own. With the `nftables` backend the sets are nft
+    sets and the SNAT matches kubelet's UID (`kubelet_uid`, else found in `proc_dir`) as Istio's
+    nftables mode does.
     """
 
     def __init__(
@@ -103,23 +139,57 @@ class HostProbeRules:
         probe_snat: str = constants.HOST_PROBE_SNAT_V4,
         probe_snat_v6: str = constants.HOST_PROBE_SNAT_V6,
         backend: str = "auto",
+        kubelet_uid: str | None = None,
+        proc_dir: str = "/proc",
     ) -> None:
         self.netns_path = netns_path
         self.backend = backend
         self.ipv6 = ipv6
         self.ruleset = host_rules(ipv6=ipv6, probe_snat=probe_snat, probe_snat_v6=probe_snat_v6)
-        self.sets = AddressSets(netns_path, v4=PROBE_IPSET_V4, v6=PROBE_IPSET_V6 if ipv6 else None)
+        self.sets: AddressSets | NftAddressSets
+        if backend == "nftables":
+            self.sets = NftAddressSets(netns_path, ipv6=ipv6)
+        else:
+            self.sets = AddressSets(
+                netns_path, v4=PROBE_IPSET_V4, v6=PROBE_IPSET_V6 if ipv6 else None
+            )
+        self._snat = (probe_snat, probe_snat_v6)
+        self._kubelet_uid = kubelet_uid
+        self._proc_dir = proc_dir
+        self._table: HostTable | None = None
+
+    def _native(self) -> HostTable:
+        """The nft table, built on first use: kubelet's UID is looked up only then."""
+        if self._table is None:
+            uid = self._kubelet_uid or kubelet_uid(self._proc_dir)
+            v4, v6 = self._snat
+            self._table = HostTable(
+                self.netns_path, ipv6=self.ipv6, probe_snat=v4, probe_snat_v6=v6, kubelet_uid=uid
+            )
+        return self._table
 
     def ensure(self) -> None:
         self.sets.create()  # the rules name the sets: they must exist first
-        chosen = _program(self.netns_path, self.ruleset, backend=self.backend, owner=HOST_OWNERSHIP)
+        chosen = _program(
+            self.netns_path,
+            self.ruleset,
+            backend=self.backend,
+            owner=HOST_OWNERSHIP,
+            native=lambda: self._native().ensure(),
+        )
         log.info(
             "applied host probe rules",
             extra={"fields": {"netns": self.netns_path, "backend": chosen}},
         )
 
     def present(self) -> bool:
-        return _present(self.netns_path, self.ruleset, backend=self.backend, owner=HOST_OWNERSHIP)
+        return _present(
+            self.netns_path,
+            self.ruleset,
+            backend=self.backend,
+            owner=HOST_OWNERSHIP,
+            native=lambda: self._native().present(),
+        )
 
     def add(self, uid: str, ips: Collection[str]) -> None:
         self.sets.add((ip, uid) for ip in self._usable(ips))
@@ -152,5 +222,11 @@ class HostProbeRules:
         return out
 
     def remove_all(self) -> None:
-        _program(self.netns_path, None, backend=self.backend, owner=HOST_OWNERSHIP)
+        _program(
+            self.netns_path,
+            None,
+            backend=self.backend,
+            owner=HOST_OWNERSHIP,
+            native=self.sets.destroy,  # the nft sets and rules share one table
+        )
         self.sets.destroy()  # only once no rule names them

@@ -2,7 +2,9 @@
 
 pod: Istio's in-pod redirection for the given options; host: the node-side probe SNAT rules.
 Settings not given as flags come from the agent's config file (`ambient.*`), as the agent would
-use them. Output is `iptables-restore` input, IPv4 tables then IPv6 tables.
+use them. Output is `iptables-restore` input, IPv4 tables then IPv6 tables; with `--format=nft`,
+Istio's native nftables commands (`nft -f` input, one a line, as Istio's nftables mode writes
+them). The host rules in that form match kubelet's UID: `--kubelet-uid`, else found in /proc.
 """
 
 from __future__ import annotations
@@ -13,18 +15,23 @@ from typing import Final
 
 from agent.ambient.dataplane import PodRuleOptions
 from agent.config import DEFAULT_CONFIG_PATH, load_settings
-from agent.errors import ConfigError
+from agent.errors import ConfigError, RedirectError
+from agent.rules import ambient_nft
 from agent.rules.ambient import host_rules, pod_rules
+from agent.rules.ambient_nft_kubelet import kubelet_uid
 from agent.rules.flags import parse_bool
 from agent.rules.render_restore import render
 
 USAGE: Final = """\
 usage: istio-cni-agent rules --ambient pod|host [--ipv6=true|false] [--redirect-dns=true|false]
            [--ingress] [--virtual-interfaces=A,B] [--dns-proxy=enabled|disabled]
-           [--probe-snat=ADDR] [--probe-snat-v6=ADDR] [--config FILE]
+           [--probe-snat=ADDR] [--probe-snat-v6=ADDR] [--format=restore|nft]
+           [--kubelet-uid=UID] [--config FILE]
 
 pod: the rules Istio programs inside an enrolled pod's network namespace; host: the node-side
 rules that SNAT kubelet's probes to enrolled pods. Defaults: the config file's ambient settings.
+--format=nft prints Istio's native nftables commands; its host rules match kubelet's UID
+(--kubelet-uid, default: the UID of the kubelet process found in /proc).
 """
 
 VALUE_FLAGS: Final = (
@@ -35,6 +42,8 @@ VALUE_FLAGS: Final = (
     "dns-proxy",
     "probe-snat",
     "probe-snat-v6",
+    "format",
+    "kubelet-uid",
     "config",
 )
 BOOL_FLAGS: Final = ("ingress",)
@@ -117,7 +126,13 @@ def main(command: str, argv: list[str]) -> int:
         if target not in ("pod", "host"):
             raise ConfigError(f"flag --ambient: invalid value {target!r}: want pod or host")
         options = options_from_flags(flags)
-    except (ConfigError, OSError) as e:
+        fmt = flags.get("format", "restore")
+        if fmt not in ("restore", "nft"):
+            raise ConfigError(f"flag --format: invalid value {fmt!r}: want restore or nft")
+        if fmt == "nft":
+            sys.stdout.write(_native(target, options, flags))
+            return 0
+    except (ConfigError, OSError, RedirectError) as e:
         sys.stderr.write(f"istio-cni-agent {command}: {e}\n")
         return 2
     if target == "pod":
@@ -128,3 +143,18 @@ def main(command: str, argv: list[str]) -> int:
         )
     sys.stdout.write(render(ruleset))
     return 0
+
+
+def _native(target: str, options: PodRuleOptions, flags: dict[str, str]) -> str:
+    """Istio's nftables commands for the pod or the node."""
+    if target == "pod":
+        return ambient_nft.render_pod(options)
+    uid = flags.get("kubelet-uid") or kubelet_uid()
+    if not uid.isdigit():
+        raise ConfigError(f"flag --kubelet-uid: invalid value {uid!r}: want a numeric UID")
+    return ambient_nft.render_host(
+        ipv6=options.ipv6,
+        probe_snat=options.probe_snat,
+        probe_snat_v6=options.probe_snat_v6,
+        kubelet_uid=uid,
+    )

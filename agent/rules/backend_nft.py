@@ -2,7 +2,8 @@
 
 Sidecar pods get Istio's native nftables rules (`apply_native`): the `inet istio-proxy-*`
 tables exactly as Istio's `--native-nftables` writes them, so `nft list ruleset` in the pod
-equals what Istio's own commands give. Ambient in-pod rules (`apply`) use `ip`/`ip6` tables.
+equals what Istio's own commands give. `apply` writes a rule model as `ip`/`ip6` tables (an
+older form of ambient's rules; ambient now has Istio's own, agent.rules.ambient_nft_apply).
 Either way our tables are declared, deleted and written anew in the same transaction, so the
 switch is atomic and applying twice leaves one copy; tables of other software are never named.
 """

@@ -22,6 +22,7 @@ from agent.plugin_log_file import CLAIMED_SUFFIX, forward_once, start_forwarding
 from agent.podserver.server import PodServer
 from plugin import wire
 from plugin.log import PluginLog, append_line, json_line
+from testbed.wait import wait_for
 from tests.plugin.helpers import cni_env, net_conf, run_plugin
 from tests.podserver.helpers import InMemoryPods, ScriptedRedirector, build_rig, make_pod
 
@@ -184,12 +185,11 @@ def test_the_timer_forwards_at_start_and_then_periodically(
     stop = threading.Event()
     thread = start_forwarding(str(run_dir), stop, interval=0.05, settle=0)
     try:
-        deadline = time.monotonic() + 5
-        while not plugin_records(agent_log) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for(lambda: plugin_records(agent_log), "the forward at start", 5, interval=0.01)
         write(run_dir, "warn", "while the agent runs")
-        while len(plugin_records(agent_log)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for(
+            lambda: len(plugin_records(agent_log)) >= 2, "a periodic forward", 5, interval=0.01
+        )
     finally:
         stop.set()
         thread.join(5)

@@ -3,12 +3,12 @@ leads to, the retry of failures, and no retry of Istio's non-retryable adds."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from agent.ambient.mesh import NonRetryableAdd
 from agent.ambient.selectors import DEFAULT_ENABLEMENT_SELECTORS
 from agent.ambient.watch import AmbientWatch, Event
+from testbed.wait import wait_for
 from tests.ambient.fakes import namespace, pod
 
 AMBIENT = {"istio.io/dataplane-mode": "ambient"}
@@ -149,9 +149,7 @@ def test_failed_add_is_retried_until_it_works() -> None:
     watch.start()
     try:
         watch.on_pod("update", p, p)
-        deadline = time.monotonic() + 5
-        while watch.processed < 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for(lambda: watch.processed >= 1, "the add to succeed", 5, interval=0.01)
     finally:
         watch.stop()
     assert mesh.calls == [("add", "web-0")] * 4 and watch.processed == 1

@@ -9,7 +9,7 @@ import socket
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,7 @@ from agent.ambient.dataplane import AmbientPod, ZtunnelError, ZtunnelNotConnecte
 from agent.ambient.zds import ZdsMetrics, ZdsServer, ZdsServerError
 from agent.netns import run_in_netns
 from testbed import netns
+from testbed.wait import wait_for
 from testbed.ztunnel_double import DNS_PORT, TCP_PORTS, ZtunnelDouble
 
 pytestmark = pytest.mark.ambient
@@ -66,17 +67,20 @@ class Bed:
         double = self.ztunnel()
         double.connect()
         double.wait_for("the snapshot", lambda z: z.snapshots == 1)
-        wait(lambda: self.server.connected, "the agent to see the snapshot acked")
+        wait_for(lambda: self.server.connected, "the agent to see the snapshot acked", 10)
         return double
 
     def gauge(self) -> float | None:
         return self.registry.get_sample_value("ztunnel_connected")
 
     def wait_gauge(self, value: float) -> None:
-        deadline = time.monotonic() + 10
-        while self.gauge() != value:
-            assert time.monotonic() < deadline, f"ztunnel_connected is {self.gauge()}, not {value}"
-            time.sleep(0.02)
+        wait_for(
+            lambda: self.gauge() == value,
+            f"ztunnel_connected to be {value}",
+            10,
+            interval=0.02,
+            on_timeout=lambda: f"it is {self.gauge()}",
+        )
 
     def close(self) -> None:
         for double in self.doubles:
@@ -418,13 +422,6 @@ def test_stop_closes_connections_and_forgets_pods(bed: Bed) -> None:
     assert not os.path.exists(bed.socket_path)
 
 
-def wait(predicate: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + 10
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
 def test_failing_snapshot_source_sends_no_partial_snapshot(bed: Bed) -> None:
     pod = bed.pod("known")
     with pytest.raises(ZtunnelNotConnected):
@@ -460,6 +457,11 @@ def test_no_descriptor_outlives_its_pod(tmp_path: Path) -> None:
         bed.server.remove(pods[0].uid)
         ztunnel.close()
         bed.server.stop()
-        wait(lambda: open_fds() == before, f"{before} open descriptors (now {open_fds()})")
+        wait_for(
+            lambda: open_fds() == before,
+            f"{before} open descriptors",
+            10,
+            on_timeout=lambda: f"now {open_fds()}",
+        )
     finally:
         bed.close()

@@ -9,16 +9,18 @@ Also runnable to check an archive by hand:
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+
+from testbed.wait import WaitTimeout, wait_for
 
 NAMESPACE = "k8s.io"  # the namespace kubelet's images live in, as on the real node
 
@@ -74,14 +76,17 @@ class Containerd:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise ContainerdError(f"containerd exited at start:\n{self.tail()}")
-            if self.sock.exists() and self.ctr("version", check=False).returncode == 0:
-                return
-            time.sleep(0.2)
-        raise ContainerdError(f"containerd not ready within {timeout}s:\n{self.tail()}")
+        try:
+            wait_for(self._answers, "containerd to answer", timeout, interval=0.2)
+        except WaitTimeout as e:
+            raise ContainerdError(f"containerd not ready within {timeout}s:\n{self.tail()}") from e
+
+    def _answers(self) -> bool:
+        """`ctr version` succeeds on the socket; raises when containerd has exited."""
+        assert self._proc is not None
+        if self._proc.poll() is not None:
+            raise ContainerdError(f"containerd exited at start:\n{self.tail()}")
+        return self.sock.exists() and self.ctr("version", check=False).returncode == 0
 
     def stop(self) -> None:
         """Stops every task and shim of this instance, then containerd; unmounts and deletes."""
@@ -89,7 +94,8 @@ class Containerd:
             with contextlib.suppress(Exception):
                 for cid in self.ctr("containers", "list", "-q", check=False).stdout.split():
                     self.ctr("tasks", "kill", "-s", "SIGKILL", cid, check=False)
-                    time.sleep(0.2)
+                    with contextlib.suppress(WaitTimeout):  # delete -f below stops it anyway
+                        wait_for(functools.partial(self._task_ended, cid), f"task {cid} to end", 2)
                     self.ctr("tasks", "delete", "-f", cid, check=False)
                     self.ctr("containers", "delete", cid, check=False)
         for pid in self._shim_pids():
@@ -128,6 +134,12 @@ class Containerd:
         with open("/proc/self/mountinfo") as f:
             points = [line.split()[4] for line in f]
         return [p for p in points if p.startswith(prefix)]
+
+    def _task_ended(self, cid: str) -> bool:
+        tasks = self.ctr("tasks", "ls", check=False).stdout
+        return not any(
+            line.split()[:1] == [cid] and "RUNNING" in line for line in tasks.splitlines()
+        )
 
     def tail(self, lines: int = 30) -> str:
         try:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
+from testbed.wait import wait_for
 from tests.image.archive import Archive
 from tests.image.conftest import Built
 from tests.image.containerd import Containerd
@@ -114,17 +114,20 @@ def test_pause_stops_on_sigterm(containerd: Containerd, images: dict[str, Built]
     cid = "image-test-pause"
     containerd.ctr("run", "-d", "--read-only", images["pause"].ref, cid)
     try:
-        time.sleep(0.5)
-        assert "RUNNING" in containerd.ctr("tasks", "ls").stdout
+        wait_for(lambda: "RUNNING" in containerd.ctr("tasks", "ls").stdout, "pause to run", 10)
         containerd.ctr("tasks", "kill", "-s", "SIGTERM", cid)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
+
+        def stopped() -> bool:
             tasks = containerd.ctr("tasks", "ls").stdout
-            if cid not in tasks or "STOPPED" in tasks:
-                break
-            time.sleep(0.2)
-        else:
-            pytest.fail(f"pause still running 10 s after SIGTERM:\n{tasks}")
+            return cid not in tasks or "STOPPED" in tasks
+
+        wait_for(
+            stopped,
+            "pause to stop after SIGTERM",
+            10,
+            interval=0.2,
+            on_timeout=lambda: containerd.ctr("tasks", "ls").stdout,
+        )
     finally:
         containerd.ctr("tasks", "delete", "-f", cid, check=False)
         containerd.ctr("containers", "delete", cid, check=False)

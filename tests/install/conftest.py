@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import http.client
 import json
 import os
 import pathlib
+import signal
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -18,6 +21,7 @@ import yaml
 
 from agent.config import Settings
 from testbed.ports import free_port
+from testbed.wait import wait_for
 from tests.conformance_data import CONFORMANCE_DIR
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -149,3 +153,54 @@ def agent_env(**extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = str(REPO_ROOT)
     env.update(extra)
     return env
+
+
+def wait_status(port: int, path: str, status: int, timeout: float = 10.0) -> str:
+    """Poll GET `path` on the agent's HTTP port until it answers `status`; the body."""
+    last: list[object] = [None]
+
+    def answered() -> tuple[str] | None:
+        try:
+            code, body = http_get(port, path)
+        except OSError as e:
+            last[0] = e
+            return None
+        last[0] = (code, body)
+        return (body,) if code == status else None  # a tuple: an empty body is an answer too
+
+    return wait_for(
+        answered,
+        f"{path} on port {port} to return {status}",
+        timeout,
+        interval=0.05,
+        on_timeout=lambda: f"last: {last[0]!r}",
+    )[0]
+
+
+class RunningAgent:
+    """An agent process started by `running_agent`, its output in the file `log`."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], log: pathlib.Path) -> None:
+        self.proc = proc
+        self.log = log
+
+    def stop(self) -> tuple[int, str]:
+        """SIGTERM, wait for the exit: (exit code, the whole log)."""
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout=30)
+        return code, self.log.read_text()
+
+
+@contextlib.contextmanager
+def running_agent(command: list[str], **env: str) -> Iterator[RunningAgent]:
+    """Run `command` (an agent) with `agent_env(**env)`; killed on the way out if still running."""
+    with tempfile.TemporaryDirectory() as tmp:
+        log = pathlib.Path(tmp) / "agent.log"
+        with open(log, "wb") as out:  # a file, not a pipe: nobody reads while it runs
+            proc = subprocess.Popen(command, env=agent_env(**env), stdout=out, stderr=out)
+        try:
+            yield RunningAgent(proc, log)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=30)

@@ -405,7 +405,7 @@ def run_trial(
     trial.setup()
     pid = trial.child(kill_before)
     if delay is not None:
-        time.sleep(delay)
+        time.sleep(delay)  # the kill's instant: the injected fault
         os.kill(pid, signal.SIGKILL)
     _, status = os.waitpid(pid, 0)
     killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL

@@ -59,6 +59,7 @@ def test_support_dirs_versioned_and_pruned(node: Node) -> None:
         ("istio-cni-aaaa.d", "istio-cni-bbbb.d"),
         ("istio-cni-bbbb.d", "istio-cni-cccc.d"),
     ):
+        # Age is the behaviour under test (newest kept): the file clock ticks coarsely.
         time.sleep(0.01)
         os.rename(node.src_dir / old, node.src_dir / new)
         install_binaries(str(node.src_dir), str(node.bin_dir), ledger)

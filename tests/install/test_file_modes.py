@@ -8,8 +8,7 @@ import contextlib
 import json
 import os
 import stat
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ import pytest
 from agent.install import atomic, conflist
 from agent.install.installer import Installer
 from agent.install.watcher import InstallWatcher, WatchTiming
+from testbed.wait import wait_for
 from tests.install.conftest import Node
 
 LIST = {"cniVersion": "0.4.0", "name": "net", "plugins": [{"type": "ptp"}, {"type": "portmap"}]}
@@ -207,22 +207,13 @@ def test_watcher_heals_a_chmod_at_once(node: Node) -> None:
     watcher.start()
     try:
         path = node.conf_dir / "YYY-istio-cni.conf"
-        assert _wait(watcher.ready)
+        wait_for(watcher.ready, "the watcher to be ready", 5, interval=0.01)
         os.chmod(path, 0o666)
-        assert _wait(lambda: mode(path) == 0o600)
-        assert _wait(watcher.ready)
+        wait_for(lambda: mode(path) == 0o600, f"{path} back to mode 0600", 5, interval=0.01)
+        wait_for(watcher.ready, "the watcher to be ready again", 5, interval=0.01)
         assert watcher.heals == 1
     finally:
         watcher.stop()
-
-
-def _wait(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return condition()
 
 
 # -- atomic: the final mode is set before the rename ---------------------------------------

@@ -2,67 +2,28 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import pathlib
-import signal
 import subprocess
 import sys
-import tempfile
-import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from agent.install import conflist
 from testbed.ports import free_port
-from tests.install.conftest import Node, agent_command, agent_env, http_get
+from testbed.wait import wait_for
+from tests.install.conftest import (
+    Node,
+    agent_command,
+    agent_env,
+    http_get,
+    running_agent,
+    wait_status,
+)
 
 LIST = {"cniVersion": "0.4.0", "name": "net", "plugins": [{"type": "ptp"}, {"type": "portmap"}]}
 NODE = {"metadata": {"name": "node-1", "labels": {"pool": "a"}}}
-
-
-def _wait_status(port: int, path: str, status: int, timeout: float = 10.0) -> str:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            code, body = http_get(port, path)
-            if code == status:
-                return body
-            last = (code, body)
-        except OSError as e:
-            last = e
-        time.sleep(0.05)
-    raise AssertionError(f"{path} never returned {status}; last: {last!r}")
-
-
-class _Agent:
-    def __init__(self, proc: subprocess.Popen[bytes], log: pathlib.Path) -> None:
-        self.proc = proc
-        self.log = log
-
-
-@contextlib.contextmanager
-def _agent(command: list[str]) -> Iterator[_Agent]:
-    with tempfile.TemporaryDirectory() as tmp:
-        log = pathlib.Path(tmp) / "agent.log"
-        with open(log, "wb") as out:  # a file, not a pipe: nobody reads while it runs
-            proc = subprocess.Popen(command, env=agent_env(), stdout=out, stderr=out)
-        try:
-            yield _Agent(proc, log)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(timeout=30)
-
-
-def _stop(agent: _Agent) -> tuple[int, str]:
-    agent.proc.send_signal(signal.SIGTERM)
-    code = agent.proc.wait(timeout=30)
-    return code, agent.log.read_text()
 
 
 def _has_entry(node: Node) -> bool:
@@ -72,28 +33,21 @@ def _has_entry(node: Node) -> bool:
         return False
 
 
-def _wait(condition: Any, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not condition():
-        time.sleep(0.01)
-    return bool(condition())
-
-
 @pytest.mark.parametrize(("mode", "kept"), [("always", False), ("never", True)])
 def test_run_ready_heals_and_stops(node: Node, mode: str, kept: bool) -> None:
     (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
     port = free_port()
     config = node.write_config_yaml(metricsPort=port, uninstallOnStop=mode)
-    with _agent(agent_command("run", "--config", str(config))) as proc:
-        _wait_status(port, "/readyz", 200)
+    with running_agent(agent_command("run", "--config", str(config))) as proc:
+        wait_status(port, "/readyz", 200)
         assert http_get(port, "/healthz")[0] == 200
         assert "istio_cni_install_ready 1.0" in http_get(port, "/metrics")[1]
         (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))  # entry dropped
-        assert _wait(lambda: _has_entry(node))
-        _wait_status(port, "/readyz", 200)
+        wait_for(lambda: _has_entry(node), "the dropped entry to be put back", 5)
+        wait_status(port, "/readyz", 200)
         metrics = http_get(port, "/metrics")[1]
         assert 'istio_cni_install_heals_total{kind="config"} 1.0' in metrics
-        code, err = _stop(proc)
+        code, err = proc.stop()
     assert code == 0, err
     assert _has_entry(node) is kept
     assert (node.bin_dir / "istio-cni").exists() is kept
@@ -104,13 +58,13 @@ def test_run_ready_heals_and_stops(node: Node, mode: str, kept: bool) -> None:
 def test_not_ready_until_primary_appears(node: Node) -> None:
     port = free_port()
     config = node.write_config_yaml(metricsPort=port, uninstallOnStop="always")
-    with _agent(agent_command("run", "--config", str(config))) as proc:
-        body = _wait_status(port, "/readyz", 503)
+    with running_agent(agent_command("run", "--config", str(config))) as proc:
+        body = wait_status(port, "/readyz", 503)
         assert "InstallWatcher" in body
         assert http_get(port, "/healthz")[0] == 200
         (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
-        _wait_status(port, "/readyz", 200)
-        code, err = _stop(proc)
+        wait_status(port, "/readyz", 200)
+        code, err = proc.stop()
     assert code == 0, err
     assert node.conf("10-net.conflist") == LIST
 
@@ -187,9 +141,9 @@ def test_sigterm_decides_from_daemonset_state(
         str(config),
         str(node.root / "state.json"),
     ]
-    with _agent(command) as proc:
-        _wait_status(port, "/readyz", 200)
-        code, err = _stop(proc)
+    with running_agent(command) as proc:
+        wait_status(port, "/readyz", 200)
+        code, err = proc.stop()
     assert code == 0, err
     assert _has_entry(node) is kept
     assert os.path.exists(node.bin_dir / "istio-cni") is kept

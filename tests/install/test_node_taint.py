@@ -129,7 +129,7 @@ def test_waits_for_readiness(run: Callable[..., NodeTaintRemover]) -> None:
     ready = threading.Event()
     core = FakeCore([OURS])
     remover = run(core, ready=ready.is_set)
-    time.sleep(0.2)
+    time.sleep(0.2)  # the check itself: nothing may happen while not ready
     assert core.reads == 0 and core.taints == [OURS]  # not ready: the node is not even read
     ready.set()
     assert remover.done.wait(5)

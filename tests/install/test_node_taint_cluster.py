@@ -245,7 +245,8 @@ def test_agent_with_the_setting_off_never_touches_the_node(
     name = make_node([OURS, OTHER])
     a = agent(name, kube_config, removeNotReadyTaint=False)
     wait_for(lambda: _ready(a.port), "the agent to be ready")
-    time.sleep(2.0)  # what an enabled agent needs many times over (see the test above)
+    # The check itself: nothing may happen in 2 s, what an enabled agent needs many times over.
+    time.sleep(2.0)
     after = keys(taints_of(clients.core, name))
     assert (TAINT_KEY, "NoSchedule") in after and (OTHER["key"], "NoSchedule") in after
     assert "not-ready taint" not in a.log()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import bisect
 import json
 import os
+import pathlib
 import random
 import signal
 import subprocess
@@ -19,6 +20,7 @@ from agent.config import Settings
 from agent.install import conflist
 from agent.install.installer import Installer
 from testbed.ports import free_port
+from testbed.wait import wait_for
 from tests.install.conftest import Node, agent_command, agent_env, write_plugin
 
 LIST = {
@@ -162,7 +164,7 @@ def test_kill_9_at_random_moments(node: Node) -> None:
             (node.conf_dir / "10-net.conf").write_text(json.dumps(SINGLE))
             single = True
         pid = _fork_install(Installer(versions[trial % 2], pod_name="a", pod_namespace="ns"))
-        time.sleep(rng.uniform(0, span))
+        time.sleep(rng.uniform(0, span))  # the kill's random instant: the injected fault
         os.kill(pid, signal.SIGKILL)
         _, status = os.waitpid(pid, 0)
         killed += os.WIFSIGNALED(status)
@@ -183,6 +185,17 @@ def test_kill_9_at_random_moments(node: Node) -> None:
     assert killed >= 100
 
 
+def _ours_in(path: pathlib.Path) -> bool:
+    try:
+        return bool(conflist.count_ours(json.loads(path.read_text())))
+    except (OSError, ValueError):
+        return False
+
+
+def _read(path: pathlib.Path) -> str:
+    return path.read_text(errors="replace")
+
+
 WRITER = r"""
 import json, os, random, sys, time
 path, count, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -197,7 +210,7 @@ for i in range(1, count + 1):
         f.write(json.dumps(config, indent=4))
     os.replace(tmp, path)
     times.append(time.monotonic())
-    time.sleep(rng.uniform(0, 0.02))
+    time.sleep(rng.uniform(0, 0.02))  # the writer's pace, random on purpose
 with open(out, "w") as f:
     json.dump(times, f)
 """
@@ -229,14 +242,11 @@ def test_foreign_writer_never_wins(node: Node) -> None:
                 continue
             if conflist.count_ours(data):
                 seen.append((time.monotonic(), data["plugins"][0].get("generation", 0), data))
-            time.sleep(0.0002)
+            time.sleep(0.0002)  # the sampling rate of the check
 
     watcher = threading.Thread(target=monitor)
     try:
-        deadline = time.monotonic() + 20
-        while not conflist.count_ours(json.loads(path.read_text())):
-            assert time.monotonic() < deadline, "agent never installed"
-            time.sleep(0.02)
+        wait_for(lambda: _ours_in(path), "the agent to install", 20, interval=0.02)
         watcher.start()
         times_file = node.root / "times.json"
         writer = subprocess.run(
@@ -245,7 +255,13 @@ def test_foreign_writer_never_wins(node: Node) -> None:
             check=True,
         )
         assert writer.returncode == 0
-        time.sleep(1.5)
+        wait_for(
+            lambda: (
+                seen and seen[-1][1] == 1000 and "keeps removing" in _read(node.root / "agent.log")
+            ),
+            "our entry back after the last write, and the conflict logged",
+            10,
+        )
     finally:
         done.set()
         if watcher.is_alive():

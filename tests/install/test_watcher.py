@@ -105,13 +105,15 @@ def test_own_writes_do_not_wake_it(node: Node, running: Callable[..., Running]) 
     r = running()
     assert wait_for(lambda: r.has_entry("10-net.conflist"))
     inode = os.stat(node.conf_dir / "10-net.conflist").st_ino
-    time.sleep(1.0)
+    time.sleep(1.0)  # the check itself: nothing may happen in this second
     assert r.watcher.heals == 0
     assert os.stat(node.conf_dir / "10-net.conflist").st_ino == inode
 
 
 def test_waits_for_primary_by_watching(node: Node, running: Callable[..., Running]) -> None:
     r = running(recheck=60.0)  # no periodic recheck within the test: only an event can help
+    # A check that nothing happens without a primary (and the watch, which has no ready
+    # signal, arms meanwhile: a file written before would be found by the first reconcile).
     time.sleep(0.3)
     assert not r.watcher.ready()
     (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
@@ -131,7 +133,7 @@ def test_ready_does_not_flap_on_harmless_rewrites(
     def sample() -> None:
         while not stop.is_set():
             samples.append(r.watcher.ready())
-            time.sleep(0.001)
+            time.sleep(0.001)  # the sampling rate of the check
 
     sampler = threading.Thread(target=sample)
     sampler.start()
@@ -140,8 +142,8 @@ def test_ready_does_not_flap_on_harmless_rewrites(
         for _ in range(20):  # same JSON, other formatting, as another tool would re-save it
             config = json.loads((node.conf_dir / "10-net.conflist").read_text())
             atomic_write(path, json.dumps(config, separators=(",", ":")).encode())
-            time.sleep(0.02)
-        time.sleep(0.3)
+            time.sleep(0.02)  # rewrites spread in time, each its own event
+        time.sleep(0.3)  # the check: no flap while the watcher handles the last ones
     finally:
         stop.set()
         sampler.join()
@@ -214,7 +216,7 @@ def test_conf_dir_created_later_is_watched(node: Node, running: Callable[..., Ru
     os.rmdir(node.conf_dir)
     # The periodic recheck is far away: the parent's watch must notice the new directory.
     r = running(recheck=30)
-    time.sleep(0.2)
+    time.sleep(0.2)  # nothing happens without the directory (and the parent's watch arms)
     assert not r.watcher.ready()
     node.conf_dir.mkdir()
     (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
@@ -233,7 +235,7 @@ def test_waiting_is_logged_at_a_steady_interval(
     with caplog.at_level(logging.INFO, logger="agent.install.watcher"):
         watcher.start()
         try:
-            time.sleep(1.0)  # about 20 rechecks
+            time.sleep(1.0)  # the behaviour under test: logs over about 20 rechecks
         finally:
             watcher.stop()
     lines = [r for r in caplog.records if "waiting for a primary CNI config" in r.getMessage()]

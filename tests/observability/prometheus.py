@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -17,6 +16,7 @@ from typing import Any
 import yaml
 
 from testbed.ports import free_port
+from testbed.wait import wait_for
 from tests.observability.promtool import binary
 
 
@@ -57,16 +57,28 @@ class PrometheusServer:
     def wait_value(
         self, expr: str, accept: Callable[[float | None], bool], what: str, timeout: float = 45.0
     ) -> float | None:
-        deadline = time.monotonic() + timeout
-        seen: float | None = None
-        while time.monotonic() < deadline:
+        seen: list[float | None] = [None]
+
+        def accepted() -> tuple[float | None] | None:
             if self.proc.poll() is not None:
                 raise AssertionError(f"prometheus exited {self.proc.returncode}:\n{self.logs()}")
-            seen = self.value(expr)
-            if accept(seen):
-                return seen
-            time.sleep(0.25)
-        raise AssertionError(f"timed out after {timeout}s waiting for {what}: {expr} = {seen}")
+            seen[0] = self.value(expr)
+            return (seen[0],) if accept(seen[0]) else None  # a tuple: None may be accepted
+
+        return wait_for(
+            accepted, what, timeout, interval=0.25, on_timeout=lambda: f"{expr} = {seen[0]}"
+        )[0]
+
+    def ready(self) -> bool:
+        """GET /-/ready answers 200; raises when the process has exited."""
+        if self.proc.poll() is not None:
+            raise AssertionError(f"prometheus exited {self.proc.returncode}:\n{self.logs()}")
+        try:
+            url = f"http://127.0.0.1:{self.port}/-/ready"
+            with urllib.request.urlopen(url, timeout=2) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
 
     def logs(self) -> str:
         return self.log_path.read_text(errors="replace")[-5000:]
@@ -120,19 +132,7 @@ def running_prometheus(workdir: Path, config: Mapping[str, Any]) -> Iterator[Pro
         )
     server = PrometheusServer(proc, port, log_path)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                raise AssertionError(f"prometheus exited {proc.returncode}:\n{server.logs()}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError(f"prometheus not ready within 30s:\n{server.logs()}")
-            time.sleep(0.1)
+        wait_for(server.ready, "prometheus to be ready", 30, on_timeout=server.logs)
         yield server
     finally:
         proc.kill()

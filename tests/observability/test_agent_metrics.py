@@ -22,6 +22,7 @@ from agent.pods.metrics import CacheMetrics
 from agent.podserver.metrics import REFUSAL_REASONS, PluginMetrics
 from agent.podserver.redirect import RulesRedirector
 from testbed import netns
+from testbed.wait import wait_for
 from tests.install.conftest import Node, node  # noqa: F401 (the fixture, shared)
 from tests.podserver.helpers import (
     HandlerRig,
@@ -126,7 +127,7 @@ def test_install_ready_timestamp_is_set_when_the_install_becomes_ready(
     assert watcher.ready()
     assert started - 1 <= ready_since() <= time.time() + 1
     stamped = ready_since()
-    time.sleep(0.01)
+    wait_for(lambda: time.time() > stamped, "the clock to pass the stamp", 1, interval=0.001)
     watcher.reconcile("recheck")  # still ready: the time it became ready stays
     assert ready_since() == stamped
 
@@ -170,7 +171,8 @@ def test_cache_size_and_last_event_follow_watch_events(
     assert heard is not None and heard >= started
     cache.apply_event(event("DELETED", make_pod("a"), "12"), "11")
     assert sample(registry, "istio_cni_cache_objects") == 1
-    time.sleep(0.01)
+    heard_at: float = heard
+    wait_for(lambda: time.time() > heard_at, "the clock to pass the last event", 1, interval=0.001)
     bookmark = {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "13"}}}
     cache.apply_event(bookmark, "12")  # a quiet node still hears bookmarks: not stale
     later = sample(registry, "istio_cni_cache_last_event_timestamp_seconds")

@@ -128,7 +128,7 @@ class AgentTestDouble:
                 raw = self.rfile.read(length) if length else b""
                 double.requests.append((self.command, self.path, json.loads(raw) if raw else None))
                 answer = double.answers.get(self.path, Answer(404, {"code": 999, "msg": "?"}))
-                time.sleep(answer.delay)
+                time.sleep(answer.delay)  # a slow agent, injected on purpose
                 try:
                     self.send_response(answer.status)
                     self.send_header("Content-Type", "application/json")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from agent.podserver.metrics import PluginMetrics
 from agent.podserver.service import PodService
 from plugin import wire
 from testbed.node import NodePods
+from testbed.wait import wait_for
 from tests.podserver.helpers import RealDecisions, call
 
 pytestmark = pytest.mark.cluster
@@ -47,11 +47,14 @@ class Service:
         self.installed = installed
 
     def wait_ready(self) -> None:
-        deadline = time.monotonic() + 30
         # ready() is the socket listening (/readyz); the plugin's STATUS also waits for the cache.
-        while not (self.service.ready() and self.service.not_ready_reason() is None):
-            assert time.monotonic() < deadline, "pod service not ready within 30 s"
-            time.sleep(0.05)
+        wait_for(
+            lambda: self.service.ready() and self.service.not_ready_reason() is None,
+            "the pod service to be ready",
+            30,
+            interval=0.05,
+            on_timeout=lambda: f"not ready because: {self.service.not_ready_reason()}",
+        )
 
 
 @pytest.fixture

@@ -18,11 +18,10 @@ import pytest
 
 from agent.ambient.dataplane import PodRuleOptions
 from agent.netns import run_command
-from agent.rules import backend_nft, backend_restore
+from agent.rules import ambient_nft, ambient_nft_apply, backend_nft, backend_restore
 from agent.rules.ambient import HOST_OWNERSHIP, POD_OWNERSHIP, host_rules, pod_rules
 from agent.rules.ambient_apply import HostProbeRules, InpodRules
 from agent.rules.model import BUILTIN_CHAINS
-from agent.rules.render_nft import render as render_nft
 from agent.rules.render_save import parse_save
 from tests.conformance_data import AMBIENT_DIR
 from tests.rules.podnet import PodNet, _enter, sh
@@ -223,13 +222,13 @@ def test_nftables_backend_reads_back_and_removes_only_its_tables(podnet: PodNet)
     rules = InpodRules(backend="nftables")
     rules.apply(pod, options)
     rules.apply(pod, options)
-    # What `nft list` prints back equals what we rendered, once.
-    assert backend_nft.normalize(backend_nft.list_ours(pod)) == backend_nft.normalize(
-        render_nft(pod_rules(options))
+    # What `nft list` prints back is Istio's native nftables rules for ambient, once.
+    assert backend_nft.normalize(ambient_nft_apply.list_pod(pod)) == backend_nft.normalize(
+        backend_nft.expected_listing(ambient_nft.render_pod(options))
     )
     assert rules.present(pod, options)
     rules.remove(pod)
-    assert backend_nft.list_ours(pod) == ""
+    assert ambient_nft_apply.list_pod(pod) == ""
     assert "table inet other" in run_command(pod, ["nft", "list", "tables"]).stdout
     assert run_command(pod, ["ip", "route", "show", "table", "100"]).stdout == ""
 

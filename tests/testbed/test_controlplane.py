@@ -4,7 +4,6 @@ pytest-helm-charts' fixtures, and RBAC with a TokenRequest identity."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +17,7 @@ from testbed import parts
 from testbed.controlplane import ControlPlane
 from testbed.identity import Identity
 from testbed.node import NodePods
+from testbed.wait import wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -166,15 +166,16 @@ def test_token_bound_to_a_pod_is_refused_once_the_pod_is_gone(
         as_reader: Any = k8s.CoreV1Api(api)
         assert as_reader.list_namespaced_pod(namespace).items
         node_pods.delete(namespace, "agent")
+
         # The API server caches a token's review for a few seconds; then it is refused.
-        deadline = time.monotonic() + 30
-        status = 200
-        while status == 200 and time.monotonic() < deadline:
+        def refused() -> int | None:
             try:
                 as_reader.list_namespaced_pod(namespace)
-                time.sleep(0.5)
             except ApiException as e:
-                status = e.status
+                return int(e.status)
+            return None
+
+        status = wait_for(refused, "the deleted pod's token to be refused", 30, interval=0.5)
         assert status == 401
     finally:
         api.close()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed import parts
+from testbed import operator_crds, parts
 from testbed.istio_binaries import istio_version
 
 # The script checks Debian's etcd, a part of the cluster tier.
@@ -45,6 +45,10 @@ def test_cached_parts_are_reused_without_building(tmp_path: Path) -> None:
         f"cnitool/{cni_version}/cnitool",
         f"istio/{istio_version()}/pilot-agent",
         f"istio/{istio_version()}/istio-cni",
+        *(
+            f"prometheus-operator-crds/{operator_crds.VERSION}/{f}"
+            for f in operator_crds.FILES.values()
+        ),
     ):
         path = tmp_path / rel
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -52,5 +56,5 @@ def test_cached_parts_are_reused_without_building(tmp_path: Path) -> None:
         path.chmod(0o755)
     result = _run(tmp_path)
     assert result.returncode == 0, result.stderr
-    assert result.stderr.count("cached at") == 7
+    assert result.stderr.count("cached at") == 8
     assert f"kube-apiserver {tmp_path}/kube/{version}/kube-apiserver" in result.stdout

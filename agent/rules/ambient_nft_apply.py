@@ -1,0 +1,92 @@
+"""Program ambient mode's native nftables rules with one `nft -f` transaction per change.
+
+In a pod: Istio's `inet istio-ambient-*` tables. Each apply declares, deletes and writes anew all
+three (plus the `ip`/`ip6` tables an older agent wrote for ambient) in one transaction, so tables
+Istio leaves out this time do not linger and applying twice leaves one copy. On the node: the
+`inet istio-ambient-nat` table with the enrolled-IP sets and the probe SNAT chain. Re-applying
+flushes the chains only, as Istio does, so the sets keep their pod IPs; removal drops the table.
+Tables of other software are never named.
+"""
+
+from __future__ import annotations
+
+from agent.ambient.dataplane import PodRuleOptions
+from agent.errors import RedirectError
+from agent.netns import run_command
+from agent.rules import ambient_nft
+from agent.rules.backend_nft import COUNTERS, expected_listing, normalize
+from agent.rules.backend_nft import script as legacy_tables_script
+
+POD_TABLES = tuple(f"inet {ambient_nft.TABLE_PREFIX}{t}" for t in ambient_nft.TABLE_ORDER)
+
+
+def nft(netns_path: str, argv: list[str], stdin: str = "") -> str:
+    try:
+        done = run_command(netns_path, ["nft", *argv], stdin)
+    except FileNotFoundError as e:
+        raise RedirectError(f"nft: not installed ({e.strerror})") from e
+    if done.returncode != 0:
+        raise RedirectError(f"nft {' '.join(argv)} in {netns_path}: {done.stderr.strip()[:500]}")
+    return done.stdout
+
+
+def _drop(tables: tuple[str, ...]) -> str:
+    # Declaring first makes the delete valid whether or not the table exists.
+    return "".join(f"add table {t}\ndelete table {t}\n" for t in tables)
+
+
+def pod_script(options: PodRuleOptions | None) -> str:
+    body = ambient_nft.render_pod(options) if options is not None else ""
+    return _drop(POD_TABLES) + legacy_tables_script(None) + body
+
+
+def apply_pod(netns_path: str, options: PodRuleOptions | None) -> None:
+    """Istio's in-pod rules for `options` (None: remove them)."""
+    nft(netns_path, ["-f", "-"], pod_script(options))
+
+
+def _list(netns_path: str, tables: tuple[str, ...], *, terse: bool = False) -> str:
+    listed = nft(netns_path, ["list", "tables", "inet"])
+    present = {line.split()[2] for line in listed.splitlines() if line.startswith("table inet ")}
+    flags = ["-t"] if terse else []
+    out = [
+        nft(netns_path, [*flags, "list", "table", *t.split()])
+        for t in tables
+        if t.split()[1] in present
+    ]
+    return COUNTERS.sub("counter", "".join(out))
+
+
+def list_pod(netns_path: str) -> str:
+    """Our in-pod tables as `nft list` prints them, counters stripped, in Istio's order."""
+    return _list(netns_path, POD_TABLES)
+
+
+def pod_present(netns_path: str, options: PodRuleOptions) -> bool:
+    want = expected_listing(ambient_nft.render_pod(options))
+    return normalize(list_pod(netns_path)) == normalize(want)
+
+
+class HostTable:
+    """The node's `inet istio-ambient-nat`: probe SNAT for kubelet's UID, and the IP sets."""
+
+    def __init__(
+        self, netns_path: str, *, ipv6: bool, probe_snat: str, probe_snat_v6: str, kubelet_uid: str
+    ) -> None:
+        self.netns_path = netns_path
+        self.ipv6 = ipv6
+        self.sets = ambient_nft.set_commands(ipv6=ipv6)
+        self.rules = ambient_nft.render_host(
+            ipv6=ipv6, probe_snat=probe_snat, probe_snat_v6=probe_snat_v6, kubelet_uid=kubelet_uid
+        )
+
+    def ensure(self) -> None:
+        """Sets first (existing ones keep their elements), then the rules that name them."""
+        nft(self.netns_path, ["-f", "-"], self.sets + self.rules)
+
+    def present(self) -> bool:
+        got = _list(self.netns_path, (ambient_nft.HOST_TABLE,), terse=True)
+        return normalize(got) == normalize(expected_listing(self.sets + self.rules))
+
+    def remove_all(self) -> None:
+        nft(self.netns_path, ["-f", "-"], _drop((ambient_nft.HOST_TABLE,)))
