@@ -43,7 +43,7 @@ TCP_PORTS = (OUTBOUND_PORT, INBOUND_PORT, HBONE_PORT)
 CLONE_NEWNET = 0x40000000
 IP_TRANSPARENT = 19  # <linux/in.h>
 IPV6_TRANSPARENT = 75  # <linux/in6.h>
-SO_ORIGINAL_DST = 80  # <linux/netfilter_ipv4.h>
+SO_ORIGINAL_DST = 80  # <linux/netfilter_ipv4.h>; IP6T_SO_ORIGINAL_DST has the same number
 POLL = 0.1  # how often listener threads look for close()
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
@@ -58,7 +58,8 @@ class Accepted:
     peer: str
     local: str
     original_dst: str | None
-    """SO_ORIGINAL_DST (IPv4, after a REDIRECT); None when the connection was not NATed."""
+    """SO_ORIGINAL_DST (IP6T_SO_ORIGINAL_DST for IPv6): the destination before a REDIRECT, the
+    local address when conntrack saw the connection un-NATed; None without a conntrack entry."""
 
 
 @dataclass
@@ -428,14 +429,16 @@ def _serve(workload: Workload, sock: socket.socket) -> None:
 
 
 def _original_dst(conn: socket.socket) -> str | None:
-    if conn.family != socket.AF_INET:
-        return None
     try:
-        raw = conn.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
+        if conn.family == socket.AF_INET6:  # IP6T_SO_ORIGINAL_DST: a sockaddr_in6
+            raw = conn.getsockopt(socket.IPPROTO_IPV6, SO_ORIGINAL_DST, 28)
+            address = socket.inet_ntop(socket.AF_INET6, raw[8:24])
+        else:
+            raw = conn.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
+            address = socket.inet_ntoa(raw[4:8])
     except OSError:
         return None
-    port = int.from_bytes(raw[2:4], "big")
-    return f"{socket.inet_ntoa(raw[4:8])}:{port}"
+    return _addr((address, int.from_bytes(raw[2:4], "big")))
 
 
 def _addr(address: tuple[str, int] | tuple[str, int, int, int]) -> str:

@@ -14,8 +14,7 @@ from agent.ambient.dataplane import PodRuleOptions
 from agent.errors import RedirectError
 from agent.netns import run_command
 from agent.rules import ambient_nft
-from agent.rules.backend_nft import COUNTERS, expected_listing, normalize
-from agent.rules.backend_nft import script as legacy_tables_script
+from agent.rules.backend_nft import COUNTERS, expected_listing, former_tables_script, normalize
 
 POD_TABLES = tuple(f"inet {ambient_nft.TABLE_PREFIX}{t}" for t in ambient_nft.TABLE_ORDER)
 
@@ -37,7 +36,7 @@ def _drop(tables: tuple[str, ...]) -> str:
 
 def pod_script(options: PodRuleOptions | None) -> str:
     body = ambient_nft.render_pod(options) if options is not None else ""
-    return _drop(POD_TABLES) + legacy_tables_script(None) + body
+    return _drop(POD_TABLES) + former_tables_script() + body
 
 
 def apply_pod(netns_path: str, options: PodRuleOptions | None) -> None:

@@ -2,10 +2,10 @@
 
 Sidecar pods get Istio's native nftables rules (`apply_native`): the `inet istio-proxy-*`
 tables exactly as Istio's `--native-nftables` writes them, so `nft list ruleset` in the pod
-equals what Istio's own commands give. `apply` writes a rule model as `ip`/`ip6` tables (an
-older form of ambient's rules; ambient now has Istio's own, agent.rules.ambient_nft_apply).
-Either way our tables are declared, deleted and written anew in the same transaction, so the
-switch is atomic and applying twice leaves one copy; tables of other software are never named.
+equals what Istio's own commands give. Our tables are declared, deleted and written anew in the
+same transaction, so the switch is atomic and applying twice leaves one copy; tables of other
+software are never named. `former_tables_script` deletes the `ip`/`ip6 istio-proxy-*` tables an
+earlier version wrote for ambient pods (agent.rules.ambient_nft_apply runs it on every apply).
 """
 
 from __future__ import annotations
@@ -17,18 +17,10 @@ import subprocess
 from agent.errors import RedirectError
 from agent.netns import run_command
 from agent.rules.config import CaptureConfig
-from agent.rules.model import RuleSet
 from agent.rules.native_nft import TABLE_ORDER
-from agent.rules.render_nft import (
-    TABLE_PREFIX,
-    nft_family,
-    render_native,
-    render_table,
-    table_name,
-)
+from agent.rules.render_nft import TABLE_PREFIX, render_native
 
-FAMILIES = (4, 6)
-TABLES = ("mangle", "nat", "raw")
+FORMER_TABLES = ("mangle", "nat", "raw")
 NATIVE_TABLES = tuple(f"inet {TABLE_PREFIX}{t}" for t in TABLE_ORDER)
 COUNTERS = re.compile(r"\bcounter packets \d+ bytes \d+")
 
@@ -41,8 +33,8 @@ def native_script(config: CaptureConfig | None) -> str:
 
 
 def remove_all(netns_path: str) -> None:
-    """Remove every table of ours, sidecar (inet) and ambient (ip, ip6), in one transaction."""
-    _nft(netns_path, ["-f", "-"], native_script(None) + script(None))
+    """Remove every table of ours (inet, and the former ip/ip6 ones) in one transaction."""
+    _nft(netns_path, ["-f", "-"], native_script(None) + former_tables_script())
 
 
 def apply_native(netns_path: str, config: CaptureConfig | None) -> None:
@@ -84,16 +76,14 @@ def expected_listing(commands: str) -> str:
     return COUNTERS.sub("counter", done.stdout)
 
 
-def script(ruleset: RuleSet | None) -> str:
+def former_tables_script() -> str:
+    """Delete the `ip`/`ip6 istio-proxy-{mangle,nat,raw}` tables of an earlier version's ambient
+    rules; declaring each first makes the delete valid whether or not it exists."""
     lines: list[str] = []
-    for family in FAMILIES:
-        for table in TABLES:
-            # Declaring first makes the delete valid whether or not the table exists.
-            name = f"{nft_family(4 if family == 4 else 6)} {table_name(table)}"
+    for family in ("ip", "ip6"):
+        for table in FORMER_TABLES:
+            name = f"{family} {TABLE_PREFIX}{table}"
             lines.append(f"table {name}\ndelete table {name}\n")
-    if ruleset is not None:
-        lines += [render_table(t, family=4) for t in ruleset.v4]
-        lines += [render_table(t, family=6) for t in ruleset.v6]
     return "".join(lines)
 
 
@@ -107,41 +97,5 @@ def _nft(netns_path: str, argv: list[str], stdin: str = "") -> str:
     return done.stdout
 
 
-def apply(netns_path: str, ruleset: RuleSet | None) -> None:
-    _nft(netns_path, ["-f", "-"], script(ruleset))
-
-
-def list_ours(netns_path: str) -> str:
-    """Our tables as `nft list` prints them, IPv4 then IPv6, in table-name order."""
-    listed = _nft(netns_path, ["list", "tables"])
-    present = {tuple(line.split()[1:3]) for line in listed.splitlines() if line.startswith("table")}
-    out: list[str] = []
-    for family in FAMILIES:
-        fam = nft_family(4 if family == 4 else 6)
-        for table in TABLES:
-            if (fam, table_name(table)) in present:
-                out.append(_nft(netns_path, ["list", "table", fam, table_name(table)]))
-    return "".join(out)
-
-
 def normalize(text: str) -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip()]
-
-
-def present(netns_path: str, ruleset: RuleSet) -> bool:
-    want = [render_table(t, family=4) for t in ruleset.v4]
-    want += [render_table(t, family=6) for t in ruleset.v6]
-    return normalize(list_ours(netns_path)) == normalize("".join(want))
-
-
-__all__ = [
-    "TABLE_PREFIX",
-    "apply",
-    "apply_native",
-    "list_native",
-    "list_ours",
-    "present",
-    "present_native",
-    "remove_all",
-    "script",
-]

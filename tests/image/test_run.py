@@ -55,7 +55,7 @@ def test_agent_prints_iptables_and_nft_rules(
     assert "* nat" in out and "-A ISTIO_REDIRECT -p tcp -j REDIRECT --to-ports 15001" in out
     assert out.count("COMMIT") == 2, "IPv4 and IPv6 tables"
     nft = ok(run_agent(containerd, ref, "istio-cni-agent", "rules", *flags, "--format=nft"))
-    assert "table ip istio-proxy-nat" in nft
+    assert "add table inet istio-proxy-nat" in nft  # Istio's native nftables form
 
 
 def test_every_agent_module_imports(containerd: Containerd, images: dict[str, Built]) -> None:

@@ -15,7 +15,7 @@ from agent.errors import InstallError
 from agent.install.atomic import atomic_write
 from agent.install.binaries import binary_problems, install_binaries, uninstall_binaries
 from agent.install.ledger import WriteLedger
-from tests.install.conftest import Node, write_plugin
+from testbed.agent_host import Node, write_plugin
 
 
 def _support(src: pathlib.Path, name: str, content: str) -> None:

@@ -7,7 +7,7 @@ import os
 import subprocess
 
 from agent.install import conflist
-from tests.install.conftest import Node, agent_command, agent_env
+from testbed.agent_host import Node, agent_command, agent_env
 
 LIST = {"cniVersion": "0.4.0", "name": "net", "plugins": [{"type": "ptp"}]}
 

@@ -24,7 +24,8 @@ from agent.install import conflist
 from agent.install.entry import plugin_entry, standalone_entry
 from agent.install.installer import Installer
 from agent.install.watcher import wait_installed
-from tests.install.conftest import Node, conformance_dir
+from testbed.agent_host import Node
+from tests.install.conftest import conformance_dir
 
 CASES_DIR = conformance_dir() / "install"
 CASES = json.loads((CASES_DIR / "cases.json").read_text())

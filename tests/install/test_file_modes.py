@@ -16,8 +16,8 @@ import pytest
 from agent.install import atomic, conflist
 from agent.install.installer import Installer
 from agent.install.watcher import InstallWatcher, WatchTiming
+from testbed.agent_host import Node
 from testbed.wait import wait_for
-from tests.install.conftest import Node
 
 LIST = {"cniVersion": "0.4.0", "name": "net", "plugins": [{"type": "ptp"}, {"type": "portmap"}]}
 SINGLE = {"cniVersion": "0.4.0", "name": "net", "type": "bridge"}

@@ -12,7 +12,8 @@ import pytest
 from agent.errors import InstallError, TransientInstallError
 from agent.install import conflist
 from agent.install.installer import Installer
-from tests.install.conftest import Node, conformance_dir
+from testbed.agent_host import Node
+from tests.install.conftest import conformance_dir
 
 CASES = conformance_dir() / "install"
 LIST = {"cniVersion": "0.4.0", "name": "net", "plugins": [{"type": "ptp"}, {"type": "portmap"}]}

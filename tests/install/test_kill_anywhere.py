@@ -19,8 +19,8 @@ import pytest
 
 from agent.install import killpoint
 from agent.install.installer import Installer
+from testbed.parts import REPO_ROOT
 from tests.install import kill_rig
-from tests.install.conftest import REPO_ROOT
 
 RANDOM_TRIALS = 150
 

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from tests.install.conftest import Node, agent_command, agent_env
+from testbed.agent_host import Node, agent_command, agent_env
 
 pytestmark = pytest.mark.netns  # needs root for mount namespaces and bind mounts
 

@@ -13,7 +13,8 @@ import pytest
 
 from agent.install import conflist
 from agent.install.installer import Installer
-from tests.install.conftest import Node, conformance_dir
+from testbed.agent_host import Node
+from tests.install.conftest import conformance_dir
 
 REAL_WORLD = conformance_dir() / "real-world"
 FILES = sorted(p.name for p in REAL_WORLD.iterdir() if p.suffix in (".conf", ".conflist"))

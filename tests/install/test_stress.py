@@ -19,9 +19,9 @@ from typing import Any
 from agent.config import Settings
 from agent.install import conflist
 from agent.install.installer import Installer
+from testbed.agent_host import Node, agent_command, agent_env, write_plugin
 from testbed.ports import free_port
 from testbed.wait import wait_for
-from tests.install.conftest import Node, agent_command, agent_env, write_plugin
 
 LIST = {
     "cniVersion": "0.4.0",

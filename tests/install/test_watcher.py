@@ -18,8 +18,8 @@ from agent.install import conflist
 from agent.install.atomic import atomic_write
 from agent.install.installer import Installer
 from agent.install.watcher import InstallWatcher, WatchTiming
+from testbed.agent_host import Node
 from testbed.wait import wait_for
-from tests.install.conftest import Node
 
 LIST = {"cniVersion": "0.4.0", "name": "net", "plugins": [{"type": "ptp"}, {"type": "portmap"}]}
 

@@ -22,8 +22,8 @@ from agent.pods.metrics import CacheMetrics
 from agent.podserver.metrics import REFUSAL_REASONS, PluginMetrics
 from agent.podserver.redirect import RulesRedirector
 from testbed import netns
+from testbed.agent_host import Node, make_node
 from testbed.wait import wait_for
-from tests.install.conftest import Node, node  # noqa: F401 (the fixture, shared)
 from tests.podserver.helpers import (
     HandlerRig,
     InMemoryPods,
@@ -32,6 +32,11 @@ from tests.podserver.helpers import (
     cni_body,
     make_pod,
 )
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Node:
+    return make_node(tmp_path)
 
 
 def refused(rig: HandlerRig, reason: str) -> float:
@@ -111,7 +116,7 @@ def ready_since() -> float:
 
 
 def test_install_ready_timestamp_is_set_when_the_install_becomes_ready(
-    node: Node,  # noqa: F811 (the fixture imported above)
+    node: Node,
 ) -> None:
     watcher = InstallWatcher(
         Installer(node.settings, pod_name="agent-1", pod_namespace="istio-system")

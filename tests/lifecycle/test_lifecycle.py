@@ -11,16 +11,9 @@ from typing import Any
 import pytest
 
 from agent.install import conflist
+from testbed.agent_host import Node, agent_command, agent_env, http_get, running_agent, wait_status
 from testbed.ports import free_port
 from testbed.wait import wait_for
-from tests.install.conftest import (
-    Node,
-    agent_command,
-    agent_env,
-    http_get,
-    running_agent,
-    wait_status,
-)
 
 LIST = {"cniVersion": "0.4.0", "name": "net", "plugins": [{"type": "ptp"}, {"type": "portmap"}]}
 NODE = {"metadata": {"name": "node-1", "labels": {"pool": "a"}}}

@@ -22,9 +22,9 @@ from kubernetes.client.exceptions import ApiException
 
 from agent.kube import KubeClients, build_clients
 from agent.node_taint import TAINT_KEY, NodeTaintRemover, TaintChanged, TaintTiming, remove_taint
+from testbed.agent_host import Node, agent_command, agent_env, http_get
 from testbed.ports import free_port
 from testbed.wait import wait_for
-from tests.install.conftest import Node, agent_command, agent_env, http_get
 
 pytestmark = pytest.mark.cluster
 

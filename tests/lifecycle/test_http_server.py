@@ -8,7 +8,7 @@ import pytest
 
 from agent import metrics
 from agent.http_server import HttpServer
-from tests.install.conftest import http_get
+from testbed.agent_host import http_get
 
 
 class Flag:

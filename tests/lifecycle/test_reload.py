@@ -18,10 +18,7 @@ import yaml
 
 from agent.install import conflist
 from plugin import wire
-from testbed.node import NodePods
-from testbed.ports import free_port
-from testbed.wait import wait_for
-from tests.install.conftest import (
+from testbed.agent_host import (
     Node,
     RunningAgent,
     agent_command,
@@ -29,6 +26,9 @@ from tests.install.conftest import (
     running_agent,
     wait_status,
 )
+from testbed.node import NodePods
+from testbed.ports import free_port
+from testbed.wait import wait_for
 from tests.podserver.helpers import call
 
 LIST = {"cniVersion": "0.4.0", "name": "net", "plugins": [{"type": "ptp"}]}

@@ -19,9 +19,9 @@ from kubernetes.client.exceptions import ApiException
 from agent.install import conflist
 from agent.install.stop_policy import decide, fetch_state
 from agent.kube import KubeClients, build_clients
+from testbed.agent_host import Node, agent_command, agent_env, http_get
 from testbed.ports import free_port
 from testbed.wait import wait_for
-from tests.install.conftest import Node, agent_command, agent_env, http_get
 
 pytestmark = pytest.mark.cluster
 
