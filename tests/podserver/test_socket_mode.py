@@ -82,7 +82,7 @@ def test_mode_is_0600_whatever_the_umask(run_dir: Path) -> None:
         assert os.lstat(path).st_uid == os.getuid()
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a client as another user")
+@pytest.mark.netns  # the root tier: it runs a client as another user
 def test_only_root_can_connect(run_dir: Path) -> None:
     # The DaemonSet's hostPath volume creates the run dir 0755: the socket's mode alone guards.
     run_dir.mkdir(parents=True)
