@@ -28,7 +28,6 @@ import functools
 import logging
 import os
 import socket
-import stat
 import threading
 import time
 from concurrent.futures import CancelledError
@@ -37,6 +36,7 @@ from dataclasses import dataclass
 
 from prometheus_client import REGISTRY, CollectorRegistry, Gauge
 
+from agent import unix_socket
 from agent.ambient import zds_pb2
 from agent.ambient.dataplane import AmbientPod, SnapshotSource, ZtunnelError, ZtunnelNotConnected
 from agent.ambient.zds_conn import (
@@ -56,9 +56,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SOCKET = "/var/run/ztunnel/ztunnel.sock"
 """Istio's ztunnel-uds-address default."""
-SOCKET_MODE = 0o600
-RUN_DIR_MODE = 0o700
-MAX_SOCKET_PATH = 107  # sun_path is 108 bytes including the NUL
 ACCEPT_INTERVAL = 0.2
 """Istio accepts at most 5 connections a second, so a ztunnel in a reconnect loop cannot
 exhaust the agent."""
@@ -324,12 +321,7 @@ class ZdsServer:
             )
 
     def _remove_socket(self) -> None:
-        # Only our own socket: a newer agent may already have replaced it.
-        try:
-            if os.lstat(self.socket_path).st_ino == self._inode:
-                os.unlink(self.socket_path)
-        except FileNotFoundError:
-            pass
+        unix_socket.remove_if_ours(self.socket_path, self._inode)
 
 
 def _workload(pod: AmbientPod) -> zds_pb2.WorkloadInfo:
@@ -355,26 +347,8 @@ def _open_or_none(pod: AmbientPod) -> int | None:
 
 
 def _bind(sock: socket.socket, path: str) -> int:
-    """Bind `sock` at `path` with mode 0600, replacing a stale socket; returns the inode.
-    The caller listens only after this returns, so nothing connects while the mode is wider."""
-    temp = f"{path}.{os.getpid()}.tmp"
-    if len(os.fsencode(temp)) > MAX_SOCKET_PATH:
-        raise ZdsServerError(f"ZDS socket path {path} is too long for a Unix socket")
+    """Bind `sock` at `path` with mode 0600 (agent.unix_socket); returns the inode."""
     try:
-        os.makedirs(os.path.dirname(path) or ".", mode=RUN_DIR_MODE, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            mode = os.lstat(path).st_mode
-            if not stat.S_ISSOCK(mode):
-                raise ZdsServerError(
-                    f"ZDS socket {path}: a file that is not a socket is in the "
-                    "way; refusing to replace it"
-                )
-            log.info("replacing stale ZDS socket", extra={"fields": {"socket": path}})
-        if os.path.lexists(temp):
-            os.unlink(temp)
-        sock.bind(temp)
-        os.chmod(temp, SOCKET_MODE)
-        os.replace(temp, path)
-        return os.lstat(path).st_ino
-    except OSError as e:
-        raise ZdsServerError(f"ZDS socket {path}: {e.strerror or e}") from e
+        return unix_socket.bind_private(sock, path, what="ZDS socket")
+    except unix_socket.SocketPathError as e:
+        raise ZdsServerError(str(e)) from e

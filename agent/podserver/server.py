@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import socket
 import socketserver
-import stat
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
+from agent import unix_socket
 from agent.errors import AgentError
 from agent.podserver.handlers import CODE_DECODE, CODE_UNKNOWN, PodHandlers, Reply, failure
 from plugin import wire
@@ -33,9 +32,6 @@ from plugin import wire
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = wire.MAX_BODY
-SOCKET_MODE = 0o600
-RUN_DIR_MODE = 0o700
-MAX_SOCKET_PATH = 107  # sun_path is 108 bytes including the NUL
 IDLE_TIMEOUT_SECONDS = 60.0
 # 110 pods may start at once; a full backlog makes a non-blocking connect fail at once.
 LISTEN_BACKLOG = 1024
@@ -213,49 +209,12 @@ class PodServer:
         return self._server is not None
 
     def _remove_socket(self) -> None:
-        # Only our own socket: a newer agent may already have replaced it.
-        try:
-            if os.lstat(self.socket_path).st_ino == self._inode:
-                os.unlink(self.socket_path)
-        except FileNotFoundError:
-            pass
+        unix_socket.remove_if_ours(self.socket_path, self._inode)
 
 
 def _bind(sock: socket.socket, path: str) -> int:
-    """Bind `sock` at `path` with mode 0600, replacing a stale socket; returns the inode.
-    The caller listens only after this returns (see the module docstring)."""
-    temp = f"{path}.{os.getpid()}.tmp"
-    if len(os.fsencode(temp)) > MAX_SOCKET_PATH:
-        raise ServerError(f"pod server socket path {path} is too long for a Unix socket")
-    parent = os.path.dirname(path) or "."
+    """Bind `sock` at `path` with mode 0600 (agent.unix_socket); returns the inode."""
     try:
-        os.makedirs(parent, mode=RUN_DIR_MODE, exist_ok=True)
-        _refuse_non_socket(path)
-        if os.path.lexists(temp):
-            os.unlink(temp)
-        sock.bind(temp)
-        os.chmod(temp, SOCKET_MODE)
-        os.replace(temp, path)
-        return os.lstat(path).st_ino
-    except OSError as e:
-        raise ServerError(f"pod server socket {path}: {e.strerror or e}") from e
-
-
-def _refuse_non_socket(path: str) -> None:
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(mode):
-        raise ServerError(
-            f"pod server socket {path}: a {_kind(mode)} is in the way; refusing to replace it"
-        )
-    log.info("replacing stale socket", extra={"fields": {"socket": path}})
-
-
-def _kind(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "directory"
-    if stat.S_ISLNK(mode):
-        return "symlink"
-    return "regular file" if stat.S_ISREG(mode) else "non-socket file"
+        return unix_socket.bind_private(sock, path, what="pod server socket")
+    except unix_socket.SocketPathError as e:
+        raise ServerError(str(e)) from e

@@ -11,11 +11,10 @@ Rule order and spelling follow Istio's builder, so `render_restore` prints Istio
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from agent import constants
 from agent.ambient.dataplane import PodRuleOptions
-from agent.rules.model import Family, Match, Rule, RuleSet, TableName, Target, group_tables
+from agent.rules.builder import RETURN, AddressSlot, RuleCollector, jump
+from agent.rules.model import Family, Match, RuleSet, Target
 from agent.rules.ownership import Ownership, jumps_into
 
 CHAIN_OUTPUT = "ISTIO_OUTPUT"
@@ -40,7 +39,8 @@ PROBE_IPSET = "istio-inpod-probes"
 PROBE_IPSET_V4 = f"{PROBE_IPSET}-v4"
 PROBE_IPSET_V6 = f"{PROBE_IPSET}-v6"
 
-LOOPBACK: dict[Family, str] = {4: "127.0.0.1/32", 6: "::1/128"}
+LOOPBACK = ("127.0.0.1/32", "::1/128")
+"""IPv4 and IPv6 loopback, the address slot of Istio's versioned loopback rules."""
 
 POD_OWNERSHIP: Ownership = jumps_into(frozenset({CHAIN_OUTPUT, CHAIN_PREROUTING}))
 """In a pod: our two chains (in mangle, nat, raw) and the jumps into them, nothing else."""
@@ -48,68 +48,7 @@ HOST_OWNERSHIP: Ownership = jumps_into(frozenset({CHAIN_POSTROUTING}))
 """On the node: ISTIO_POSTRT and its jump; the node's other ISTIO_* chains are not ours."""
 
 
-@dataclass
-class _Rules:
-    """Collects rule operations per family in Istio's order (AppendRule / AppendVersionedRule)."""
-
-    ipv6: bool
-    v4: list[Rule] = field(default_factory=list)
-    v6: list[Rule] = field(default_factory=list)
-
-    def add(
-        self,
-        table: TableName,
-        chain: str,
-        matches: list[Match],
-        target: Target,
-        *,
-        families: tuple[Family, ...] = (4, 6),
-        insert_at: int | None = None,
-    ) -> None:
-        for family in families:
-            if family == 6 and not self.ipv6:
-                continue
-            rule = Rule(table, chain, tuple(matches), target, insert_at)
-            (self.v4 if family == 4 else self.v6).append(rule)
-
-    def versioned(
-        self,
-        table: TableName,
-        chain: str,
-        values: dict[Family, str],
-        build: _Build,
-        target: Target,
-    ) -> None:
-        """One rule per family with the family's own address (Istio's AppendVersionedRule)."""
-        for family in (4, 6):
-            self.add(table, chain, build(values[family]), target, families=(family,))
-
-    def ruleset(self) -> RuleSet:
-        return RuleSet(v4=group_tables(self.v4), v6=group_tables(self.v6))
-
-
-class _Build:
-    """A rule's matches around one family-specific address."""
-
-    def __init__(self, *parts: Match | str) -> None:
-        self.parts = parts
-
-    def __call__(self, address: str) -> list[Match]:
-        out: list[Match] = []
-        for part in self.parts:
-            if isinstance(part, str):  # "dst" / "!dst" / "src": the address slot
-                out.append(Match(part.lstrip("!"), address, part.startswith("!")))  # type: ignore[arg-type]
-            else:
-                out.append(part)
-        return out
-
-
-def jump(chain: str) -> Target:
-    return Target("jump", chain)
-
-
 ACCEPT = jump("ACCEPT")
-RETURN = jump("RETURN")
 TCP = Match("proto", "tcp")
 UDP = Match("proto", "udp")
 MARKED = Match("mark", INPOD_MARK)
@@ -125,9 +64,9 @@ def redirect_dns(options: PodRuleOptions) -> bool:
 
 def pod_rules(options: PodRuleOptions) -> RuleSet:
     """Istio's in-pod rules for these options (AppendInpodRules, in its order)."""
-    r = _Rules(ipv6=options.ipv6)
+    r = RuleCollector(ipv6=options.ipv6)
     dns = redirect_dns(options)
-    probe: dict[Family, str] = {4: options.probe_snat, 6: options.probe_snat_v6}
+    probe = (options.probe_snat, options.probe_snat_v6)
     _jumps(r, dns)
     for iface in options.virtual_interfaces:
         # Inbound on a virtual NIC (KubeVirt, DinD, ...) is the workload's outbound.
@@ -138,14 +77,14 @@ def pod_rules(options: PodRuleOptions) -> RuleSet:
     tcp_module = Match("module", "tcp")
     if not options.ingress:
         # Kubelet's probes arrive SNATed to the probe address: let them through uncaptured.
-        r.versioned("nat", CHAIN_PREROUTING, probe, _Build("src", TCP, tcp_module), ACCEPT)
-    r.versioned("nat", CHAIN_OUTPUT, probe, _Build("dst", TCP, tcp_module), ACCEPT)
+        r.versioned("nat", CHAIN_PREROUTING, *probe, AddressSlot("src", TCP, tcp_module), ACCEPT)
+    r.versioned("nat", CHAIN_OUTPUT, *probe, AddressSlot("dst", TCP, tcp_module), ACCEPT)
     if not options.ingress:
-        inbound = _Build("!dst", TCP, Match("dport", ZTUNNEL_INBOUND_PORT, True), NOT_MARKED)
+        inbound = AddressSlot("!dst", TCP, Match("dport", ZTUNNEL_INBOUND_PORT, True), NOT_MARKED)
         r.versioned(
             "nat",
             CHAIN_PREROUTING,
-            LOOPBACK,
+            *LOOPBACK,
             inbound,
             Target("redirect", ZTUNNEL_INBOUND_PLAINTEXT_PORT),
         )
@@ -159,18 +98,18 @@ def pod_rules(options: PodRuleOptions) -> RuleSet:
         _dns(r)
     r.add("nat", CHAIN_OUTPUT, [TCP, Match("mark", INPOD_TPROXY_MARK)], ACCEPT)
     # An app calling itself over lo by its pod address stays local.
-    r.versioned("nat", CHAIN_OUTPUT, LOOPBACK, _Build("!dst", Match("out", "lo")), ACCEPT)
+    r.versioned("nat", CHAIN_OUTPUT, *LOOPBACK, AddressSlot("!dst", Match("out", "lo")), ACCEPT)
     r.versioned(
         "nat",
         CHAIN_OUTPUT,
-        LOOPBACK,
-        _Build("!dst", TCP, NOT_MARKED),
+        *LOOPBACK,
+        AddressSlot("!dst", TCP, NOT_MARKED),
         Target("redirect", ZTUNNEL_OUTBOUND_PORT),
     )
     return r.ruleset()
 
 
-def _jumps(r: _Rules, dns: bool) -> None:
+def _jumps(r: RuleCollector, dns: bool) -> None:
     r.add("mangle", "PREROUTING", [], jump(CHAIN_PREROUTING))
     r.add("mangle", "OUTPUT", [], jump(CHAIN_OUTPUT))
     r.add("nat", "OUTPUT", [], jump(CHAIN_OUTPUT))
@@ -180,7 +119,7 @@ def _jumps(r: _Rules, dns: bool) -> None:
     r.add("nat", "PREROUTING", [], jump(CHAIN_PREROUTING))
 
 
-def _dns(r: _Rules) -> None:
+def _dns(r: RuleCollector) -> None:
     udp53 = [Match("module", "udp"), Match("dport", "53")]
     r.add(
         "nat",
@@ -191,8 +130,8 @@ def _dns(r: _Rules) -> None:
     r.versioned(
         "nat",
         CHAIN_OUTPUT,
-        LOOPBACK,
-        _Build("!dst", TCP, Match("dport", "53"), NOT_MARKED),
+        *LOOPBACK,
+        AddressSlot("!dst", TCP, Match("dport", "53"), NOT_MARKED),
         Target("redirect", DNS_CAPTURE_PORT),
     )
     # ztunnel's queries upstream and their answers get their own conntrack zone, so they do
@@ -212,7 +151,7 @@ def host_rules(*, ipv6: bool, probe_snat: str, probe_snat_v6: str) -> RuleSet:
     `--socket-exists` tells a packet from a node process (kubelet) from one forwarded for a
     Service (kube-proxy), which must stay captured.
     """
-    r = _Rules(ipv6=ipv6)
+    r = RuleCollector(ipv6=ipv6)
     r.add("nat", "POSTROUTING", [], jump(CHAIN_POSTROUTING), insert_at=1)
     for family, ipset, address in (
         (4, PROBE_IPSET_V4, probe_snat),

@@ -11,32 +11,22 @@ Tables of other software are never named.
 from __future__ import annotations
 
 from agent.ambient.dataplane import PodRuleOptions
-from agent.errors import RedirectError
-from agent.netns import run_command
 from agent.rules import ambient_nft
-from agent.rules.backend_nft import COUNTERS, expected_listing, former_tables_script, normalize
+from agent.rules.backend_nft import (
+    COUNTERS,
+    drop_tables,
+    expected_listing,
+    former_tables_script,
+    nft,
+    normalize,
+)
 
 POD_TABLES = tuple(f"inet {ambient_nft.TABLE_PREFIX}{t}" for t in ambient_nft.TABLE_ORDER)
 
 
-def nft(netns_path: str, argv: list[str], stdin: str = "") -> str:
-    try:
-        done = run_command(netns_path, ["nft", *argv], stdin)
-    except FileNotFoundError as e:
-        raise RedirectError(f"nft: not installed ({e.strerror})") from e
-    if done.returncode != 0:
-        raise RedirectError(f"nft {' '.join(argv)} in {netns_path}: {done.stderr.strip()[:500]}")
-    return done.stdout
-
-
-def _drop(tables: tuple[str, ...]) -> str:
-    # Declaring first makes the delete valid whether or not the table exists.
-    return "".join(f"add table {t}\ndelete table {t}\n" for t in tables)
-
-
 def pod_script(options: PodRuleOptions | None) -> str:
     body = ambient_nft.render_pod(options) if options is not None else ""
-    return _drop(POD_TABLES) + former_tables_script() + body
+    return drop_tables(POD_TABLES) + former_tables_script() + body
 
 
 def apply_pod(netns_path: str, options: PodRuleOptions | None) -> None:
@@ -88,4 +78,4 @@ class HostTable:
         return normalize(got) == normalize(expected_listing(self.sets + self.rules))
 
     def remove_all(self) -> None:
-        nft(self.netns_path, ["-f", "-"], _drop((ambient_nft.HOST_TABLE,)))
+        nft(self.netns_path, ["-f", "-"], drop_tables((ambient_nft.HOST_TABLE,)))

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from agent.errors import RedirectError
 from agent.rules.ambient import PROBE_IPSET_V4, PROBE_IPSET_V6
 from agent.rules.ambient_nft import HOST_TABLE, set_commands
-from agent.rules.ambient_nft_apply import nft
+from agent.rules.backend_nft import nft
 
 
 class NftAddressSets:

@@ -28,26 +28,25 @@ COUNTERS = re.compile(r"\bcounter packets \d+ bytes \d+")
 def native_script(config: CaptureConfig | None) -> str:
     """Drop our inet tables (declared first so the delete is valid when absent), then Istio's
     commands for `config`: tables Istio leaves out this time must not linger from last time."""
-    lines = [f"add table {t}\ndelete table {t}\n" for t in NATIVE_TABLES]
-    return "".join(lines) + (render_native(config) if config is not None else "")
+    return drop_tables(NATIVE_TABLES) + (render_native(config) if config is not None else "")
 
 
 def remove_all(netns_path: str) -> None:
     """Remove every table of ours (inet, and the former ip/ip6 ones) in one transaction."""
-    _nft(netns_path, ["-f", "-"], native_script(None) + former_tables_script())
+    nft(netns_path, ["-f", "-"], native_script(None) + former_tables_script())
 
 
 def apply_native(netns_path: str, config: CaptureConfig | None) -> None:
     """Program Istio's native nftables rules for a sidecar (None: remove them)."""
-    _nft(netns_path, ["-f", "-"], native_script(config))
+    nft(netns_path, ["-f", "-"], native_script(config))
 
 
 def list_native(netns_path: str) -> str:
     """Our inet tables as `nft list` prints them, counters stripped, in Istio's table order."""
-    listed = _nft(netns_path, ["list", "tables", "inet"])
+    listed = nft(netns_path, ["list", "tables", "inet"])
     present = {line.split()[2] for line in listed.splitlines() if line.startswith("table inet ")}
     out = [
-        _nft(netns_path, ["list", "table", *t.split()])
+        nft(netns_path, ["list", "table", *t.split()])
         for t in NATIVE_TABLES
         if t.split()[1] in present
     ]
@@ -78,16 +77,22 @@ def expected_listing(commands: str) -> str:
 
 def former_tables_script() -> str:
     """Delete the `ip`/`ip6 istio-proxy-{mangle,nat,raw}` tables of an earlier version's ambient
-    rules; declaring each first makes the delete valid whether or not it exists."""
-    lines: list[str] = []
-    for family in ("ip", "ip6"):
-        for table in FORMER_TABLES:
-            name = f"{family} {TABLE_PREFIX}{table}"
-            lines.append(f"table {name}\ndelete table {name}\n")
-    return "".join(lines)
+    rules."""
+    return drop_tables(
+        tuple(
+            f"{family} {TABLE_PREFIX}{table}" for family in ("ip", "ip6") for table in FORMER_TABLES
+        )
+    )
 
 
-def _nft(netns_path: str, argv: list[str], stdin: str = "") -> str:
+def drop_tables(tables: tuple[str, ...]) -> str:
+    """`nft -f` lines deleting `tables` ("family name"): declaring each first makes the delete
+    valid whether or not it exists."""
+    return "".join(f"add table {t}\ndelete table {t}\n" for t in tables)
+
+
+def nft(netns_path: str, argv: list[str], stdin: str = "") -> str:
+    """Run `nft` inside the namespace; a RedirectError naming the command when it fails."""
     try:
         done = run_command(netns_path, ["nft", *argv], stdin)
     except FileNotFoundError as e:

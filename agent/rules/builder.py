@@ -83,7 +83,9 @@ RETURN = jump("RETURN")
 
 
 @dataclass
-class _Builder:
+class RuleCollector:
+    """Collects rule operations per family in Istio's order (AppendRule, AppendVersionedRule)."""
+
     ipv6: bool
     v4: list[Rule] = field(default_factory=list)
     v6: list[Rule] = field(default_factory=list)
@@ -110,15 +112,18 @@ class _Builder:
         chain: str,
         v4_addr: str,
         v6_addr: str,
-        make: _MatchMaker,
+        make: AddressSlot,
         target: Target,
     ) -> None:
         """One rule per family that differs only in an address (Istio's AppendVersionedRule)."""
         self.add(table, chain, make(v4_addr), target, families=(4,))
         self.add(table, chain, make(v6_addr), target, families=(6,))
 
+    def ruleset(self) -> RuleSet:
+        return RuleSet(v4=group_tables(self.v4), v6=group_tables(self.v6) if self.ipv6 else ())
 
-class _MatchMaker:
+
+class AddressSlot:
     """A rule's matches with one address slot, filled per family."""
 
     def __init__(self, *parts: Match | str) -> None:
@@ -140,7 +145,7 @@ class _MatchMaker:
 
 def build(config: CaptureConfig) -> RuleSet:
     """The full rule set for `config`: IPv4 tables, then IPv6 tables when IPv6 is on."""
-    b = _Builder(ipv6=config.enable_ipv6)
+    b = RuleCollector(ipv6=config.enable_ipv6)
     loop4, loop6 = config.host_ipv4_loopback_cidr, LOOPBACK_V6
     include = config.outbound_ip_ranges_include
     include_v4 = [] if include == WILDCARD else [c for c in include if is_ipv4_cidr(c)]
@@ -171,14 +176,14 @@ def build(config: CaptureConfig) -> RuleSet:
         OUTPUT,
         INBOUND_PASSTHROUGH_V4,
         INBOUND_PASSTHROUGH_V6,
-        _MatchMaker(out_if("lo"), "src"),
+        AddressSlot(out_if("lo"), "src"),
         RETURN,
     )
     _proxy_owner_rules(b, config, dns=dns, keep_loopback=include_has_loopback)
     _owner_groups(b, config)
     if dns:
         _dns(b, config)
-    b.versioned("nat", OUTPUT, loop4, loop6, _MatchMaker("dst"), RETURN)
+    b.versioned("nat", OUTPUT, loop4, loop6, AddressSlot("dst"), RETURN)
     for cidr in exclude_v4:
         b.add("nat", OUTPUT, [dst(cidr)], RETURN, families=(4,))
     for cidr in exclude_v6:
@@ -189,7 +194,7 @@ def build(config: CaptureConfig) -> RuleSet:
     _outbound_include(b, config, include == WILDCARD, include_v6, family=6)
     if config.tproxy:
         _tproxy_marks(b, config, loop4)
-    return RuleSet(v4=group_tables(b.v4), v6=group_tables(b.v6) if config.enable_ipv6 else ())
+    return b.ruleset()
 
 
 def _proxy_owners(config: CaptureConfig) -> list[tuple[Literal["uid", "gid"], str]]:
@@ -202,7 +207,7 @@ def _redirect(port: str, spelling: str) -> Target:
     return Target("redirect", port, spelling=spelling)
 
 
-def _exclude_interfaces(b: _Builder, config: CaptureConfig) -> None:
+def _exclude_interfaces(b: RuleCollector, config: CaptureConfig) -> None:
     for name in config.exclude_interfaces:
         b.add("nat", "PREROUTING", [in_if(name)], RETURN)
         b.add("nat", "OUTPUT", [out_if(name)], RETURN)
@@ -212,7 +217,7 @@ def _exclude_interfaces(b: _Builder, config: CaptureConfig) -> None:
             b.add("mangle", "OUTPUT", [out_if(name)], RETURN)
 
 
-def _inbound(b: _Builder, config: CaptureConfig, loop4: str) -> None:
+def _inbound(b: RuleCollector, config: CaptureConfig, loop4: str) -> None:
     """Inbound capture: nat REDIRECT to the capture port, or mangle TPROXY."""
     include = config.inbound_ports_include
     if not include and not config.inbound_ports_set:
@@ -227,7 +232,7 @@ def _inbound(b: _Builder, config: CaptureConfig, loop4: str) -> None:
             TPROXY,
             loop4,
             LOOPBACK_V6,
-            _MatchMaker("!dst", proto("tcp")),
+            AddressSlot("!dst", proto("tcp")),
             Target("tproxy", config.inbound_capture_port, mark=config.tproxy_mark),
         )
     b.add(table, "PREROUTING", [proto("tcp")], jump(INBOUND))
@@ -250,7 +255,7 @@ def _inbound(b: _Builder, config: CaptureConfig, loop4: str) -> None:
 
 
 def _proxy_owner_rules(
-    b: _Builder, config: CaptureConfig, *, dns: bool, keep_loopback: bool
+    b: RuleCollector, config: CaptureConfig, *, dns: bool, keep_loopback: bool
 ) -> None:
     """The proxy's own traffic is never captured, except its calls back to the app over lo."""
     loop4 = config.host_ipv4_loopback_cidr
@@ -268,7 +273,7 @@ def _proxy_owner_rules(
             OUTPUT,
             loop4,
             LOOPBACK_V6,
-            _MatchMaker(out_if("lo"), "!dst", proto("tcp"), ports, me),
+            AddressSlot(out_if("lo"), "!dst", proto("tcp"), ports, me),
             jump(IN_REDIRECT),
         )
         if not keep_loopback:
@@ -280,7 +285,7 @@ def _proxy_owner_rules(
         b.add("nat", OUTPUT, [me], RETURN)
 
 
-def _owner_groups(b: _Builder, config: CaptureConfig) -> None:
+def _owner_groups(b: RuleCollector, config: CaptureConfig) -> None:
     if config.owner_groups_include == WILDCARD:
         for group in config.owner_groups_exclude:
             b.add("nat", OUTPUT, [gid(group)], RETURN)
@@ -288,7 +293,7 @@ def _owner_groups(b: _Builder, config: CaptureConfig) -> None:
     b.add("nat", OUTPUT, [gid(group, negate=True) for group in config.owner_groups_include], RETURN)
 
 
-def _dns(b: _Builder, config: CaptureConfig) -> None:
+def _dns(b: RuleCollector, config: CaptureConfig) -> None:
     """DNS to the agent's resolver (nat) and conntrack zones that keep its flows apart (raw)."""
     all_dns = config.capture_all_dns
     v4, v6 = config.dns_servers_v4, config.dns_servers_v6
@@ -350,7 +355,7 @@ def _dns(b: _Builder, config: CaptureConfig) -> None:
 
 
 def _outbound_include(
-    b: _Builder, config: CaptureConfig, wildcard: bool, cidrs: Sequence[str], *, family: Family
+    b: RuleCollector, config: CaptureConfig, wildcard: bool, cidrs: Sequence[str], *, family: Family
 ) -> None:
     fam: tuple[Family, ...] = (family,)
     if wildcard:
@@ -371,7 +376,7 @@ def _outbound_include(
         b.add("nat", OUTPUT, [dst(cidr)], jump(REDIRECT), families=fam)
 
 
-def _tproxy_marks(b: _Builder, config: CaptureConfig, loop4: str) -> None:
+def _tproxy_marks(b: RuleCollector, config: CaptureConfig, loop4: str) -> None:
     """TPROXY bookkeeping: keep the mark on the connection, skip proxy-to-app loops."""
     mark = config.tproxy_mark
     tcp = proto("tcp")
@@ -384,7 +389,7 @@ def _tproxy_marks(b: _Builder, config: CaptureConfig, loop4: str) -> None:
             "OUTPUT",
             loop4,
             LOOPBACK_V6,
-            _MatchMaker("!dst", tcp, out_if("lo"), me),
+            AddressSlot("!dst", tcp, out_if("lo"), me),
             Target("set_mark", OUTBOUND_MARK),
         )
     b.add("mangle", "OUTPUT", [tcp, Match("connmark", mark)], Target("restore_mark"))
