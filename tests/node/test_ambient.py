@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from testbed import chart as agent_mod
-from testbed import images, kubepods, podnet
+from testbed import kubepods, podnet
 from testbed.images import Image
 from testbed.realnode import RealCluster
 from testbed.ztunnel_double import OUTBOUND_PORT, ZtunnelDouble
@@ -35,20 +35,6 @@ MODE_LABEL = "istio.io/dataplane-mode"
 ANNOTATION = "ambient.istio.io/redirection"
 PROBE_SNAT = "169.254.7.127"  # the chart's default ambient.hostProbeSnatAddress
 AMBIENT_CHAINS = (":ISTIO_OUTPUT ", ":ISTIO_PRERT ")
-IMAGE_TAG = "ambient-node"
-
-
-@pytest.fixture
-def tree_image(real_cluster: RealCluster) -> Image:
-    """The agent image of this checkout, on the node. The manifest's plain `istio-cni` entry
-    names whatever checkout on this machine ran ci/build-image last; ci/build-image --tag builds
-    (cached while the inputs are unchanged) and records this one under its own tag."""
-    try:
-        image = images.build_agent_image(IMAGE_TAG)
-    except RuntimeError as e:
-        pytest.fail(str(e), pytrace=False)
-    real_cluster.import_image(image)
-    return image
 
 
 @pytest.fixture
@@ -150,7 +136,7 @@ def test_ambient_pod_enrolled_captured_probed_and_released(
     ztunnel_socket: Path,
     node_helm: Any,
     node_core: Any,
-    tree_image: Image,
+    agent_image: Image,
     workload_ns: str,
     plain_ns: str,
 ) -> None:
@@ -160,7 +146,7 @@ def test_ambient_pod_enrolled_captured_probed_and_released(
         node_helm("4"),
         real_cluster,
         node_core,
-        tree_image,
+        agent_image,
         ambient={"enabled": True, "ztunnelSocketPath": str(ztunnel_socket)},
     )
     # The agent is Ready only once its ZDS server listens: the socket is there on the node.
