@@ -9,7 +9,9 @@ Envoy, so its own connections are not captured).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+import secrets
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -196,3 +198,44 @@ def delete_and_wait(core: Any, namespace: str, name: str, timeout: float = 60.0)
     wait_for(
         lambda: pod_view(core, namespace, name) is None, f"pod {namespace}/{name} deleted", timeout
     )
+
+
+@contextlib.contextmanager
+def temporary_namespace(core: Any, name: str) -> Iterator[str]:
+    """Create namespace `name`; delete it on the way out (gone already is fine)."""
+    core.create_namespace({"metadata": {"name": name}})
+    try:
+        yield name
+    finally:
+        try:
+            core.delete_namespace(name)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+
+@contextlib.contextmanager
+def pod_namespace(core: Any, prefix: str) -> Iterator[str]:
+    """A fresh namespace `<prefix>-<hex>` ready for pods (its default ServiceAccount, made by the
+    serviceaccount controller, exists); on the way out its pods are deleted and waited away."""
+    with temporary_namespace(core, f"{prefix}-{secrets.token_hex(3)}") as name:
+        try:
+            wait_for(lambda: has_default_service_account(core, name), f"{name}/default SA", 30)
+            yield name
+        finally:
+            core.delete_collection_namespaced_pod(name, grace_period_seconds=1)
+            wait_for(
+                lambda: not core.list_namespaced_pod(name).items,
+                f"the pods of {name} to be gone",
+                90,
+            )
+
+
+def has_default_service_account(core: Any, namespace: str) -> bool:
+    try:
+        core.read_namespaced_service_account("default", namespace)
+        return True
+    except ApiException as e:
+        if e.status == 404:
+            return False
+        raise

@@ -340,35 +340,24 @@ def _dns(r: _Rules, config: CaptureConfig) -> None:
                 v6=True,
             )
     owners = [("skuid", v) for v in config.proxy_uids] + [("skgid", v) for v in config.proxy_gids]
+    # Conntrack zones of the proxy's DNS: its queries upstream (1), its DNS listener's replies (2).
+    zones = (("udp dport", "53", "1"), ("udp sport", AGENT_DNS_PORT, "2"))
     for key, value in owners:
-        r.add(
-            "raw",
-            OUTPUT_DNS,
-            "udp dport",
-            "53",
-            "meta",
-            key,
-            value,
-            "counter",
-            "ct",
-            "zone",
-            "set",
-            "1",
-        )
-        r.add(
-            "raw",
-            OUTPUT_DNS,
-            "udp sport",
-            AGENT_DNS_PORT,
-            "meta",
-            key,
-            value,
-            "counter",
-            "ct",
-            "zone",
-            "set",
-            "2",
-        )
+        for match, port, zone in zones:
+            r.add(
+                "raw",
+                OUTPUT_DNS,
+                match,
+                port,
+                "meta",
+                key,
+                value,
+                "counter",
+                "ct",
+                "zone",
+                "set",
+                zone,
+            )
     if all_dns:
         r.add("raw", PREROUTING, "counter", "jump", INBOUND)
         r.add("raw", OUTPUT_DNS, "udp dport", "53", "counter", "ct", "zone", "set", "2")

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 
 from agent.ambient.dataplane import PodRuleOptions
 from agent.ambient.mesh import MeshDataplane, StatusAnnotator, netns_by_address, rule_options_for
@@ -33,7 +32,7 @@ from agent.podserver.service import PodService
 from agent.repair.addresses import netns_addresses
 from agent.rules.ambient_apply import HostProbeRules, InpodRules
 from plugin import wire
-from testbed import netns
+from testbed import kubepods, netns
 from testbed.kubepods import wait_for
 from testbed.node import NodePods
 from testbed.podnet import saved_rules
@@ -124,16 +123,8 @@ def ztunnel(bed: Bed) -> Iterator[ZtunnelDouble]:
 
 @pytest.fixture
 def namespace(kube_core: Any) -> Iterator[str]:
-    name = netns.unique_name("amb")
-    kube_core.create_namespace({"metadata": {"name": name}})
-    try:
+    with kubepods.temporary_namespace(kube_core, netns.unique_name("amb")) as name:
         yield name
-    finally:
-        try:
-            kube_core.delete_namespace(name)
-        except ApiException as e:
-            if e.status != 404:
-                raise
 
 
 @pytest.fixture

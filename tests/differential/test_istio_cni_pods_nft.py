@@ -20,7 +20,7 @@ from testbed.helm import Helm
 from testbed.node import NodePods
 from tests.differential.test_istio_cni_pods import compare_pods
 from tests.e2e.harness import ChartOnNode
-from tests.integration.conftest import AGENT_NAMESPACE, EXCLUDED, MeshNode
+from tests.integration.conftest import MeshNode, running_mesh_node
 
 pytestmark = pytest.mark.differential
 
@@ -53,20 +53,11 @@ def nft_mesh_node(
 ) -> Iterator[MeshNode]:
     """The integration tier's mesh node, the chart installed with `ruleBackend: nftables`."""
     helm: Helm = helm_releases(helm_binaries[max(helm_binaries)])
-    installed = chart_on_node.install(
-        helm,
-        AGENT_NAMESPACE,
-        values={"logLevel": "debug", "excludeNamespaces": EXCLUDED, "ruleBackend": "nftables"},
-    )
-    assert "ruleBackend: nftables" in installed.config_yaml(chart_on_node.core)
-    agent = chart_on_node.start_agent(installed)
-    agent.wait_ready()
-    node = MeshNode(chart_on_node, installed, agent, cni_node, node_pods)
-    try:
+    with running_mesh_node(
+        chart_on_node, helm, cni_node, node_pods, ruleBackend="nftables"
+    ) as node:
+        assert "ruleBackend: nftables" in node.installed.config_yaml(chart_on_node.core)
         yield node
-    finally:
-        if agent.proc.poll() is None:
-            agent.stop()
 
 
 def test_random_pods_get_istios_nftables(

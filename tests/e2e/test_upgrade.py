@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 
+from testbed import kubepods
 from testbed.cni import CniNode
 from testbed.helm import Helm
 from testbed.node import NodePods
@@ -67,16 +67,8 @@ class ConflistWatch:
 
 @pytest.fixture
 def legacy_namespace(kube_core: Any) -> Iterator[str]:
-    name = f"legacy-{secrets.token_hex(3)}"
-    kube_core.create_namespace({"metadata": {"name": name}})
-    try:
+    with kubepods.temporary_namespace(kube_core, f"legacy-{secrets.token_hex(3)}") as name:
         yield name
-    finally:
-        try:
-            kube_core.delete_namespace(name)
-        except ApiException as e:
-            if e.status != 404:
-                raise
 
 
 @pytest.mark.parametrize("helm_version", ["3", "4"], ids=["helm3", "helm4"])

@@ -9,6 +9,7 @@ both iptables variants and `nft list ruleset`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import subprocess
@@ -96,18 +97,19 @@ class MeshNode:
         return self.cni.bin_dir / "istio-cni"
 
 
-@pytest.fixture
-def mesh_node(
+@contextlib.contextmanager
+def running_mesh_node(
     chart_on_node: ChartOnNode,
-    helm_releases: Any,
-    helm_binaries: dict[str, Path],
+    helm: Helm,
     cni_node: CniNode,
     node_pods: NodePods,
+    **values: Any,
 ) -> Iterator[MeshNode]:
-    """helm install (newest Helm) with plugin debug logs and our exclude list, then the agent."""
-    helm: Helm = helm_releases(helm_binaries[max(helm_binaries)])
+    """helm install with plugin debug logs, our exclude list and `values`, then the agent."""
     installed = chart_on_node.install(
-        helm, AGENT_NAMESPACE, values={"logLevel": "debug", "excludeNamespaces": EXCLUDED}
+        helm,
+        AGENT_NAMESPACE,
+        values={"logLevel": "debug", "excludeNamespaces": EXCLUDED, **values},
     )
     agent = chart_on_node.start_agent(installed)
     agent.wait_ready()
@@ -117,3 +119,17 @@ def mesh_node(
     finally:
         if agent.proc.poll() is None:
             agent.stop()
+
+
+@pytest.fixture
+def mesh_node(
+    chart_on_node: ChartOnNode,
+    helm_releases: Any,
+    helm_binaries: dict[str, Path],
+    cni_node: CniNode,
+    node_pods: NodePods,
+) -> Iterator[MeshNode]:
+    """The chart installed with the newest Helm, the agent running."""
+    helm: Helm = helm_releases(helm_binaries[max(helm_binaries)])
+    with running_mesh_node(chart_on_node, helm, cni_node, node_pods) as node:
+        yield node

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 
 from testbed import images, kubepods
 from testbed.chart import wait_agent_gone
@@ -98,27 +96,5 @@ def node_helm(
 @pytest.fixture
 def workload_ns(node_core: Any) -> Iterator[str]:
     """A fresh namespace for the test's pods; deleted (and its pods waited away) at the end."""
-    name = f"work-{secrets.token_hex(3)}"
-    node_core.create_namespace({"metadata": {"name": name}})
-    # Pods need the namespace's default ServiceAccount (the serviceaccount controller makes it).
-    kubepods.wait_for(lambda: _has_default_sa(node_core, name), f"{name}/default SA", 30)
-    try:
+    with kubepods.pod_namespace(node_core, "work") as name:
         yield name
-    finally:
-        node_core.delete_collection_namespaced_pod(name, grace_period_seconds=1)
-        kubepods.wait_for(
-            lambda: not node_core.list_namespaced_pod(name).items,
-            f"the pods of {name} to be gone",
-            90,
-        )
-        node_core.delete_namespace(name)
-
-
-def _has_default_sa(core: Any, namespace: str) -> bool:
-    try:
-        core.read_namespaced_service_account("default", namespace)
-        return True
-    except ApiException as e:
-        if e.status == 404:
-            return False
-        raise

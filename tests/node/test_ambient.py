@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -55,26 +54,8 @@ def ztunnel_socket(real_cluster: RealCluster) -> Iterator[Path]:
 @pytest.fixture
 def plain_ns(node_core: Any, workload_ns: str) -> Iterator[str]:
     """A second namespace, never labelled; removed with its pods at the end."""
-    name = f"plain-{secrets.token_hex(3)}"
-    node_core.create_namespace({"metadata": {"name": name}})
-    try:
-        kubepods.wait_for(lambda: _has_default_sa(node_core, name), f"{name}/default SA", 30)
+    with kubepods.pod_namespace(node_core, "plain") as name:
         yield name
-    finally:
-        node_core.delete_collection_namespaced_pod(name, grace_period_seconds=1)
-        kubepods.wait_for(
-            lambda: not node_core.list_namespaced_pod(name).items,
-            f"the pods of {name} to be gone",
-            90,
-        )
-        node_core.delete_namespace(name)
-
-
-def _has_default_sa(core: Any, namespace: str) -> bool:
-    return any(
-        sa.metadata.name == "default"
-        for sa in core.list_namespaced_service_account(namespace).items
-    )
 
 
 def probed_pod(name: str, image: str) -> dict[str, Any]:

@@ -314,7 +314,8 @@ def test_host_rules_read_back_and_remove_cleanly(podnet: PodNet, backend: str) -
         rules.sets.entries()  # the sets are gone too
 
 
-def test_set_entries_carry_the_pod_uid(podnet: PodNet, node: HostProbeRules) -> None:
+def check_entries_carry_the_pod_uid(podnet: PodNet, node: HostProbeRules) -> None:
+    """Add, re-add, hand over to a newer pod, remove and sync, on either backend's sets."""
     node.ensure()
     node.add("uid-a", [podnet.pod_ip, podnet.pod_ip6])
     node.add("uid-a", [podnet.pod_ip])  # idempotent
@@ -324,6 +325,10 @@ def test_set_entries_carry_the_pod_uid(podnet: PodNet, node: HostProbeRules) -> 
     assert node.entries() == {podnet.pod_ip: "uid-b"}
     node.sync([("uid-c", ["10.99.0.1", "fd99::1"]), ("uid-b", [podnet.pod_ip])])
     assert node.entries() == {"10.99.0.1": "uid-c", "fd99::1": "uid-c", podnet.pod_ip: "uid-b"}
+
+
+def test_set_entries_carry_the_pod_uid(podnet: PodNet, node: HostProbeRules) -> None:
+    check_entries_carry_the_pod_uid(podnet, node)
     node.ensure()  # start-up again: entries are kept
     assert len(node.entries()) == 3
     node.sync([])

@@ -26,7 +26,13 @@ from agent.rules.ambient_apply import HostProbeRules, InpodRules
 from agent.rules.ambient_ipset import AddressSets
 from agent.rules.backend_nft import COUNTERS, expected_listing
 from tests.rules.podnet import PodNet, sh
-from tests.rules.test_ambient_netns import PROBE_V4, PROBE_V6, landed, serve
+from tests.rules.test_ambient_netns import (
+    PROBE_V4,
+    PROBE_V6,
+    check_entries_carry_the_pod_uid,
+    landed,
+    serve,
+)
 from tests.rules.test_ambient_nft import CASES
 
 pytestmark = pytest.mark.netns
@@ -160,15 +166,7 @@ def node(podnet: PodNet) -> Iterator[HostProbeRules]:
 
 
 def test_set_entries_carry_the_pod_uid(podnet: PodNet, node: HostProbeRules) -> None:
-    node.ensure()
-    node.add("uid-a", [podnet.pod_ip, podnet.pod_ip6])
-    node.add("uid-a", [podnet.pod_ip])  # idempotent
-    assert node.entries() == {podnet.pod_ip: "uid-a", podnet.pod_ip6: "uid-a"}
-    node.add("uid-b", [podnet.pod_ip])  # the IP now belongs to a newer pod
-    node.remove("uid-a", [podnet.pod_ip, podnet.pod_ip6])  # leaves uid-b's entry
-    assert node.entries() == {podnet.pod_ip: "uid-b"}
-    node.sync([("uid-c", ["10.99.0.1", "fd99::1"]), ("uid-b", [podnet.pod_ip])])
-    assert node.entries() == {"10.99.0.1": "uid-c", "fd99::1": "uid-c", podnet.pod_ip: "uid-b"}
+    check_entries_carry_the_pod_uid(podnet, node)
     listed = run_command(podnet.peer_path, ["nft", "list", "ruleset"]).stdout
     assert '10.99.0.1 comment "uid-c"' in listed  # nft sets, not ipsets
     with pytest.raises(RedirectError, match="No such file"):
