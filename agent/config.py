@@ -106,7 +106,8 @@ class Settings:
     cniConfDir: str = field(default="/etc/cni/net.d", metadata=ABS_PATH)
     """Node path of the CNI config dir."""
     cniConfFileName: str = field(default="", metadata=FILE_NAME)
-    """Primary config to chain into (chained) or our file's name (standalone); empty = auto."""
+    """Primary config to chain into (chained: the node's file, never deleted) or our own file's
+    name (standalone: refused if a foreign file has it); empty = pick as the runtime does."""
     chained: bool = True
     """Chain into the primary conflist (true) or write a standalone config (false)."""
     istioOwnedCNIConfig: bool = False

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from plugin import fastjson
 from plugin.errors import DECODING_FAILURE, INCOMPATIBLE_VERSION, INVALID_CONFIG, CniError
-from plugin.versions import SUPPORTED
+from plugin.versions import SUPPORTED, UNVERSIONED
 
 TYPE_CHECKING = False  # not typing's: importing typing costs ~10 ms of start-up
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ def decode(stdin: bytes) -> dict[str, Any]:
 def parse(stdin: bytes, *, command: str) -> NetConf:
     """Check the config for `command`; CniError names the field at fault."""
     raw = decode(stdin)
-    version = _string(raw, "cniVersion")
+    version = _string(raw, "cniVersion", "") or UNVERSIONED
     if version not in SUPPORTED:
         raise CniError(
             INCOMPATIBLE_VERSION,

@@ -18,8 +18,6 @@ import secrets
 import shutil
 import stat
 
-from agent.install import killpoint
-
 TEMP_SUFFIX = ".istio-tmp"
 _TEMP_RE = re.compile(r"^\..*\.(\d+)\.[0-9a-f]{8}" + re.escape(TEMP_SUFFIX) + "$")
 
@@ -39,7 +37,6 @@ def sha256_bytes(data: bytes) -> str:
 
 
 def fsync_dir(directory: str) -> None:
-    killpoint.before("fsync dir", directory)
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -86,23 +83,18 @@ def atomic_write(
         with contextlib.suppress(FileNotFoundError):
             mode = stat.S_IMODE(os.stat(path).st_mode)
     tmp = temp_path(path)
-    killpoint.before("create", tmp)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
         try:
             view = memoryview(data)
-            killpoint.before("write", tmp)
             while view:
                 view = view[os.write(fd, view) :]
-            killpoint.before("chmod", tmp)
             os.fchmod(fd, mode)
-            killpoint.before("fsync", tmp)
             os.fsync(fd)
         finally:
             os.close(fd)
         if expect is not None and current_id(path) != expect:
             raise ChangedUnderUs(path)
-        killpoint.before("rename", path)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -113,14 +105,12 @@ def atomic_write(
 
 def atomic_rename(src: str, dst: str) -> None:
     """Rename and make the rename durable."""
-    killpoint.before("rename", dst)
     os.replace(src, dst)
     fsync_dir(os.path.dirname(dst) or ".")
 
 
 def remove_file(path: str) -> bool:
     """Unlink `path` durably; False when it was already gone."""
-    killpoint.before("unlink", path)
     try:
         os.unlink(path)
     except FileNotFoundError:
@@ -134,9 +124,7 @@ def remove_tree(path: str) -> None:
     atomic step), then delete that; a kill mid-delete leaves a temp that the next install or
     uninstall removes (remove_stale_temps)."""
     doomed = temp_path(path)
-    killpoint.before("rename", path)
     os.rename(path, doomed)
-    killpoint.before("remove tree", doomed)
     shutil.rmtree(doomed, ignore_errors=True)
 
 
@@ -148,7 +136,6 @@ def remove_stale_temps(directory: str) -> list[str]:
         match = _TEMP_RE.match(entry.name)
         if match is None or match.group(1) == own:
             continue
-        killpoint.before("remove temp", entry.path)
         if entry.is_dir(follow_symlinks=False):
             shutil.rmtree(entry.path, ignore_errors=True)
         else:

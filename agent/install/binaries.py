@@ -29,7 +29,6 @@ import stat
 from dataclasses import dataclass, field
 
 from agent.errors import InstallError
-from agent.install import killpoint
 from agent.install.atomic import (
     atomic_rename,
     atomic_write,
@@ -157,7 +156,6 @@ def _fsync_tree(path: str) -> None:
 
 
 def _copy_file(src: str, dst: str) -> object:
-    killpoint.before("copy", dst)
     return shutil.copy2(src, dst)
 
 
@@ -168,16 +166,13 @@ def _install_tree(src: str, dst: str) -> bool:
         return False
     tmp = temp_path(dst)
     try:
-        killpoint.before("copy tree", tmp)
         shutil.copytree(src, tmp, symlinks=True, copy_function=_copy_file)
         _fsync_tree(tmp)
         if os.path.isdir(dst):
             # Same hashed name, other content: a damaged copy. Swap it out, then drop it.
             old = temp_path(dst)
-            killpoint.before("rename", dst)
             os.rename(dst, old)
             atomic_rename(tmp, dst)
-            killpoint.before("remove tree", old)
             shutil.rmtree(old, ignore_errors=True)
         else:
             atomic_rename(tmp, dst)
@@ -274,7 +269,6 @@ def uninstall_binaries(
             if os.path.isdir(path) and not os.path.islink(path):
                 remove_tree(path)
             elif os.path.lexists(path):
-                killpoint.before("unlink", path)
                 os.unlink(path)
             else:
                 continue

@@ -22,6 +22,15 @@ MAX_CONFIG_BYTES = 1 << 20
 """A CNI config larger than this is refused: no real one comes near it."""
 WRAPPED_LIST_NAME = "k8s-pod-network"
 """Name of a list made from a single-plugin .conf that had no name of its own."""
+CONVERTED_CNI_VERSION = "0.3.1"
+"""cniVersion of a list made from a .conf with none, or with one older than lists (0.1.0, 0.2.0):
+the first version with lists and chaining, which every plugin that can be chained speaks (and
+what Istio writes). Absent, libcni would hand "" (0.1.0) to every plugin of the list."""
+LIST_SINCE = (0, 3, 0)
+CONVERTED_FROM_KEY = "istioCniConvertedFrom"
+"""Top-level key of a list we made from a .conf: the .conf's name and exact text, so uninstall
+gives the node its .conf back byte for byte. libcni ignores unknown top-level keys of a list,
+and no plugin sees them (each gets only its own object plus name, cniVersion, prevResult)."""
 
 Config = dict[str, Any]
 
@@ -136,8 +145,21 @@ def is_ours(plugin: object) -> bool:
     return isinstance(plugin, dict) and plugin.get("type") == PLUGIN_TYPE
 
 
+def list_version(config: Mapping[str, Any]) -> str:
+    """The cniVersion a list made from this single-plugin config carries: its own, unless it has
+    none or one from before lists existed (then CONVERTED_CNI_VERSION)."""
+    version = config.get("cniVersion")
+    if not isinstance(version, str) or not version:
+        return CONVERTED_CNI_VERSION
+    try:
+        parts = tuple(int(p) for p in version.split("."))
+    except ValueError:
+        return version  # not ours to judge: the runtime reports it as it did for the .conf
+    return CONVERTED_CNI_VERSION if parts < LIST_SINCE else version
+
+
 def as_list(config: Mapping[str, Any]) -> Config:
-    """A list config: a single .conf becomes a list keeping its name and cniVersion.
+    """A list config: a single .conf becomes a list keeping its name, with `list_version`.
 
     The network name matters beyond cosmetics: host-local IPAM keys its leases by it, so a
     renamed network would hand out addresses already in use.
@@ -145,12 +167,41 @@ def as_list(config: Mapping[str, Any]) -> Config:
     if not is_single(config):
         return copy.deepcopy(dict(config))
     plugin = {k: copy.deepcopy(v) for k, v in config.items() if k != "cniVersion"}
-    wrapped: Config = {}
-    if "cniVersion" in config:
-        wrapped["cniVersion"] = config["cniVersion"]
-    wrapped["name"] = config.get("name", WRAPPED_LIST_NAME)
-    wrapped["plugins"] = [plugin]
-    return wrapped
+    return {
+        "cniVersion": list_version(config),
+        "name": config.get("name", WRAPPED_LIST_NAME),
+        "plugins": [plugin],
+    }
+
+
+def only_ours(config: Mapping[str, Any]) -> bool:
+    """A config holding nothing but istio-cni: ours alone, or a list of only our entries."""
+    if is_single(config):
+        return is_ours(config)
+    plugins = config.get("plugins")
+    return isinstance(plugins, list) and all(is_ours(p) for p in plugins)
+
+
+def converted_from(config: Mapping[str, Any], list_name: str) -> tuple[str, str] | None:
+    """(name, text) of the .conf this list was made from, when it carries them and they name a
+    file that becomes `list_name`; None for any other list."""
+    stash = config.get(CONVERTED_FROM_KEY)
+    if not isinstance(stash, Mapping):
+        return None
+    name, text = stash.get("file"), stash.get("content")
+    if not isinstance(name, str) or not isinstance(text, str):
+        return None
+    if os.path.basename(name) != name or name == list_name or list_file_name(name) != list_name:
+        return None
+    return name, text
+
+
+def with_converted_from(config: Mapping[str, Any], name: str, text: str) -> Config:
+    return {**config, CONVERTED_FROM_KEY: {"file": name, "content": text}}
+
+
+def without_converted_from(config: Mapping[str, Any]) -> Config:
+    return {k: v for k, v in config.items() if k != CONVERTED_FROM_KEY}
 
 
 def insert(

@@ -24,7 +24,7 @@ from typing import Any
 
 from agent.config import Settings
 from agent.errors import InstallError, TransientInstallError
-from agent.install import conflist
+from agent.install import conflist, jsontext
 from agent.install.atomic import (
     ChangedUnderUs,
     FileId,
@@ -43,7 +43,6 @@ from agent.install.plan import (
     Interrupted,
     interrupted_conversions,
     plan_config,
-    standalone_name,
 )
 
 log = logging.getLogger(__name__)
@@ -105,6 +104,9 @@ class Installer:
         self.file_mode = own_file_mode(settings)
         self.owns_file = not settings.chained or settings.istioOwnedCNIConfig
         """The file holding our entry is ours (mode file_mode), not the node's primary."""
+        self.deletes_file = settings.chained and settings.istioOwnedCNIConfig
+        """Uninstall deletes the file whatever else it holds: the Istio-owned copy of the
+        primary. Any other file loses only our entry (and goes when nothing else is left)."""
 
     # -- reading the conf dir -------------------------------------------------------------
 
@@ -156,7 +158,7 @@ class Installer:
         for warning in plan.warnings:
             log.warning(warning, extra={"fields": {"dir": self.conf_dir}})
         changed = binaries.written + self._apply(plan)
-        kind = "file" if self.owns_file else "entry"
+        kind = "file" if self.deletes_file else "entry"
         self.undo[UndoStep(kind, self._path(plan.target))] = None
         return InstallReport(self._path(plan.target), changed, plan.warnings)
 
@@ -199,11 +201,11 @@ class Installer:
     def _apply(self, plan: ConfigPlan) -> list[str]:
         target = self._path(plan.target)
         self._refuse_symlink(target)
-        data = conflist.dumps(plan.config)
         if plan.convert_from is not None:
-            return self._convert(plan.convert_from, target, data)
+            return self._convert(plan.convert_from, target, conflist.dumps(plan.config))
         expect = self._seen.get(plan.target) if plan.target == plan.primary else None
         current = self.read(plan.target)
+        data = _edited(current, plan.config)
         own = self.owns_file
         if current is not None and self._equal(current, plan.config):
             if not own or self._mode_of(target) == self.file_mode:
@@ -337,14 +339,14 @@ class Installer:
         return errors
 
     def _discover(self) -> list[UndoStep]:
+        """Every file that may hold our entry. Only the Istio-owned copy of the primary is
+        deleted whole; cniConfFileName names the node's primary in chained mode, never ours."""
         steps = []
         try:
             names = self._names()
         except InstallError:
             names = []
-        own_files = {standalone_name(self.settings)}
-        if self.settings.istioOwnedCNIConfig:
-            own_files.add(self.settings.istioOwnedCNIConfigFileName)
+        own_files = {self.settings.istioOwnedCNIConfigFileName} if self.deletes_file else set()
         extra = [self.settings.cniConfFileName] if self.settings.cniConfFileName else []
         for name in sorted(set(conflist.candidate_names(names)) | set(extra) | own_files):
             if name not in names:
@@ -379,25 +381,90 @@ class Installer:
             if step in self.undo:
                 raise  # we wrote it and can no longer read it: say so
             return []  # a file we never touched and cannot parse is not ours to judge
+        origin = None if conflist.is_single(config) else conflist.converted_from(config, name)
+        if origin is not None:
+            return self._give_back_conf(step.path, config, *origin)
         if not _is_ours_anywhere(config):
             return []
         self._refuse_symlink(step.path)
-        remaining = (
-            conflist.remove(config)
-            if "plugins" in config and isinstance(config["plugins"], list)
-            else {"plugins": []}
-        )
-        if step.kind == "file" or not remaining["plugins"]:
-            with contextlib.suppress(FileNotFoundError):
-                self._guard(_remove, step.path)
-            self.ledger.record_removed(step.path)
-            return [step.path]
-        self._write(step.path, conflist.dumps(remaining), expect=self._seen.get(name))
+        if step.kind == "file" or conflist.only_ours(config):
+            return self._delete(step.path)
+        self._write(step.path, _without_entries(data, config), expect=self._seen.get(name))
         return [step.path]
+
+    def _delete(self, path: str) -> list[str]:
+        with contextlib.suppress(FileNotFoundError):
+            self._guard(_remove, path)
+        self.ledger.record_removed(path)
+        return [path]
+
+    def _give_back_conf(self, path: str, config: dict[str, Any], conf: str, text: str) -> list[str]:
+        """Uninstall of a list we made from a .conf: the .conf comes back byte for byte (first,
+        so a runtime always finds one of the two), then our list goes. A .conf already there
+        (its CNI wrote it again) stays as it is; a list whose other plugins someone changed
+        keeps their change, without our entry and our note."""
+        self._refuse_symlink(path)
+        conf_path = self._path(conf)
+        rest = conflist.remove(conflist.without_converted_from(config))
+        try:
+            original = conflist.load(text.encode("utf-8"), source=conf_path)
+        except InstallError:
+            original = None
+        if os.path.lexists(conf_path):
+            return self._delete(path)
+        if original is None or _canonical(rest) != _canonical(
+            conflist.remove(conflist.as_list(original))
+        ):
+            if not rest["plugins"]:
+                return self._delete(path)
+            self._write(path, conflist.dumps(rest), expect=self._seen.get(os.path.basename(path)))
+            return [path]
+        mode = self._mode_of(path)
+        data = text.encode("utf-8")
+        try:
+            atomic_write(conf_path, data, mode=mode if mode >= 0 else 0o644, keep_mode=False)
+        except OSError as e:
+            raise InstallError(f"write CNI config {conf_path}: {e.strerror}") from e
+        self.ledger.record_written(conf_path, data)
+        log.info(
+            "gave the CNI config back its original .conf",
+            extra={"fields": {"from": path, "to": conf_path}},
+        )
+        return [conf_path, *self._delete(path)]
 
 
 def _remove(path: str) -> None:
     remove_file(path)
+
+
+def _edited(current: bytes | None, config: dict[str, Any]) -> bytes:
+    """The bytes that make `current` hold `config`: where only istio-cni entries differ, the
+    current text with just those entries edited (every other byte kept), else `config` whole."""
+    if current is not None and "plugins" in config:
+        try:
+            before = conflist.parse(current, source="")
+        except InstallError:
+            before = None
+        if before is not None and "plugins" in before and _same_but_ours(before, config):
+            text = jsontext.rewrite(
+                current.decode("utf-8"), conflist.is_ours, config["plugins"][-1]
+            )
+            if text is not None and _canonical(json.loads(text)) == _canonical(config):
+                return text.encode("utf-8")
+    return conflist.dumps(config)
+
+
+def _same_but_ours(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return _canonical(conflist.remove(a)) == _canonical(conflist.remove(b))
+
+
+def _without_entries(data: bytes, config: dict[str, Any]) -> bytes:
+    """`data` with every istio-cni entry taken out, every other byte kept where it can be."""
+    remaining = conflist.remove(config)
+    text = jsontext.rewrite(data.decode("utf-8"), conflist.is_ours, None)
+    if text is not None and _canonical(json.loads(text)) == _canonical(remaining):
+        return text.encode("utf-8")
+    return conflist.dumps(remaining)
 
 
 def _is_ours_anywhere(config: dict[str, Any]) -> bool:

@@ -72,8 +72,7 @@ def plan_config(
 ) -> ConfigPlan:
     """Where our entry goes and what that file must contain. Raises InstallError on bad input."""
     if not settings.chained:
-        name = standalone_name(settings)
-        return ConfigPlan(target=name, config=standalone_config(name, entry))
+        return _standalone_plan(settings, entry, names, read)
     primary = find_primary(settings, names, read)
     source = os.path.join(settings.mountedCniConfDir, primary)
     data = read(primary)
@@ -85,20 +84,65 @@ def plan_config(
         owned = settings.istioOwnedCNIConfigFileName
         return ConfigPlan(
             target=owned,
-            config=merged,
+            config=conflist.without_converted_from(merged),
             primary=primary,
             warnings=tuple(_sorted_before(owned, names, read)),
         )
     target = conflist.list_file_name(primary)
-    if target != primary:
-        if target in names:
+    if target == primary:
+        return ConfigPlan(target=target, config=merged, primary=primary)
+    if target in names and not _made_by_us_from(target, primary, read):
+        raise InstallError(
+            f"{source}: chaining turns it into a list, which must be named {target}, but "
+            f"{os.path.join(settings.mountedCniConfDir, target)} already exists; remove one "
+            "or name the primary with cniConfFileName"
+        )
+    # A list we made from this .conf before is replaced: the .conf is newer (its CNI wrote it
+    # again) and the runtime reads it first.
+    config = conflist.with_converted_from(merged, primary, data.decode("utf-8"))
+    return ConfigPlan(target=target, config=config, convert_from=primary, primary=primary)
+
+
+def _made_by_us_from(target: str, conf: str, read: Reader) -> bool:
+    """Whether `target` is a list we made from `conf` (it names `conf` as its origin)."""
+    config = _load_or_none(target, read)
+    found = conflist.converted_from(config, target) if config is not None else None
+    return found is not None and found[0] == conf
+
+
+def _standalone_plan(
+    settings: Settings, entry: Mapping[str, Any], names: Collection[str], read: Reader
+) -> ConfigPlan:
+    """Our own network config; refused over a file that holds anything but our entry, with a
+    warning when it would sort before the node's network (a runtime would take it for the pod
+    network, and pods would start without one)."""
+    name = standalone_name(settings)
+    data = read(name)
+    if data is not None:
+        try:
+            existing = conflist.parse(data, source=name)
+        except InstallError:
+            existing = None
+        if existing is None or not conflist.only_ours(existing):
+            path = os.path.join(settings.mountedCniConfDir, name)
             raise InstallError(
-                f"{source}: chaining turns it into a list, which must be named {target}, but "
-                f"{os.path.join(settings.mountedCniConfDir, target)} already exists; remove one "
-                "or name the primary with cniConfFileName"
+                f"{path}: cniConfFileName names an existing CNI config that is not ours; with "
+                "chained: false the agent writes a network config of its own under that name. "
+                "Choose a file name that does not exist (default: " + DEFAULT_STANDALONE_NAME + ")"
             )
-        return ConfigPlan(target=target, config=merged, convert_from=primary, primary=primary)
-    return ConfigPlan(target=target, config=merged, primary=primary)
+    shadowed = [
+        other
+        for other in conflist.candidate_names(names)
+        if other > name
+        and (data := read(other)) is not None
+        and conflist.runtime_loadable(other, data)
+    ]
+    warnings = tuple(
+        f"{name} sorts before {other}: a runtime that takes the first config would use istio-cni "
+        "as the pod network (chained: false needs a cniConfFileName that sorts last)"
+        for other in shadowed[:1]
+    )
+    return ConfigPlan(target=name, config=standalone_config(name, entry), warnings=warnings)
 
 
 def _sorted_before(owned: str, names: Collection[str], read: Reader) -> list[str]:
@@ -146,7 +190,8 @@ def interrupted_conversions(names: Collection[str], read: Reader) -> list[Interr
             and converted is not None
             and not conflist.is_single(converted)
             and conflist.count_ours(converted) == 1
-            and conflist.remove(converted) == conflist.remove(conflist.as_list(config))
+            and conflist.remove(conflist.without_converted_from(converted))
+            == conflist.remove(conflist.as_list(config))
         ):
             out.append(Interrupted(name, target, "unlink"))
     return out

@@ -168,12 +168,14 @@ class CniRequest:
 
 
 def _result_ips(result: object) -> tuple[str, ...]:
-    """`ips[].address` (CIDR) of a CNI result, without the prefix length."""
+    """The addresses (CIDR without the prefix length) of a CNI result: `ips[].address`, or
+    `ip4.ip` and `ip6.ip` in a 0.1.0/0.2.0 result."""
     if not isinstance(result, Mapping):
         return ()
     ips = result.get("ips")
     if not isinstance(ips, list):
-        return ()
+        legacy = (result.get(family) for family in ("ip4", "ip6"))
+        ips = [{"address": c.get("ip")} for c in legacy if isinstance(c, Mapping)]
     return tuple(
         str(e["address"]).split("/")[0]
         for e in ips

@@ -2,25 +2,27 @@
 
 Shared by tests/install/test_kill_anywhere.py (the `stress` tier: a random sample plus every exact
 point) and bench/kill_anywhere.py (>= 1000 random trials). One trial: a fresh node (the CNI conf
-dir holding one of the 29 real providers' configs, a bin dir holding a foreign plugin), a scenario
+dir holding one of the 29 real providers' configs or Istio's test .conf without cniVersion, a bin
+dir holding a foreign plugin), a scenario
 (what is already on the node, which command runs), the command run as a child process of this one
 (forked after imports, then `agent.cli.main(["install" | "uninstall", ...])`: the console script's
 code path without the interpreter's start-up, so a sleep before SIGKILL lands inside the command),
 killed by SIGKILL after a random delay or right before its Nth file operation
-(agent.install.killpoint). Then, on what the kill left:
+(tests/install/kill_hook.py). Then, on what the kill left:
 
 - every config file a runtime lists (.conf/.conflist/.json) loads as libcni loads it (checked here
   independently of the agent's own parser: a .conflist needs a non-empty `plugins` list of typed
   objects, a .conf/.json a non-empty `type`), since containerd fails its whole load on one bad file;
 - the config the runtime picks (the first in name order) holds the provider's plugins intact and
-  in order, its name and cniVersion kept, and at most one istio-cni entry in the whole dir;
+  in order, its name and cniVersion kept (a list made from a .conf has one: its own, or 0.3.1),
+  and at most one istio-cni entry in the whole dir;
 - a foreign config and the foreign plugin are byte-for-byte untouched;
 - bin/istio-cni, when present, is byte-equal to one of the builds (never half-written), and a
   support dir present under its hashed name is complete;
 - when the picked config names istio-cni, the plugin runs: `CNI_COMMAND=VERSION` answers;
 - the next install converges (problems() empty, exactly one entry, last; the new build; no temp
-  and no support dir left) and a fresh uninstall leaves the provider's config as it was (a single
-  .conf as the equivalent list) and nothing of ours.
+  and no support dir left) and a fresh uninstall gives the provider's file back byte for byte
+  (a .conf made a list included) and leaves nothing of ours.
 """
 
 from __future__ import annotations
@@ -40,14 +42,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.config import Settings
-from agent.install import conflist, killpoint
+from agent.install import conflist
 from agent.install.binaries import tree_digest
 from agent.install.installer import Installer
+from tests.install import kill_hook
 
-REAL_WORLD = (
-    pathlib.Path(__file__).resolve().parents[1] / "testdata" / "istio-conformance" / "real-world"
-)
-PROVIDERS = sorted(p.name for p in REAL_WORLD.iterdir() if p.suffix in (".conf", ".conflist"))
+TESTDATA = pathlib.Path(__file__).resolve().parents[1] / "testdata"
+REAL_WORLD = TESTDATA / "istio-conformance" / "real-world"
+SOURCES = {p.name: p for p in REAL_WORLD.iterdir() if p.suffix in (".conf", ".conflist")}
+SOURCES["minikube-no-version.conf"] = TESTDATA / "istio-install-test" / "pre" / "minikube_cni.conf"
+"""The 29 real providers' configs, and Istio's test .conf without cniVersion."""
+PROVIDERS = sorted(SOURCES)
 
 SCENARIOS = (
     "install",
@@ -57,13 +62,16 @@ SCENARIOS = (
     "uninstall-support-dir",
     "leftover-entry",
     "extra-config",
+    "named-install",
+    "named-uninstall",
 )
 """install: a node with only the provider's config. upgrade: an older single-file build installed
 (other entry content). upgrade-support-dir: a former two-part build installed (a launcher that
 execs its runtime from istio-cni-<hash>.d). uninstall / uninstall-support-dir: uninstall of this
 build / of the former two-part build. leftover-entry: a stale istio-cni entry in the middle of
 the provider's list and an old binary. extra-config: an unrelated config sorting after the
-provider's, which must stay untouched."""
+provider's, which must stay untouched. named-install / named-uninstall: install, and uninstall
+of an install, with cniConfFileName naming the provider's file."""
 
 POD = ("istio-cni-node-x", "istio-system")
 FOREIGN_PLUGIN = b"#!/bin/sh\n# the provider's own plugin: never ours to touch\nexit 0\n"
@@ -142,7 +150,12 @@ class Trial:
 
     @property
     def command(self) -> str:
-        return "uninstall" if self.scenario.startswith("uninstall") else "install"
+        uninstall = self.scenario.startswith("uninstall") or self.scenario == "named-uninstall"
+        return "uninstall" if uninstall else "install"
+
+    @property
+    def conf_file_name(self) -> str:
+        return self.primary if self.scenario.startswith("named-") else ""
 
     def settings(self, source: pathlib.Path | None = None, **overrides: Any) -> Settings:
         return Settings(
@@ -151,6 +164,7 @@ class Trial:
             pluginSourceDir=str(source or self.builds.new),
             metricsAddress="127.0.0.1",
             cniAgentRunDir=str(self.root / "run"),
+            cniConfFileName=self.conf_file_name,
             **overrides,
         )
 
@@ -158,7 +172,7 @@ class Trial:
         return Installer(settings or self.settings(), pod_name=POD[0], pod_namespace=POD[1])
 
     def original(self) -> dict[str, Any]:
-        value: dict[str, Any] = json.loads((REAL_WORLD / self.provider).read_text())
+        value: dict[str, Any] = json.loads(SOURCES[self.provider].read_text())
         return value
 
     def setup(self) -> None:
@@ -169,7 +183,7 @@ class Trial:
             d.mkdir(parents=True)
         (self.bin_dir / "bridge").write_bytes(FOREIGN_PLUGIN)
         (self.bin_dir / "bridge").chmod(0o755)
-        shutil.copy(REAL_WORLD / self.provider, self.conf_dir / self.primary)
+        shutil.copy(SOURCES[self.provider], self.conf_dir / self.primary)
         os.chmod(self.conf_dir / self.primary, 0o644)
         (self.root / "config.yaml").write_text(
             json.dumps(
@@ -179,6 +193,7 @@ class Trial:
                     "pluginSourceDir": str(self.builds.new),
                     "metricsAddress": "127.0.0.1",
                     "cniAgentRunDir": str(self.root / "run"),
+                    "cniConfFileName": self.conf_file_name,
                     "logLevel": "error",
                 }
             )
@@ -186,7 +201,7 @@ class Trial:
         if self.scenario in ("upgrade", "uninstall-support-dir", "upgrade-support-dir"):
             source = self.builds.old if self.scenario == "upgrade" else self.builds.two_part
             self.installer(self.settings(source, logLevel="debug")).install()
-        elif self.scenario == "uninstall":
+        elif self.scenario in ("uninstall", "named-uninstall"):
             self.installer().install()
         elif self.scenario == "leftover-entry":
             self._leftover()
@@ -212,7 +227,8 @@ class Trial:
             os.dup2(fd, 1)
             os.dup2(fd, 2)
             os.environ["POD_NAME"], os.environ["POD_NAMESPACE"] = POD
-            killpoint.arm(kill_before)
+            if kill_before is not None:
+                kill_hook.arm(kill_before)
             from agent import cli
 
             code = cli.main([self.command, "--config", str(self.root / "config.yaml")])
@@ -265,9 +281,13 @@ def _provider_kept(trial: Trial, config: dict[str, Any]) -> str | None:
     want = [p for p in _as_plugins(original) if not conflist.is_ours(p)]
     if _as_plugins(config) != want:
         return "plugins changed or out of order"
-    for key in ("name", "cniVersion"):
-        if key in original and config.get(key) != original[key]:
-            return f"{key} changed"
+    if "name" in original and config.get("name") != original["name"]:
+        return "name changed"
+    version = original.get("cniVersion")
+    if "plugins" in config and conflist.is_single(original):
+        version = conflist.list_version(original)  # a list needs one (absent: libcni hands "")
+    if version is not None and config.get("cniVersion") != version:
+        return "cniVersion changed"
     return None
 
 
@@ -377,15 +397,20 @@ def _uninstall_violations(trial: Trial) -> list[Violation]:
     if bins != ["bridge"]:
         out.append(("leftover after uninstall", f"bin dir holds {bins}"))
     names = sorted(os.listdir(trial.conf_dir))
-    expect = [conflist.list_file_name(trial.primary)]
+    # The provider's own file comes back byte for byte; a stale entry a former install left in a
+    # list it made (no record of the .conf's text) leaves that list, equal to the provider's.
+    leftover = trial.scenario == "leftover-entry"
+    expect = [conflist.list_file_name(trial.primary) if leftover else trial.primary]
     if trial.scenario == "extra-config":
         expect.append("99-extra.conflist")
     if names != expect:
         out.append(("leftover after uninstall", f"conf dir holds {names}"))
         return out
-    restored = json.loads((trial.conf_dir / names[0]).read_bytes())
-    if restored != conflist.as_list(trial.original()):
+    data = (trial.conf_dir / names[0]).read_bytes()
+    if leftover and json.loads(data) != conflist.as_list(trial.original()):
         out.append(("uninstall does not restore", names[0]))
+    elif not leftover and data != SOURCES[trial.provider].read_bytes():
+        out.append(("uninstall does not restore the provider's bytes", names[0]))
     return out
 
 
@@ -401,7 +426,7 @@ class Outcome:
 def run_trial(
     trial: Trial, *, delay: float | None = None, kill_before: int | None = None
 ) -> Outcome:
-    """Set up, run the command, SIGKILL it after `delay` s (or let killpoint do it), judge."""
+    """Set up, run the command, SIGKILL it after `delay` s (or let the kill hook do it), judge."""
     trial.setup()
     pid = trial.child(kill_before)
     if delay is not None:
@@ -481,8 +506,9 @@ def random_trials(
     return tally
 
 
-EXACT_PROVIDERS = ("bridge.conf", "calico.conflist")
-"""A single-plugin .conf (converted to a list) and a list: every code path of the config side."""
+EXACT_PROVIDERS = ("bridge.conf", "calico.conflist", "minikube-no-version.conf")
+"""A single-plugin .conf (converted to a list), a list, and a .conf without cniVersion: every
+code path of the config side."""
 
 
 def exact_points(

@@ -106,7 +106,31 @@ def test_insert_wraps_single_keeping_name_and_version() -> None:
         "plugins": [{"name": "net", "type": "bridge"}, ENTRY],
     }
     nameless = conflist.insert({"type": "bridge"}, ENTRY)
-    assert nameless["name"] == conflist.WRAPPED_LIST_NAME and "cniVersion" not in nameless
+    assert nameless["name"] == conflist.WRAPPED_LIST_NAME
+
+
+@pytest.mark.parametrize(
+    ("version", "listed"),
+    [
+        (None, "0.3.1"),  # libcni would hand "" to every plugin of the list
+        ("", "0.3.1"),
+        ("0.1.0", "0.3.1"),  # lists and chaining begin at 0.3.0
+        ("0.2.0", "0.3.1"),
+        ("0.3.0", "0.3.0"),
+        ("0.4.0", "0.4.0"),
+        ("1.1.0", "1.1.0"),
+    ],
+    ids=["absent", "empty", "0.1.0", "0.2.0", "0.3.0", "0.4.0", "1.1.0"],
+)
+def test_a_list_made_from_a_conf_always_has_a_list_version(
+    version: str | None, listed: str
+) -> None:
+    conf: dict[str, object] = {"name": "net", "type": "bridge"}
+    if version is not None:
+        conf["cniVersion"] = version
+    result = conflist.insert(conf, ENTRY)
+    assert result["cniVersion"] == listed
+    assert result["plugins"][0] == {"name": "net", "type": "bridge"}
 
 
 def test_remove_and_has_entry() -> None:

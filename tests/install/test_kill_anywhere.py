@@ -2,7 +2,7 @@
 
 The judge and the scenarios live in tests/install/kill_rig.py (see its docstring for every check).
 The `stress` tier runs 150 random kills over the 29 real providers' configs and every exact point
-(a kill right before each file operation of each scenario, agent.install.killpoint); the
+(a kill right before each file operation of each scenario, tests/install/kill_hook.py); the
 >= 1000-trial run is bench/kill_anywhere.py. The unmarked tests show the judge catches each class
 of damage, so a 0 from the stress runs means something.
 """
@@ -17,7 +17,6 @@ import sys
 
 import pytest
 
-from agent.install import killpoint
 from agent.install.installer import Installer
 from testbed.parts import REPO_ROOT
 from tests.install import kill_rig
@@ -48,10 +47,9 @@ def test_every_exact_kill_point(builds: kill_rig.Builds, tmp_path: pathlib.Path)
 
 
 @pytest.mark.stress
-def test_env_hook_kills_a_real_agent_process(
-    builds: kill_rig.Builds, tmp_path: pathlib.Path
-) -> None:
-    """The hook as documented: ISTIO_CNI_KILL_BEFORE_FILE_OP in a real `istio-cni-agent`."""
+def test_hook_kills_a_real_agent_process(builds: kill_rig.Builds, tmp_path: pathlib.Path) -> None:
+    """The hook as documented: `python -m tests.install.kill_hook N install ...`, a real agent
+    process; the product itself has no hook (nothing in the environment arms one)."""
     trial = kill_rig.Trial("calico.conflist", "install", tmp_path / "node", builds)
     trial.setup()
     env = dict(
@@ -59,10 +57,10 @@ def test_env_hook_kills_a_real_agent_process(
         PYTHONPATH=str(REPO_ROOT),
         POD_NAME=kill_rig.POD[0],
         POD_NAMESPACE=kill_rig.POD[1],
-        **{killpoint.ENV: "5"},
     )
+    config = str(trial.root / "config.yaml")
     done = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "install", "--config", str(trial.root / "config.yaml")],
+        [sys.executable, "-m", "tests.install.kill_hook", "5", "install", "--config", config],
         env=env,
         capture_output=True,
         text=True,
@@ -70,7 +68,7 @@ def test_env_hook_kills_a_real_agent_process(
         check=False,
     )
     assert done.returncode == -9, done.stderr
-    assert "killpoint 5: SIGKILL before rename" in done.stderr
+    assert "kill hook 5: SIGKILL before os." in done.stderr
     assert kill_rig.node_violations(trial) == []
     assert kill_rig.convergence_violations(trial) == []
 

@@ -1,5 +1,5 @@
 """CNI configs as real providers write them: install chains us last and keeps everything else,
-uninstall gives back a config equal as JSON to the original."""
+uninstall gives back the provider's file byte for byte (a .conf we made a list of included)."""
 
 from __future__ import annotations
 
@@ -47,9 +47,18 @@ def test_install_chains_ours_last(node: Node, name: str) -> None:
         plugin = {k: v for k, v in original.items() if k != "cniVersion"}
         assert result["plugins"][:-1] == [plugin]
         assert result["name"] == original["name"]
-        assert result.get("cniVersion") == original.get("cniVersion")
+        assert result["cniVersion"] == conflist.list_version(original)
+        assert conflist.converted_from(result, os.path.basename(path)) == (
+            f"10-{name}",
+            (REAL_WORLD / name).read_text(),
+        )
     else:
         rest = {k: v for k, v in result.items() if k != "plugins"}
+        assert (
+            pathlib.Path(path)
+            .read_text()
+            .startswith((REAL_WORLD / name).read_text().rsplit("]", 1)[0].rstrip())
+        ), "the provider's text is kept up to its last plugin"
         assert rest == {k: v for k, v in original.items() if k != "plugins"}
         assert result["plugins"][:-1] == original["plugins"]
         for before, after in zip(original["plugins"], result["plugins"], strict=False):
@@ -59,14 +68,11 @@ def test_install_chains_ours_last(node: Node, name: str) -> None:
 
 @pytest.mark.parametrize("name", FILES)
 def test_uninstall_restores(node: Node, name: str) -> None:
-    installer, path, original = _installed(node, name)
+    installer, _path, _original = _installed(node, name)
     installer.install()
     Installer(node.settings, pod_name="other", pod_namespace="x").uninstall()
-    restored = json.loads(pathlib.Path(path).read_text())
-    if conflist.is_single(original):
-        # A list holding exactly the original plugin (libcni gives it the list's cniVersion).
-        assert len(restored["plugins"]) == 1
-        assert {**restored["plugins"][0], "cniVersion": restored["cniVersion"]} == original
-    else:
-        assert restored == original
+    assert sorted(os.listdir(node.conf_dir)) == [f"10-{name}"]
+    restored = node.conf_dir / f"10-{name}"
+    assert restored.read_bytes() == (REAL_WORLD / name).read_bytes()
+    assert os.stat(restored).st_mode & 0o777 == 0o600, "the file's mode is kept"
     assert os.listdir(node.bin_dir) == []

@@ -48,6 +48,26 @@ def test_run_ready_heals_and_stops(node: Node, mode: str, kept: bool) -> None:
         assert node.conf("10-net.conflist") == LIST
 
 
+def test_named_primary_survives_uninstall_after_a_restart(node: Node) -> None:
+    """cniConfFileName names the node's primary: an agent that restarts, finds its entry in
+    place, then uninstalls on SIGTERM takes the entry out and leaves the file byte for byte."""
+    original = json.dumps(LIST, indent="\t").encode()
+    (node.conf_dir / "10-net.conflist").write_bytes(original)
+    for mode in ("never", "always"):  # an upgrade's stop, then the restarted agent's removal
+        port = free_port()
+        config = node.write_config_yaml(
+            metricsPort=port, uninstallOnStop=mode, cniConfFileName="10-net.conflist"
+        )
+        with running_agent(agent_command("run", "--config", str(config))) as proc:
+            wait_status(port, "/readyz", 200)
+            assert _has_entry(node)
+            code, err = proc.stop()
+        assert code == 0, err
+    assert os.listdir(node.conf_dir) == ["10-net.conflist"]
+    assert (node.conf_dir / "10-net.conflist").read_bytes() == original
+    assert not (node.bin_dir / "istio-cni").exists()
+
+
 def test_not_ready_until_primary_appears(node: Node) -> None:
     port = free_port()
     config = node.write_config_yaml(metricsPort=port, uninstallOnStop="always")

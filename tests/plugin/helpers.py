@@ -18,7 +18,9 @@ from typing import Any
 from plugin.commands import Plugin
 from plugin.skel import dispatch
 
-VERSIONS = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
+VERSIONS = ("0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
+LEGACY_VERSIONS = ("0.1.0", "0.2.0")
+"""Results with ip4/ip6 instead of ips[] (no interfaces)."""
 POD_ARGS = "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=app-1;K8S_POD_UID=uid-1"
 
 
@@ -60,6 +62,17 @@ def cni_env(command: str, **extra: str) -> dict[str, str]:
 
 def result_for(version: str) -> dict[str, Any]:
     """A bridge-like result in the shape of `version`."""
+    if version in LEGACY_VERSIONS:
+        return {
+            "cniVersion": version,
+            "ip4": {
+                "ip": "10.1.0.5/24",
+                "gateway": "10.1.0.1",
+                "routes": [{"dst": "0.0.0.0/0", "gw": "10.1.0.1"}],
+            },
+            "ip6": {"ip": "fd00::5/64", "gateway": "fd00::1"},
+            "dns": {"nameservers": ["10.96.0.10"]},
+        }
     ips: list[dict[str, Any]] = [
         {"address": "10.1.0.5/24", "gateway": "10.1.0.1", "interface": 2},
         {"address": "fd00::5/64", "gateway": "fd00::1", "interface": 2},

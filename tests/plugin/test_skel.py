@@ -26,8 +26,8 @@ def assert_error(run, code: int, *words: str) -> None:  # type: ignore[no-untype
 @pytest.mark.parametrize("version", VERSIONS, ids=VERSIONS)
 @pytest.mark.parametrize(
     "stdin",
-    ["", "{}", '{"cniVersion": "0.2.0"}', "garbage"],
-    ids=["empty", "no-version", "old-version", "not-json"],
+    ["", "{}", '{"cniVersion": "0.0.9"}', "garbage"],
+    ids=["empty", "no-version", "unknown-version", "not-json"],
 )
 def test_version_lists_supported_versions(version: str, stdin: str) -> None:
     run = run_plugin({"CNI_COMMAND": "VERSION"}, stdin or json.dumps({"cniVersion": version}))
@@ -96,7 +96,6 @@ def test_invalid_variable_values(var: str, value: str, code: int) -> None:
         (b"\xff\xfe", errors.DECODING_FAILURE, "not JSON"),
         (b"[1, 2]", errors.DECODING_FAILURE, "object"),
         (b'"text"', errors.DECODING_FAILURE, "object"),
-        (b'{"name": "n", "type": "istio-cni"}', errors.INVALID_CONFIG, "cniVersion"),
         (b'{"cniVersion": "1.1.0", "type": "istio-cni"}', errors.INVALID_CONFIG, "name"),
         (b'{"cniVersion": "1.1.0", "name": "n"}', errors.INVALID_CONFIG, "type"),
         (b'{"cniVersion": 1, "name": "n", "type": "t"}', errors.INVALID_CONFIG, "cniVersion"),
@@ -109,9 +108,9 @@ def test_invalid_variable_values(var: str, value: str, code: int) -> None:
             "9.9.9",
         ),
         (
-            b'{"cniVersion": "0.2.0", "name": "n", "type": "t"}',
+            b'{"cniVersion": "0.0.9", "name": "n", "type": "t"}',
             errors.INCOMPATIBLE_VERSION,
-            "0.2.0",
+            "0.0.9",
         ),
         (
             b'{"cniVersion": "1.1.0", "name": "n", "type": "t", "prevResult": []}',
@@ -150,7 +149,6 @@ def test_invalid_variable_values(var: str, value: str, code: int) -> None:
         "not-utf8",
         "array",
         "string",
-        "no-version",
         "no-name",
         "no-type",
         "version-int",
@@ -158,7 +156,7 @@ def test_invalid_variable_values(var: str, value: str, code: int) -> None:
         "type-empty",
         "name-bad",
         "version-unknown",
-        "version-old",
+        "version-too-old",
         "prev-list",
         "exclude-str",
         "rundir-rel",

@@ -1,4 +1,5 @@
-"""ADD returns prevResult in the config's cniVersion: 0.x results carry ips[].version, 1.x not."""
+"""ADD returns prevResult in the config's cniVersion: 0.1/0.2 results carry ip4/ip6, 0.3/0.4
+results ips[].version, 1.x ips[] without it. A config without cniVersion is 0.1.0 (libcni)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,22 @@ from plugin import errors
 from plugin.errors import CniError
 from plugin.versions import SUPPORTED, convert_result
 from tests.conformance_data import CONFORMANCE_DIR
-from tests.plugin.helpers import VERSIONS, cni_env, net_conf, result_for, run_plugin
+from tests.plugin.helpers import (
+    LEGACY_VERSIONS,
+    VERSIONS,
+    cni_env,
+    net_conf,
+    result_for,
+    run_plugin,
+)
 
-PAIRS = [(src, dst) for src in VERSIONS for dst in VERSIONS]
+# Within one family of shapes a conversion loses nothing; across them see the tests below.
+PAIRS = [
+    (src, dst)
+    for src in VERSIONS
+    for dst in VERSIONS
+    if (src in LEGACY_VERSIONS) == (dst in LEGACY_VERSIONS)
+]
 CONFORMANCE = CONFORMANCE_DIR / "plugin"
 
 
@@ -75,7 +89,8 @@ def test_lower_case_cniversion_key_is_replaced() -> None:
 @pytest.mark.parametrize(
     ("prev", "code", "word"),
     [
-        ({"cniVersion": "0.2.0", "ips": []}, errors.INCOMPATIBLE_VERSION, "0.2.0"),
+        ({"cniVersion": "0.0.9", "ips": []}, errors.INCOMPATIBLE_VERSION, "0.0.9"),
+        ({"cniVersion": "0.2.0", "ip4": "10.0.0.1/24"}, errors.INVALID_CONFIG, "prevResult.ip4"),
         ({"ips": {"address": "10.0.0.1/24"}}, errors.INVALID_CONFIG, "prevResult.ips"),
         ({"ips": [{"gateway": "10.0.0.1"}]}, errors.INVALID_CONFIG, "prevResult.ips[0].address"),
         ({"ips": ["10.0.0.1/24"]}, errors.INVALID_CONFIG, "prevResult.ips[0]"),
@@ -85,7 +100,8 @@ def test_lower_case_cniversion_key_is_replaced() -> None:
         ({"dns": []}, errors.INVALID_CONFIG, "prevResult.dns"),
     ],
     ids=[
-        "old-version",
+        "unknown-version",
+        "ip4-string",
         "ips-object",
         "no-address",
         "ip-string",
@@ -106,3 +122,55 @@ def test_bad_prev_result_fails_add_even_when_pod_passes() -> None:
     conf = net_conf("0.4.0", prevResult={"ips": [{"address": 7}]}, exclude_namespaces=["default"])
     run = run_plugin(cni_env("ADD"), conf)
     assert run.code == 1 and run.out["code"] == errors.INVALID_CONFIG
+
+
+@pytest.mark.parametrize("stdin_version", [None, ""], ids=["absent", "empty"])
+def test_config_without_cni_version_is_0_1_0(stdin_version: str | None) -> None:
+    """libcni hands "" to every plugin of a list without cniVersion; bridge then answers 0.1.0."""
+    conf = net_conf("0.1.0", exclude_namespaces=["default"])
+    if stdin_version is None:
+        del conf["cniVersion"]
+    else:
+        conf["cniVersion"] = stdin_version
+    del conf["prevResult"]["cniVersion"]  # bridge's 0.1.0 answer may come without one
+    run = run_plugin(cni_env("ADD"), conf)
+    assert run.code == 0, run.raw
+    assert run.out == result_for("0.1.0")
+
+
+def test_legacy_result_to_list_shape() -> None:
+    out = convert_result(result_for("0.2.0"), "1.0.0")
+    assert out == {
+        "cniVersion": "1.0.0",
+        "ips": [
+            {"address": "10.1.0.5/24", "gateway": "10.1.0.1"},
+            {"address": "fd00::5/64", "gateway": "fd00::1"},
+        ],
+        "routes": [{"dst": "0.0.0.0/0", "gw": "10.1.0.1"}],
+        "dns": {"nameservers": ["10.96.0.10"]},
+    }
+    assert [ip["version"] for ip in convert_result(result_for("0.1.0"), "0.3.1")["ips"]] == [
+        "4",
+        "6",
+    ]
+
+
+def test_list_result_to_legacy_shape() -> None:
+    prev = result_for("1.0.0")
+    prev["ips"].append({"address": "10.1.0.6/24", "interface": 2})  # a second IPv4: not kept
+    prev["routes"].append({"dst": "::/0", "gw": "fd00::1"})
+    out = convert_result(prev, "0.2.0")
+    assert out == {
+        "cniVersion": "0.2.0",
+        "ip4": {
+            "ip": "10.1.0.5/24",
+            "gateway": "10.1.0.1",
+            "routes": [{"dst": "0.0.0.0/0", "gw": "10.1.0.1"}],
+        },
+        "ip6": {
+            "ip": "fd00::5/64",
+            "gateway": "fd00::1",
+            "routes": [{"dst": "::/0", "gw": "fd00::1"}],
+        },
+        "dns": {"nameservers": ["10.96.0.10"]},
+    }

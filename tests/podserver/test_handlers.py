@@ -12,6 +12,7 @@ import pytest
 
 from agent.errors import InvalidAnnotationError, RedirectError
 from agent.pods.cache import PodLookupError
+from agent.podserver.handlers import CniRequest
 from plugin import wire
 from tests.podserver.helpers import (
     HandlerRig,
@@ -346,3 +347,39 @@ def test_latency_is_observed_per_command(rig: HandlerRig) -> None:
             "istio_cni_plugin_request_duration_seconds_count", {"command": command}
         )
         assert count == 1
+
+
+@pytest.mark.parametrize(
+    ("prev", "ips"),
+    [
+        (
+            {"cniVersion": "1.0.0", "ips": [{"address": "10.1.0.5/24"}, {"address": "fd00::5/64"}]},
+            ("10.1.0.5", "fd00::5"),
+        ),
+        (
+            {"cniVersion": "0.2.0", "ip4": {"ip": "10.1.0.5/24"}, "ip6": {"ip": "fd00::5/64"}},
+            ("10.1.0.5", "fd00::5"),
+        ),
+        ({"cniVersion": "0.1.0", "ip4": {"ip": "10.1.0.5/24"}, "dns": {}}, ("10.1.0.5",)),
+        (None, ()),
+    ],
+    ids=["list-shape", "0.2.0-shape", "0.1.0-one-family", "none"],
+)
+def test_request_reads_the_pod_addresses_of_every_result_shape(
+    prev: dict[str, Any] | None, ips: tuple[str, ...]
+) -> None:
+    """A list without cniVersion runs at 0.1.0: its prevResult has ip4/ip6, not ips[]."""
+    body = json.dumps(
+        {
+            "command": "ADD",
+            "containerId": "c1",
+            "netns": "/var/run/netns/x",
+            "ifname": "eth0",
+            "podName": "p",
+            "podNamespace": "default",
+            "podUid": "u",
+            "cniVersion": "0.2.0",
+            "prevResult": prev,
+        }
+    ).encode()
+    assert CniRequest.parse(body, "ADD").ips == ips
