@@ -22,19 +22,26 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-MUTATING = {
-    os: ("open", "write", "fchmod", "chmod", "fsync", "replace", "rename", "unlink", "remove"),
-    shutil: ("copy2", "copyfile", "copytree", "rmtree"),
+COUNTED = {
+    "agent.install.atomic": {
+        os: ("open", "write", "fchmod", "fsync", "replace", "rename", "unlink"),
+        shutil: ("rmtree",),
+    },
+    "agent.install.binaries": {os: ("rename", "unlink"), shutil: ("copy2", "copytree", "rmtree")},
 }
-"""The calls counted (os.open counts too: it creates the temp files, and opens dirs to fsync)."""
+"""Per module, the calls counted: each step that changes a file on the node (a temp created,
+written, chmodded, fsynced, renamed; a file unlinked; a copy; a tree removed), and the fsync that
+makes a rename durable. Reads (os.open without O_CREAT) are not steps."""
 
 
 class _Counting:
     """Stands in for a module: the counted calls go through `before`, the rest pass through."""
 
-    def __init__(self, module: types.ModuleType, before: Callable[[str, Any], None]) -> None:
+    def __init__(
+        self, module: types.ModuleType, names: tuple[str, ...], before: Callable[[str, Any], None]
+    ) -> None:
         self._module = module
-        self._counted = set(MUTATING[module])
+        self._counted = set(names)
         self._before = before
 
     def __getattr__(self, name: str) -> Any:
@@ -44,7 +51,9 @@ class _Counting:
         label = f"{self._module.__name__}.{name}"
 
         def counted(*args: Any, **kwargs: Any) -> Any:
-            self._before(label, args[0] if args else "")
+            creates = name != "open" or (len(args) > 1 and args[1] & os.O_CREAT)
+            if creates:
+                self._before(label, args[0] if args else "")
             return value(*args, **kwargs)
 
         return counted
@@ -66,10 +75,9 @@ def arm(n: int) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
     for module in (atomic, binaries):
-        for real in MUTATING:
-            name = real.__name__
-            if getattr(module, name, None) is real:
-                setattr(module, name, _Counting(real, before))
+        for real, names in COUNTED[module.__name__].items():
+            if getattr(module, real.__name__, None) is real:
+                setattr(module, real.__name__, _Counting(real, names, before))
 
 
 def main(argv: list[str]) -> int:
