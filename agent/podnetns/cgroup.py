@@ -5,9 +5,9 @@ kubelet puts every container of a pod under a cgroup named for the pod's UID, wh
     /kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod2c48913c_b29f_11e7_9350_020968147796.slice/cri-containerd-<id>.scope
     /../../pod2c48913c-b29f-11e7-9350-020968147796/<container id>     (seen from a cgroup namespace)
 The pattern is the one Istio's node agent uses (cni/pkg/nodeagent podcgroupns.go): "pod" and a
-UID of 32 hex digits in 8-4-4-4-12 groups (any punctuation between them), then the container id
-as the last element. A container cannot rename its own cgroup; every line of the file must agree
-on one pod, or the process names none.
+UID of 32 hex digits in 8-4-4-4-12 groups (any punctuation between them, given back in the API's
+spelling), then the container id as the last element. A container cannot rename its own cgroup;
+every line of the file must agree on one pod, or the process names none.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ def pod_uid_of_path(path: str) -> tuple[str, str] | None:
     match = _POD_PATH.search(path)
     if match is None:
         return None
-    uid = _CANONICAL.sub("-", match["uid"]).lower()
+    digits = _CANONICAL.sub("", match["uid"]).lower()
+    uid = "-".join((digits[:8], digits[8:12], digits[12:16], digits[16:20], digits[20:]))
     return uid, match["container"]
 
 
