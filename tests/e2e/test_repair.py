@@ -30,7 +30,7 @@ from testbed.helm import Helm
 from testbed.node import NodePods, new_core
 from testbed.podnet import connect, has_istio_rules, pod_ip, proxy_in
 from testbed.wait import wait_for
-from tests.e2e.harness import RELEASE, ChartOnNode
+from tests.e2e.harness import ChartOnNode
 from tests.e2e.scrape import metric_value
 
 pytestmark = [pytest.mark.e2e, pytest.mark.chart, pytest.mark.cluster, pytest.mark.netns]
@@ -203,12 +203,13 @@ def try_call(call: Any, *args: Any, **kwargs: Any) -> int | None:
 
 
 @pytest.fixture
-def agent_core(make_identity: Any, kube_core: Any) -> Iterator[Any]:
-    """A CoreV1Api holding a token of the chart's ServiceAccount (call after helm install)."""
+def agent_core(chart_on_node: ChartOnNode) -> Iterator[Any]:
+    """A CoreV1Api holding the agent pod's token of the chart's ServiceAccount (call after helm
+    install)."""
     made: list[Any] = []
 
     def make() -> Any:
-        identity = make_identity(NAMESPACE, RELEASE)
+        identity = chart_on_node.identity(NAMESPACE)
         made.append(new_core(str(identity.kubeconfig)))
         return made[-1]
 
