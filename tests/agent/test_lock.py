@@ -78,7 +78,9 @@ def test_lock_pins_what_pyproject_asks_for(lock: str) -> None:
             problems.append(f"{lock} has {req.name} only as a dependency of {sorted(pin.via)}")
     asked = {canonicalize_name(r.name) for r in wanted}
     stale = sorted(n for n, p in pins.items() if origin in p.via and n not in asked)
-    problems += [f"{lock} still locks {n} for pyproject.toml, which no longer asks for it" for n in stale]
+    problems += [
+        f"{lock} still locks {n} for pyproject.toml, which no longer asks for it" for n in stale
+    ]
     problems += [f"{lock}: {n}=={p.version} has no hash" for n, p in pins.items() if not p.hashes]
     orphans = sorted(n for n, p in pins.items() if not p.via)
     problems += [f"{lock}: {n} is pinned but needed by nothing" for n in orphans]
