@@ -2,13 +2,23 @@
 # (legacy and nft), nftables and iproute2, and the CNI plugin as ONE static executable in
 # /opt/istio-cni/bin (Settings.pluginSourceDir), built by the same ci/build-plugin the tests use.
 #   docker build -t <hub>/istio-cni:<tag> .
-# BASE_IMAGE: any Debian bookworm image; ci/build-image passes a local one built with debootstrap.
-ARG BASE_IMAGE=debian:bookworm-slim
+# BASE_IMAGE: a Debian bookworm image named by its digest (<name>@sha256:<64 hex>), so every build
+# starts from the same bytes whatever a tag points at later; a name without a digest is refused.
+# The default is debian:bookworm-slim's multi-platform index of 2026-08-03 (as docker-library's
+# repo-info recorded it); `docker buildx imagetools inspect debian:bookworm-slim` prints today's.
+# ci/build-image passes the local base it built with debootstrap, by its digest.
+ARG BASE_IMAGE=docker.io/library/debian:bookworm-slim@sha256:abd67ffcfa541b485a3dff59865ab629aa048a6c613e639d36e7456b0b229241
 
 # --- The plugin: CPython 3.11 from Debian's source package built statically against musl, the
 # plugin frozen into it (ci/build-plugin). Needs the Debian packages in ci/plugin/build-deps and
 # deb-src entries; the compilers stay in this stage.
 FROM ${BASE_IMAGE} AS plugin
+ARG BASE_IMAGE
+RUN case "$BASE_IMAGE" in \
+      *@sha256:????????????????????????????????????????????????????????????????) ;; \
+      *) echo "BASE_IMAGE=$BASE_IMAGE: give the base image by digest (NAME@sha256:DIGEST)" >&2; \
+         exit 1 ;; \
+    esac
 COPY ci/plugin/build-deps /tmp/build-deps
 # deb-src entries (deb822 sources of bookworm images, or a classic sources.list), then the
 # packages. Not for the security archive: CPython's orig tarball is the same in every suite, and
@@ -39,7 +49,11 @@ RUN ci/build-plugin /opt/istio-cni/bin \
     && test -x /opt/istio-cni/bin/istio-cni
 
 # --- The agent's venv, built with pip from PyPI; pip and the compiler stay in this stage
-# (python-iptables is a source distribution with a small C library, libxtwrapper).
+# (python-iptables is a source distribution with a small C library, libxtwrapper). Every package
+# is one of requirements.lock, checked against its sha256 there (ci/lock-deps writes the locks
+# from pyproject.toml); the build back end (setuptools, wheel) comes the same way from
+# requirements-build.lock and builds python-iptables and the project without build isolation,
+# so nothing is taken from the index unchecked.
 # A venv rather than `pip --break-system-packages`: the project's dependencies never mix with
 # Debian's python3-* packages, and the whole install is one directory to copy.
 FROM ${BASE_IMAGE} AS venv
@@ -51,7 +65,7 @@ RUN apt-get update \
        python3 python3-venv gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md requirements.lock requirements-build.lock ./
 COPY agent/ agent/
 COPY plugin/ plugin/
 # The root file system is read-only at run time: bytecode is compiled here, with hashes rather
@@ -59,11 +73,14 @@ COPY plugin/ plugin/
 # The agent uses the synchronous Kubernetes client only: kubernetes.aio (68 MB with its bytecode)
 # and the packages only it imports (aiohttp & co., 12 MB) are removed.
 ARG ASYNC_ONLY="aiohttp aiohttp-retry yarl multidict frozenlist aiosignal propcache aiohappyeyeballs"
+ARG PIP="/opt/istio-cni/venv/bin/pip --disable-pip-version-check --no-cache-dir"
 RUN python3 -m venv /opt/istio-cni/venv \
-    && /opt/istio-cni/venv/bin/pip install --no-cache-dir --disable-pip-version-check \
-       --no-compile . \
-    && /opt/istio-cni/venv/bin/pip uninstall -y --disable-pip-version-check $ASYNC_ONLY \
-       pip setuptools \
+    && $PIP install --require-hashes --no-deps --no-compile -r requirements-build.lock \
+    && $PIP install --require-hashes --no-deps --no-compile --no-build-isolation \
+       -r requirements.lock \
+    && $PIP install --no-index --no-deps --no-compile --no-build-isolation . \
+    && $PIP check \
+    && $PIP uninstall -y $ASYNC_ONLY pip setuptools wheel packaging \
     && cd /opt/istio-cni/venv/lib/python3.11/site-packages \
     && rm -rf kubernetes/aio */tests kubernetes/test kubernetes/e2e_test \
     && find /opt/istio-cni/venv -depth -name __pycache__ -type d -exec rm -rf {} + \

@@ -61,6 +61,10 @@ class RepairSettings:
     """Value of that label."""
     initContainerName: str = "istio-validation"
     """Init container whose failure marks a pod as started without redirect."""
+    initContainerExitCode: int = 126
+    """Exit code of that container's failure (istio-validation's); 0 = any non-zero exit."""
+    initContainerTerminationMessage: str = ""
+    """When set, that failure must also have left this termination message."""
 
 
 @dataclass(frozen=True)
@@ -84,8 +88,13 @@ class AmbientSettings:
     """On start, rewrite rules of already enrolled pods that differ from the expected ones
     (AMBIENT_RECONCILE_POD_RULES_ON_STARTUP)."""
     enableAmbientDetectionRetry: bool = False
-    """Retry the pod/namespace lookup of a CNI ADD and fail it when the lookup keeps failing,
-    instead of treating the pod as not ambient (ENABLE_AMBIENT_DETECTION_RETRY)."""
+    """Retry the namespace lookup of a CNI ADD (ENABLE_AMBIENT_DETECTION_RETRY); off, one try.
+    Either way a lookup that fails fails the ADD (retried by the runtime) unless
+    `failOpenOnDetectionError`."""
+    failOpenOnDetectionError: bool = False
+    """When the ADD cannot tell whether a pod is ambient (its namespace cannot be read), start
+    it as not ambient instead of failing the ADD: Istio's behaviour without the retry. A pod
+    that should be captured may then run uncaptured."""
     ztunnelSocketPath: str = field(default="/var/run/ztunnel/ztunnel.sock", metadata=ABS_PATH)
     """Unix socket the agent serves for ztunnel (ZDS); same path on the node and in the pod
     (Istio's ZTUNNEL_UDS_ADDRESS)."""

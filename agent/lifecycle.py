@@ -35,10 +35,13 @@ from agent.install.watcher import InstallWatcher
 from agent.kube import KubeClients, build_clients
 from agent.logs import setup_logging
 from agent.node_taint import NodeTaintRemover
+from agent.podnetns.addresses import netns_addresses
+from agent.podnetns.finder import PodNetnsFinder
 from agent.podserver.redirect import RulesRedirector
+from agent.podserver.sandboxes import SandboxStore
 from agent.podserver.service import PodService
-from agent.repair.addresses import netns_addresses
 from agent.repair.service import RepairService
+from agent.rules.footprint import ours_present
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +78,16 @@ def node_services(
     redirector = RulesRedirector(
         exclude_namespaces=settings.excludeNamespaces, backend=settings.ruleBackend
     )
+    # Pods' netns by identity: the runtime's word at ADD, else the pod's processes' cgroups.
+    sandboxes = SandboxStore()
+    find_netns = PodNetnsFinder(
+        proc_dir=settings.hostProcDir,
+        netns_dir=settings.mountedNetnsDir,
+        read_addresses=netns_addresses,
+        recorded=sandboxes.netns_of,
+    )
     ambient = (
-        AmbientParts(settings, node_name=node_name, core=clients.core)
+        AmbientParts(settings, node_name=node_name, core=clients.core, find_netns=find_netns)
         if settings.ambient.enabled
         else None
     )
@@ -87,13 +98,14 @@ def node_services(
         install_ready=watcher.ready,
         redirector=redirector,
         ambient=ambient.enroller if ambient else None,
+        sandboxes=sandboxes,
     )
     services: list[Service] = [pods]
     if ambient is not None:
         # After the pod service (its pod cache feeds the watch); ready once ZDS listens.
         services.append(ambient.service(pods.pods))
     if settings.repair.enabled:
-        services.append(_repair_service(settings, node_name, pods, clients, redirector))
+        services.append(_repair_service(settings, node_name, pods, clients, redirector, find_netns))
     checks = [(type(s).__name__, _ready_of(s)) for s in (watcher, *services) if hasattr(s, "ready")]
     services.append(
         HttpServer(port=settings.metricsPort, host=settings.metricsAddress, checks=checks)
@@ -115,6 +127,7 @@ def _repair_service(
     pods: PodService,
     clients: KubeClients,
     redirector: RulesRedirector,
+    find_netns: PodNetnsFinder,
 ) -> RepairService:
     return RepairService(
         settings=settings,
@@ -124,7 +137,8 @@ def _repair_service(
         should_redirect=lambda pod: redirector.decide(pod).redirect,
         redirect=lambda pod, netns: redirector.apply(netns, pod),
         rules_in_place=lambda pod, netns: redirector.present(netns, pod),
-        read_addresses=netns_addresses,
+        ours_present=ours_present,
+        find_netns=find_netns,
     )
 
 

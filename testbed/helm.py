@@ -82,13 +82,17 @@ class Helm:
         release: str = RELEASE,
         namespace: str = NAMESPACE,
         check: bool = True,
+        api_versions: Sequence[str] = (),
     ) -> subprocess.CompletedProcess[str]:
-        """`helm template` of the chart (no cluster needed)."""
+        """`helm template` of the chart (no cluster needed); `api_versions` as an API server
+        serving them would answer discovery (`.Capabilities.APIVersions`)."""
         args = ["template", release, str(chart), "--namespace", namespace]
         for v in values:
             args += ["--values", str(v)]
         for s in sets:
             args += ["--set", s]
+        for api in api_versions:
+            args += ["--api-versions", api]
         return self.call(*args, check=check)
 
     def render(self, **kwargs: Any) -> list[dict[str, Any]]:

@@ -83,3 +83,26 @@ def build_agent_image(tag: str) -> Image:
         raise RuntimeError(
             f"{BUILD_IMAGE} --tag {tag} recorded no istio-cni.tags.{tag} in {manifest_path()}: {e}"
         ) from e
+
+
+BUILD_TEST_IMAGE = "ci/build-test-image"
+
+
+def build_test_image(context: Path, name: str) -> Image:
+    """`ci/build-test-image CONTEXT NAME`: a test-only image layered on the agent image (its
+    Containerfile `FROM ${AGENT_IMAGE}`), tagged so the chart's hub/tag reach it."""
+    done = subprocess.run(
+        [str(REPO_ROOT / BUILD_TEST_IMAGE), str(context), name],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=dict(os.environ),
+        timeout=1800,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"{BUILD_TEST_IMAGE} {context} {name} failed ({done.returncode}):\n"
+            + done.stderr[-3000:]
+        )
+    _, ref, archive = done.stdout.split()
+    return Image("istio-cni", ref, Path(archive))

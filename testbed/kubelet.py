@@ -2,9 +2,11 @@
 KubeletConfiguration for this machine, and the process (in the node netns).
 
 Settings this machine needs (cgroup v1, no CAP_SYS_RESOURCE games, no systemd, a shared disk):
-cgroupfs without per-QoS cgroups and without node-allocatable enforcement, cgroup v1 allowed,
-no swap check, no eviction and no image GC (imported images must never be removed: nothing can be
-pulled back). The API server reaches it with a client certificate of the same CA (pod logs).
+cgroupfs without node-allocatable enforcement, cgroup v1 allowed, no swap check, no eviction and
+no image GC (imported images must never be removed: nothing can be pulled back). Pods get their
+cgroups as on any node (`kubepods/<qos>/pod<uid>/<container>`: the agent finds a pod's network
+namespace by them), under a cgroup root of this node's own (`cgroup_root`) that its clean-up
+removes. The API server reaches it with a client certificate of the same CA (pod logs).
 """
 
 from __future__ import annotations
@@ -60,16 +62,23 @@ class KubeletDirs:
 
 
 def kubelet_configuration(
-    *, runtime_socket: Path, ca_file: Path, serving: pki.KeyPair, pod_logs: Path, address: str
+    *,
+    runtime_socket: Path,
+    ca_file: Path,
+    serving: pki.KeyPair,
+    pod_logs: Path,
+    address: str,
+    cgroup_root: str,
 ) -> dict[str, Any]:
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
         "containerRuntimeEndpoint": f"unix://{runtime_socket}",
-        # cgroup v1 and no systemd on this machine; pods go into the runtime's cgroups directly.
+        # cgroup v1 and no systemd on this machine.
         "failCgroupV1": False,
         "cgroupDriver": "cgroupfs",
-        "cgroupsPerQOS": False,
+        "cgroupsPerQOS": True,
+        "cgroupRoot": cgroup_root,
         "enforceNodeAllocatable": [],
         "failSwapOn": False,
         "evictionHard": NO_EVICTION,
@@ -114,8 +123,10 @@ class Kubelet:
         runtime_socket: Path,
         prefix: list[str],
         log_path: Path,
+        cgroup_root: str,
     ) -> None:
         self.binary = parts.kubelet().require()
+        self.cgroup_root = cgroup_root
         self.dirs = dirs
         self.node_name = node_name
         self.node_ip = node_ip
@@ -159,6 +170,7 @@ class Kubelet:
             serving=serving,
             pod_logs=self.dirs.pod_logs,
             address=self.node_ip,
+            cgroup_root=self.cgroup_root,
         )
         self.dirs.config.write_text(yaml.safe_dump(config, sort_keys=False))
 

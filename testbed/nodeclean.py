@@ -61,6 +61,8 @@ class NodeRecord:
     made_xtables_lock: bool = False
     made_cgroups: list[str] = field(default_factory=list)
     """The runtime's per-namespace cgroup (k8s.io) of each controller, where this node made it."""
+    kubelet_cgroup_root: str = ""
+    """kubelet's cgroupRoot (the node's own): its tree in every controller goes at clean-up."""
     """The chart mounts /run/xtables.lock (FileOrCreate): kubelet creates it when missing."""
 
     @property
@@ -123,6 +125,8 @@ def clean(record: NodeRecord) -> list[str]:
     for cgroup in record.made_cgroups:  # rmdir fails while another runtime uses it: fine
         with contextlib.suppress(OSError):
             Path(cgroup).rmdir()
+    if record.kubelet_cgroup_root:
+        attempt("kubelet cgroups", lambda: _remove_cgroups(record.kubelet_cgroup_root))
     attempt("files", lambda: _remove_tree(Path(record.base)))
     if not errors:
         record.path.unlink(missing_ok=True)
@@ -130,6 +134,36 @@ def clean(record: NodeRecord) -> list[str]:
             with contextlib.suppress(OSError):
                 d.rmdir()
     return errors
+
+
+def make_cgroups(root: str) -> None:
+    """kubelet's cgroupRoot must exist in every hierarchy before it starts (cpuset's with the
+    parent's CPUs and memory nodes, which a new v1 cpuset starts without)."""
+    for controller in sorted(CGROUP_ROOT.iterdir()):
+        if not (controller / "cgroup.procs").exists():
+            continue
+        top = controller / root.lstrip("/")
+        top.mkdir(exist_ok=True)
+        for setting in ("cpuset.cpus", "cpuset.mems"):
+            if (controller / setting).exists() and not (top / setting).read_text().strip():
+                (top / setting).write_text((controller / setting).read_text())
+
+
+def _remove_cgroups(root: str) -> None:
+    """rmdir kubelet's tree (`root` in every controller) bottom-up, once its processes are gone."""
+    left = []
+    for controller in sorted(CGROUP_ROOT.iterdir()):
+        top = controller / root.lstrip("/")
+        if not top.is_dir():
+            continue
+        dirs = sorted((d for d in top.rglob("*") if d.is_dir()), key=lambda d: -len(d.parts))
+        for d in [*dirs, top]:
+            try:
+                d.rmdir()
+            except OSError as e:
+                left.append(f"{d}: {e.strerror}")
+    if left:
+        raise OSError("cgroups left: " + "; ".join(left[:5]))
 
 
 def missing_runtime_cgroups() -> list[str]:

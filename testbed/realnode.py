@@ -132,6 +132,7 @@ class RealCluster:
             made_log_links_dir=not nodeclean.CONTAINER_LOG_LINKS.exists(),
             made_xtables_lock=not nodeclean.XTABLES_LOCK.exists(),
             made_cgroups=nodeclean.missing_runtime_cgroups(),
+            kubelet_cgroup_root=f"/istio-cni-testbed-{self.network.netns_name}",
         )
         self.record.save()  # before anything exists that a crash could leave behind
         # An interrupted session may skip fixture teardown; exit handlers still run.
@@ -174,8 +175,10 @@ class RealCluster:
             runtime_socket=self.runtime_dirs.socket,
             prefix=self.network.nsenter(),
             log_path=self.log_dir / "kubelet.log",
+            cgroup_root=self.record.kubelet_cgroup_root,
         )
         self.kubelet.prepare()
+        nodeclean.make_cgroups(self.record.kubelet_cgroup_root)
         self.kubelet.start()
         self.wait_node_ready()
         self.timings["node Ready"] = time.monotonic() - began

@@ -67,6 +67,10 @@ class PodRules(Protocol):
         """Are exactly the expected rules in place? (reconcile on start-up)"""
         ...
 
+    def installed(self, netns_path: str) -> bool:
+        """Is any rule of ours in the namespace? (after a restart: was the pod enrolled?)"""
+        ...
+
 
 class HostProbeRules(Protocol):
     def ensure(self) -> None:

@@ -12,7 +12,10 @@ informers.go, meshdataplane_linux.go; cni/pkg/plugin/plugin.go):
 - `pod_update_action` / `release_on_delete` / `namespace_change_matters`: what the agent's pod
   and namespace watch does on each event.
 - `redirection_state` and `annotation_patch`: the `ambient.istio.io/redirection` annotation Istio
-  reads and writes (through the pods/status subresource, as a JSON merge patch).
+  reads and writes (through the pods/status subresource, as a JSON merge patch). The pod's owner
+  can write it too: decisions take the state the agent recorded (`state=`), never the
+  annotation; it is read only to find the pods a previous agent claimed, whose netns is then
+  looked at (agent.ambient.mesh reconcile).
 
 A pod that is being deleted (deletionTimestamp) but still running is decided like any other, as
 in Istio: its release comes with the DELETE event or its terminal phase.
@@ -217,14 +220,15 @@ def pod_update_action(
     namespace: Mapping[str, Any] | None,
     selectors: Sequence[EnablementSelector],
     *,
+    state: RedirectionState,
     old_pod: Mapping[str, Any] | None = None,
     exclude_namespaces: Collection[str] = (),
     system_namespace: str = DEFAULT_SYSTEM_NAMESPACE,
 ) -> Action:
     """Istio's informer on a pod update (or a namespace change re-examining its pods): compares
-    the intent (`should_enroll`) with the state (the redirection annotation) of the current pod.
-    Pod adds need nothing (the plugin's ADD or the start-up snapshot covers them)."""
-    state = redirection_state(pod)
+    the intent (`should_enroll`) with the pod's `state` as the agent recorded it (Istio reads the
+    redirection annotation, which the pod's owner can set: a pod claiming `enabled` would then
+    never be captured). Pod adds need nothing (the plugin's ADD or start-up covers them)."""
     if is_ztunnel_pod(pod, system_namespace):
         return Action("none", "pod is a ztunnel")
     if state != "none" and is_terminated(pod):
@@ -255,15 +259,18 @@ def release_on_delete(
     pod: Mapping[str, Any],
     namespace: Mapping[str, Any] | None,
     selectors: Sequence[EnablementSelector],
+    *,
+    state: RedirectionState,
 ) -> bool:
     """Istio on a pod DELETE (from the event's pod, not the cache): release it from ztunnel when
-    it was enrolled, pending, or matches the selectors."""
-    return redirection_state(pod) != "none" or selectors_match(pod, namespace, selectors).enroll
+    it was enrolled or pending (as the agent recorded it), or matches the selectors."""
+    return state != "none" or selectors_match(pod, namespace, selectors).enroll
 
 
 def redirection_state(pod: Mapping[str, Any] | None) -> RedirectionState:
     """The pod's `ambient.istio.io/redirection` as Istio reads it (PodFullyEnrolled,
-    PodPartiallyEnrolled): "enabled", "pending", or "none" for absent and any other value."""
+    PodPartiallyEnrolled): "enabled", "pending", or "none" for absent and any other value.
+    A claim only: whoever may update the pod may write it."""
     value = annotations_of(pod).get(REDIRECTION_ANNOTATION)
     if value == "enabled":
         return "enabled"

@@ -2,8 +2,8 @@
 and release it, in the order of Istio's node agent (cni/pkg/nodeagent meshdataplane_linux.go and
 net_linux.go at the version of our conformance data):
 
-    add:    netns (from the CNI request, else found on the node) -> in-pod rules -> ztunnel add
-            -> host probe IPs -> annotation `enabled`
+    add:    netns (from the CNI request, else found by the pod's identity) -> in-pod rules
+            -> ztunnel add -> host probe IPs -> annotation `enabled`
     remove: host probe IPs -> in-pod rules (only when the pod lives on and its netns exists)
             -> ztunnel del -> annotation removed (a failure ignored when the pod is deleted)
 
@@ -15,7 +15,10 @@ Failures, as Istio treats them:
   retries; the watch retries until enabled).
 - host probe set or annotation failed: raised as is, retried by the watch.
 
-The enrolled set (uid -> AmbientPod) is what ztunnel gets as its snapshot on each connect.
+The enrolled set (uid -> AmbientPod) is what ztunnel gets as its snapshot on each connect, and
+the agent's own record of each pod's state (`state`): the pod-writable annotation is written for
+others to read, never read back as the truth. After a restart the set is rebuilt from what the
+node shows: a pod is enrolled when its netns, found by its identity, holds our in-pod rules.
 """
 
 from __future__ import annotations
@@ -37,9 +40,14 @@ from agent.ambient.dataplane import (
     ZtunnelError,
     ZtunnelLink,
 )
-from agent.ambient.enrollment import AnnotationPatch, annotation_patch, annotations_of, pod_ips
+from agent.ambient.enrollment import (
+    AnnotationPatch,
+    RedirectionState,
+    annotation_patch,
+    annotations_of,
+    pod_ips,
+)
 from agent.errors import AgentError
-from agent.repair.netns_finder import AddressReader, find_pod_netns, index_netns_by_address
 
 log = logging.getLogger(__name__)
 
@@ -83,33 +91,13 @@ class Annotator(Protocol):
 
 
 class NetnsFinder(Protocol):
-    def __call__(self, pods: Sequence[Mapping[str, Any]]) -> dict[str, str]:
-        """uid -> netns path of each running pod found on the node."""
+    def __call__(self, pods: Sequence[Mapping[str, Any]]) -> Mapping[str, str]:
+        """uid -> netns path of each running pod found on the node, by the pod's identity
+        (agent.podnetns.finder), never by its IP alone."""
         ...
 
 
 OptionsFor = Callable[[Mapping[str, Any]], PodRuleOptions]
-
-
-def netns_by_address(
-    *, netns_dir: str, proc_dir: str, read_addresses: AddressReader
-) -> NetnsFinder:
-    """Find running pods' netns as repair does: the netns (mounted under `netns_dir`, or of a
-    process in `proc_dir`) holding the pod's IP (Istio matches by pod UID in the cgroup path or
-    by IP; the IP works with every runtime and cgroup layout)."""
-
-    def find(pods: Sequence[Mapping[str, Any]]) -> dict[str, str]:
-        index = index_netns_by_address(
-            netns_dir=netns_dir, proc_dir=proc_dir, read_addresses=read_addresses
-        )
-        found: dict[str, str] = {}
-        for pod in pods:
-            path = find_pod_netns(pod_ips(pod), index)
-            if path is not None:
-                found[str(_meta(pod).get("uid", ""))] = path
-        return found
-
-    return find
 
 
 class StatusAnnotator:
@@ -174,6 +162,10 @@ def _meta(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     return meta if isinstance(meta, Mapping) else {}
 
 
+def _ref(pod: Mapping[str, Any]) -> str:
+    return f"{_meta(pod).get('namespace')}/{_meta(pod).get('name')}"
+
+
 def ambient_pod(pod: Mapping[str, Any], netns_path: str) -> AmbientPod:
     meta = _meta(pod)
     spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
@@ -192,9 +184,11 @@ class ReconcileReport:
     """What start-up reconcile did (for logs and tests)."""
 
     found: list[str] = field(default_factory=list)
-    """uids of enrolled pods whose netns was found (now in the enrolled set)."""
+    """uids of pods whose netns was found holding our rules (now in the enrolled set)."""
     missing: list[str] = field(default_factory=list)
-    """uids of enrolled pods whose netns was not found on the node."""
+    """uids of candidate pods whose netns was not found on the node."""
+    not_enrolled: list[str] = field(default_factory=list)
+    """uids whose netns holds none of our rules: not enrolled, whatever their annotation says."""
     reapplied: list[str] = field(default_factory=list)
     """uids whose rules were not as expected and were written again."""
     failed: list[str] = field(default_factory=list)
@@ -221,6 +215,8 @@ class MeshDataplane:
         self._options_for = options_for
         self._lock = threading.Lock()
         self._enrolled: dict[str, AmbientPod] = {}
+        self._pending: set[str] = set()
+        """uids in the enrolled set that ztunnel has not acknowledged (yet)."""
         self._pod_locks: dict[str, threading.Lock] = {}
         ztunnel.set_snapshot_source(self.snapshot)
 
@@ -240,13 +236,25 @@ class MeshDataplane:
         with self._lock:
             return self._enrolled.get(uid)
 
+    def state(self, uid: str) -> RedirectionState:
+        """The pod's state as this agent made and saw it (never its annotation)."""
+        with self._lock:
+            if uid not in self._enrolled:
+                return "none"
+            return "pending" if uid in self._pending else "enabled"
+
     def _put(self, pod: AmbientPod) -> None:
         with self._lock:
             self._enrolled[pod.uid] = pod
 
     def _take(self, uid: str) -> AmbientPod | None:
         with self._lock:
+            self._pending.discard(uid)
             return self._enrolled.pop(uid, None)
+
+    def _set_pending(self, uid: str, pending: bool) -> None:
+        with self._lock:
+            (self._pending.add if pending else self._pending.discard)(uid)
 
     # -- add / remove ------------------------------------------------------------------------
 
@@ -266,8 +274,7 @@ class MeshDataplane:
                 self._pod_locks.pop(uid, None)
 
     def _add(self, pod: Mapping[str, Any], netns_path: str) -> AmbientPod:
-        meta = _meta(pod)
-        ref, uid = f"{meta.get('namespace')}/{meta.get('name')}", str(meta.get("uid", ""))
+        ref, uid = _ref(pod), str(_meta(pod).get("uid", ""))
         netns = netns_path or self._known_or_found_netns(pod)
         enrolled = ambient_pod(pod, netns)
         try:
@@ -276,6 +283,7 @@ class MeshDataplane:
             self._take(uid)
             raise NonRetryableAdd(f"pod {ref}: in-pod rules in {netns}: {e}") from e
         self._put(enrolled)
+        self._set_pending(uid, True)
         try:
             self._ztunnel.add(enrolled)
         except ZtunnelError as e:
@@ -285,6 +293,7 @@ class MeshDataplane:
             )
             self._annotate(pod, "pending")
             raise ZtunnelPending(f"pod {ref}: ztunnel did not take the pod: {e}") from e
+        self._set_pending(uid, False)
         try:
             self._host.add(uid, enrolled.ips)
         except Exception as e:
@@ -294,8 +303,7 @@ class MeshDataplane:
         return enrolled
 
     def _remove(self, pod: Mapping[str, Any], *, deleted: bool) -> None:
-        meta = _meta(pod)
-        ref, uid = f"{meta.get('namespace')}/{meta.get('name')}", str(meta.get("uid", ""))
+        ref, uid = _ref(pod), str(_meta(pod).get("uid", ""))
         try:
             self._host.remove(uid, pod_ips(pod))
         except Exception as e:
@@ -336,42 +344,64 @@ class MeshDataplane:
     def reconcile(
         self, pods: Sequence[Mapping[str, Any]], *, reapply_rules: bool
     ) -> ReconcileReport:
-        """Istio's ConstructInitialSnapshot for the pods annotated `enabled`: host probe set
-        synced, each pod's netns found (the enrolled set = ztunnel's first snapshot), and with
-        `reapply_rules` (reconcileIptablesOnStartup) rules that differ written again."""
+        """Istio's ConstructInitialSnapshot, from what the node shows: each candidate's netns is
+        found by its identity, and a pod is enrolled (in ztunnel's first snapshot, its IPs in the
+        host probe set) when that netns holds our in-pod rules; with `reapply_rules`
+        (reconcileIptablesOnStartup) rules that differ are written again. Candidates are the pods
+        claimed enrolled and those the selectors enroll: a claim alone enrolls nothing."""
         report = ReconcileReport()
         self._host.ensure()
-        with_ips = [(str(_meta(p).get("uid", "")), pod_ips(p)) for p in pods]
-        if all(ips for _, ips in with_ips):
-            self._host.sync(with_ips)
-        else:  # as Istio: never prune while an enrolled pod's IPs are unknown
-            log.warning("an enrolled pod has no IP yet; host probe set not pruned")
-            for uid, ips in with_ips:
-                if ips:
-                    self._host.add(uid, ips)
         found = self._find_netns(pods) if pods else {}
+        enrolled: list[Mapping[str, Any]] = []
         for pod in pods:
             uid = str(_meta(pod).get("uid", ""))
             netns = found.get(uid)
             if netns is None:
                 report.missing.append(uid)
-                continue
-            self._put(ambient_pod(pod, netns))
-            report.found.append(uid)
-            if reapply_rules:
-                self._reapply(pod, netns, report)
+            elif not self._rules_installed(pod, netns):
+                report.not_enrolled.append(uid)
+            else:
+                self._put(ambient_pod(pod, netns))
+                report.found.append(uid)
+                enrolled.append(pod)
+                if reapply_rules:
+                    self._reapply(pod, netns, report)
+        self._sync_host(enrolled)
         log.info(
             "ambient reconcile on start-up",
             extra={
                 "fields": {
                     "enrolled": len(report.found),
                     "missing": len(report.missing),
+                    "notEnrolled": len(report.not_enrolled),
                     "reapplied": len(report.reapplied),
                     "failed": len(report.failed),
                 }
             },
         )
         return report
+
+    def _rules_installed(self, pod: Mapping[str, Any], netns: str) -> bool:
+        """Our rules in the pod's netns; when that cannot be read, not enrolled (the watch then
+        enrolls the pod again, which captures it: never count an unknown as captured)."""
+        try:
+            return self._rules.installed(netns)
+        except Exception as e:
+            log.warning(
+                "cannot read the pod's netns; treating it as not enrolled",
+                extra={"fields": {"pod": _ref(pod), "netns": netns, "error": str(e)}},
+            )
+            return False
+
+    def _sync_host(self, pods: Sequence[Mapping[str, Any]]) -> None:
+        with_ips = [(str(_meta(p).get("uid", "")), pod_ips(p)) for p in pods]
+        if all(ips for _, ips in with_ips):
+            self._host.sync(with_ips)
+            return
+        log.warning("an enrolled pod has no IP yet; host probe set not pruned")  # as Istio
+        for uid, ips in with_ips:
+            if ips:
+                self._host.add(uid, ips)
 
     def _reapply(self, pod: Mapping[str, Any], netns: str, report: ReconcileReport) -> None:
         uid = str(_meta(pod).get("uid", ""))
@@ -384,12 +414,7 @@ class MeshDataplane:
             report.failed.append(uid)
             log.error(
                 "reconcile of in-pod rules failed; restart the pod or re-label it",
-                extra={
-                    "fields": {
-                        "pod": f"{_meta(pod).get('namespace')}/{_meta(pod).get('name')}",
-                        "error": str(e),
-                    }
-                },
+                extra={"fields": {"pod": _ref(pod), "error": str(e)}},
             )
 
     def remove_host_rules(self) -> None:
@@ -405,9 +430,8 @@ class MeshDataplane:
             return known.netns_path
         found = self._find_netns([pod]).get(uid)
         if found is None:
-            ref = f"{_meta(pod).get('namespace')}/{_meta(pod).get('name')}"
             raise NonRetryableAdd(
-                f"pod {ref}: cannot find its network namespace on the node "
+                f"pod {_ref(pod)}: cannot find its network namespace on the node "
                 f"(IPs {', '.join(pod_ips(pod)) or 'none'})"
             )
         return found
@@ -422,6 +446,4 @@ class MeshDataplane:
         except MeshError:
             raise
         except Exception as e:
-            raise MeshError(
-                f"annotate pod {meta.get('namespace')}/{meta.get('name')} ({state}): {e}"
-            ) from e
+            raise MeshError(f"annotate pod {_ref(pod)} ({state}): {e}") from e

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agent.ambient.enrollment import (
+    RedirectionState,
     is_ztunnel_pod,
     namespace_change_matters,
     pod_update_action,
@@ -39,6 +40,7 @@ RETRY_MAX_SECONDS = 5.0
 
 
 class Mesh(Protocol):
+    def state(self, uid: str) -> RedirectionState: ...
     def add(self, pod: Mapping[str, Any], netns_path: str = "") -> object: ...
     def remove(self, pod: Mapping[str, Any], *, deleted: bool) -> None: ...
     def sync_host_probe(self, pod: Mapping[str, Any]) -> None: ...
@@ -203,9 +205,10 @@ class AmbientWatch:
         meta = _meta(latest)
         ns_name, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
         namespace = self._namespaces.cached_namespace(ns_name)
+        state = self._mesh.state(str(meta.get("uid", "")))
         if event.type == "delete":
-            # The namespace may be gone with its pods: the annotation still tells.
-            if release_on_delete(latest, namespace, self._selectors):
+            # The namespace may be gone with its pods: the agent's record still tells.
+            if release_on_delete(latest, namespace, self._selectors, state=state):
                 self._mesh.remove(latest, deleted=True)
             return
         if namespace is None:
@@ -221,6 +224,7 @@ class AmbientWatch:
             current,
             namespace,
             self._selectors,
+            state=state,
             old_pod=event.old,
             exclude_namespaces=self._exclude,
             system_namespace=self._system_ns,

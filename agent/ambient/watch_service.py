@@ -1,8 +1,9 @@
 """AmbientService: the ambient half of the agent as one lifecycle service (Istio's nodeagent
 Server.Start / Stop):
 
-    start: namespace cache ─► (pod and namespace caches synced) ─► reconcile the pods annotated
-           enrolled (host probe set synced, netns found, rules re-checked) ─► ZDS server ─► watch
+    start: namespace cache ─► (pod and namespace caches synced) ─► reconcile the pods claimed
+           enrolled or selected (netns found by identity; enrolled when it holds our rules; host
+           probe set synced, rules re-checked) ─► ZDS server ─► watch
     stop:  watch, namespace cache, ZDS server; pods stay enrolled (a restart keeps them captured)
     uninstall: also the node-side probe rules and address set (Istio's Stop without skipCleanup)
 
@@ -14,24 +15,30 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, Protocol
 
 from agent import metrics
 from agent.ambient.dataplane import PodRuleOptions, ZtunnelLink
-from agent.ambient.enrollment import is_terminated, is_ztunnel_pod, redirection_state
+from agent.ambient.enrollment import (
+    is_terminated,
+    is_ztunnel_pod,
+    redirection_state,
+    should_enroll,
+)
 from agent.ambient.mesh import (
     MeshDataplane,
+    NetnsFinder,
     ReconcileReport,
     StatusAnnotator,
-    netns_by_address,
     rule_options_for,
 )
 from agent.ambient.watch import AmbientWatch
 from agent.config import AmbientSettings, Settings
+from agent.podnetns.addresses import netns_addresses
+from agent.podnetns.finder import PodNetnsFinder
 from agent.pods.namespaces import NamespaceCache
 from agent.podserver.ambient import AmbientEnroller
-from agent.repair.addresses import netns_addresses
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +63,7 @@ class AmbientService:
         ztunnel: ZtunnelLink,
         watch: AmbientWatch,
         start_pod_cache: bool = False,
+        exclude_namespaces: Collection[str] = (),
     ) -> None:
         """`pods` is the node's pod cache (started by the pod service unless
         `start_pod_cache`); `namespaces` the namespace cache, started here."""
@@ -66,6 +74,7 @@ class AmbientService:
         self._ztunnel = ztunnel
         self.watch = watch
         self._start_pod_cache = start_pod_cache
+        self._exclude = tuple(exclude_namespaces)
         self._started = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -87,10 +96,10 @@ class AmbientService:
         self._namespaces.start()
         if not self._wait_for(self._namespaces.ready):
             return
-        enrolled = [p for p in self._pods.list_pods() if _enrolled(p, self._settings)]
+        candidates = [p for p in self._pods.list_pods() if self._candidate(p)]
         try:
             self.reconciled = self.mesh.reconcile(
-                enrolled, reapply_rules=self._settings.reconcileIptablesOnStartup
+                candidates, reapply_rules=self._settings.reconcileIptablesOnStartup
             )
         except Exception:  # Istio goes on: pods are re-examined by the watch
             log.exception("ambient reconcile on start-up failed")
@@ -100,6 +109,24 @@ class AmbientService:
         self.watch.start()
         self._started.set()
         log.info("ambient ready", extra={"fields": {"socket": self._settings.ztunnelSocketPath}})
+
+    def _candidate(self, pod: Mapping[str, Any]) -> bool:
+        """May have been enrolled by a previous agent: claimed so (Istio's
+        GetActiveAmbientPodSnapshot reads the annotation), or selected now. Which of them
+        are enrolled, the node tells (mesh.reconcile)."""
+        amb = self._settings
+        if is_terminated(pod) or is_ztunnel_pod(pod, amb.systemNamespace):
+            return False
+        if redirection_state(pod) != "none":
+            return True
+        ns = str((pod.get("metadata") or {}).get("namespace") or "")
+        return should_enroll(
+            pod,
+            self._namespaces.cached_namespace(ns),
+            amb.enablementSelectors,
+            exclude_namespaces=self._exclude,
+            system_namespace=amb.systemNamespace,
+        ).enroll
 
     def _wait_for(self, ready: Callable[[], bool]) -> bool:
         while not ready():
@@ -129,15 +156,6 @@ class AmbientService:
         self.mesh.remove_host_rules()
 
 
-def _enrolled(pod: Mapping[str, Any], settings: AmbientSettings) -> bool:
-    """Istio's GetActiveAmbientPodSnapshot: annotated enabled, not terminated, not a ztunnel."""
-    return (
-        redirection_state(pod) == "enabled"
-        and not is_terminated(pod)
-        and not is_ztunnel_pod(pod, settings.systemNamespace)
-    )
-
-
 class AmbientParts:
     """The real parts of ambient mode for one node, built from the settings; `enroller` goes to
     the pod server (CNI ADD/DEL), `service(pod_cache)` into the lifecycle."""
@@ -149,7 +167,10 @@ class AmbientParts:
         node_name: str,
         core: Any,
         host_netns: str = "/proc/self/ns/net",
+        find_netns: NetnsFinder | None = None,
     ) -> None:
+        """`find_netns`: running pods' netns by identity (default: by their processes' cgroups
+        only; the lifecycle's also knows what each CNI ADD named)."""
         # Imported here: only an agent with ambient on needs them (and their kernel modules).
         from agent.ambient.zds import ZdsServer
         from agent.rules.ambient_apply import HostProbeRules, InpodRules
@@ -176,9 +197,10 @@ class AmbientParts:
             ),
             ztunnel=self.ztunnel,
             annotator=StatusAnnotator(core),
-            find_netns=netns_by_address(
-                netns_dir=settings.mountedNetnsDir,
+            find_netns=find_netns
+            or PodNetnsFinder(
                 proc_dir=settings.hostProcDir,
+                netns_dir=settings.mountedNetnsDir,
                 read_addresses=netns_addresses,
             ),
             options_for=rule_options_for(base),
@@ -190,6 +212,7 @@ class AmbientParts:
             exclude_namespaces=settings.excludeNamespaces,
             system_namespace=amb.systemNamespace,
             detection_retry=amb.enableAmbientDetectionRetry,
+            fail_open=amb.failOpenOnDetectionError,
         )
 
     def service(self, pods: Any) -> AmbientService:
@@ -210,4 +233,5 @@ class AmbientParts:
             mesh=self.mesh,
             ztunnel=self.ztunnel,
             watch=watch,
+            exclude_namespaces=self.settings.excludeNamespaces,
         )

@@ -2,9 +2,11 @@
 ReconcileCNIAddEvent): is this pod enrolled by ambient, and if so enroll it with the request's
 netns.
 
-Namespace lookup, as Istio's enableAmbientDetectionRetry: on, the lookup is retried and a failure
-fails the ADD (the runtime retries the sandbox); off, one attempt, and a failure means "not
-ambient" (the sidecar decision runs as without ambient).
+Namespace lookup: with Istio's enableAmbientDetectionRetry the lookup is retried, else tried
+once. When it fails the agent cannot tell whether the pod must be captured, so the ADD fails
+with "try again" (the runtime retries the sandbox) and the pod never starts uncaptured. Istio
+instead treats such a pod as not ambient unless the retry is on; `fail_open`
+(ambient.failOpenOnDetectionError) is that choice, made by the user.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class AmbientEnroller:
         exclude_namespaces: Collection[str],
         system_namespace: str,
         detection_retry: bool,
+        fail_open: bool = False,
     ) -> None:
         self._namespaces = namespaces
         self._mesh = mesh
@@ -62,6 +65,7 @@ class AmbientEnroller:
         self._exclude = tuple(exclude_namespaces)
         self._system_ns = system_namespace
         self._retry = detection_retry
+        self._fail_open = fail_open
 
     def decide(self, pod: Mapping[str, Any]) -> Verdict:
         meta = pod.get("metadata") or {}
@@ -71,12 +75,13 @@ class AmbientEnroller:
             if namespace is None:
                 raise AmbientLookupError(f"namespace {ns_name} not found")
         except Exception as e:
-            if self._retry:
+            if not self._fail_open:
                 raise AmbientLookupError(
                     f"look up namespace {ns_name} for ambient detection: {e}"
                 ) from e
             log.warning(
-                "ambient detection failed; treating pod as not ambient",
+                "ambient detection failed; treating pod as not ambient "
+                "(ambient.failOpenOnDetectionError)",
                 extra={"fields": {"pod": f"{ns_name}/{meta.get('name')}", "error": str(e)}},
             )
             return Verdict(False, f"ambient detection failed ({e})")

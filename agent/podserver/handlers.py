@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agent.logs import LEVELS, PLUGIN_LOGGER
+from agent.podnetns.scan import netns_ident
 from agent.podserver.ambient import AmbientLookupError, ZtunnelPending
 from agent.podserver.metrics import PluginMetrics
 from agent.podserver.sandboxes import Sandbox, SandboxStore
@@ -267,14 +268,14 @@ class PodHandlers:
                 return self._ambient_add(req, pod, verdict.reason)
         decision = self._decide(req, pod)
         if not decision.redirect:
-            self._remember(req, redirected=False)
+            self._remember(req, pod, redirected=False)
             self._log_result(req, "skipped", decision.reason)
             return ok(wire.RESULT_SKIPPED, decision.reason)
         try:
             backend = self._redirector.apply(req.netns, pod)
         except Exception as e:
             raise self._failed(req, "apply redirect rules", e) from e
-        self._remember(req, redirected=True)
+        self._remember(req, pod, redirected=True)
         reason = f"{decision.reason}; rules applied with {backend}"
         self._log_result(req, "redirected", reason)
         return ok(wire.RESULT_REDIRECTED, reason)
@@ -310,6 +311,7 @@ class PodHandlers:
                 True,
                 ambient=True,
                 ips=req.ips,
+                netns_id=netns_ident(req.netns),
             )
         )
         self._log_result(req, "redirected", f"{reason}; {done}")
@@ -427,16 +429,19 @@ class PodHandlers:
             STEP_REASONS.get(step, "internal_error"),
         )
 
-    def _remember(self, req: CniRequest, *, redirected: bool) -> None:
+    def _remember(self, req: CniRequest, pod: Mapping[str, Any], *, redirected: bool) -> None:
+        """The runtime's word on which netns is this pod's: later looks go by it, not by IP."""
+        uid = req.pod_uid or str((pod.get("metadata") or {}).get("uid") or "")
         self._sandboxes.put(
             Sandbox(
                 req.container_id,
                 req.ifname,
                 req.pod_namespace,
                 req.pod_name,
-                req.pod_uid,
+                uid,
                 req.netns,
                 redirected,
+                netns_id=netns_ident(req.netns),
             )
         )
 

@@ -6,6 +6,8 @@ import threading
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from agent.podnetns.scan import NetnsId, netns_ident
+
 
 @dataclass(frozen=True)
 class Sandbox:
@@ -22,6 +24,8 @@ class Sandbox:
     """Enrolled in ambient by this ADD (DEL releases it)."""
     ips: tuple[str, ...] = ()
     """The pod's IPs from the ADD's prevResult (ambient only)."""
+    netns_id: NetnsId | None = None
+    """(st_dev, st_ino) of `netns` at ADD: a later look at the path must find the same one."""
 
 
 class SandboxStore:
@@ -33,11 +37,22 @@ class SandboxStore:
 
     def put(self, sandbox: Sandbox) -> None:
         with self._lock:
+            self._items.pop(sandbox.container_id, None)  # re-inserted last: the latest ADD
             self._items[sandbox.container_id] = sandbox
 
     def get(self, container_id: str) -> Sandbox | None:
         with self._lock:
             return self._items.get(container_id)
+
+    def netns_of(self, uid: str) -> str | None:
+        """The netns path of the pod's latest ADD, while that path is still the namespace the
+        runtime named then (a path reused by another sandbox is not the pod's)."""
+        with self._lock:
+            latest = [s for s in self._items.values() if s.uid == uid and s.netns_id is not None]
+        for sandbox in reversed(latest):
+            if netns_ident(sandbox.netns) == sandbox.netns_id:
+                return sandbox.netns
+        return None
 
     def remove(self, container_id: str) -> Sandbox | None:
         with self._lock:

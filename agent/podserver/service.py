@@ -31,13 +31,17 @@ class PodService:
         metrics: PluginMetrics | None = None,
         cache: PodCache | None = None,
         ambient: Ambient | None = None,
+        sandboxes: SandboxStore | None = None,
     ) -> None:
         """`redirector`, `metrics` and `cache` default to the real ones; tests pass their own.
-        `ambient` (ambient mode on) enrolls the pods ambient selects on CNI ADD.
+        `ambient` (ambient mode on) enrolls the pods ambient selects on CNI ADD. `sandboxes`:
+        where each ADD's pod UID and netns are kept (shared with whoever finds pods' netns).
 
         The clients from `kube_client_factory` are not closed here: they may be shared.
         """
         self._install_ready = install_ready
+        self.sandboxes = sandboxes if sandboxes is not None else SandboxStore()
+        """The sandboxes of the ADDs answered: pod UID -> the netns the runtime named."""
         self.pods = cache or PodCache(kube_client_factory().core, node_name)
         """The node's pod cache; repair reads it too."""
         if redirector is None:
@@ -47,7 +51,7 @@ class PodService:
         self.handlers = PodHandlers(
             pods=self.pods,
             redirector=redirector,
-            sandboxes=SandboxStore(),
+            sandboxes=self.sandboxes,
             readiness=self.not_ready_reason,
             metrics=metrics or default_metrics(),
             ambient=ambient,

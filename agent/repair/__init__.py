@@ -1,5 +1,5 @@
 """Repair: pods on this node that started before the plugin could redirect them.
 
-detect.py decides which pods are broken (pure), netns_finder.py finds a running pod's network
-namespace on the node, actions.py repairs, deletes or labels, service.py runs the loop.
+detect.py decides which pods are broken (pure), actions.py repairs, deletes or labels,
+service.py runs the loop; a pod's network namespace is found by agent.podnetns.
 """

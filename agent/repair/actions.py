@@ -53,8 +53,22 @@ def record_event(
 ) -> None:
     """A Warning Event on the pod, so `kubectl describe pod` shows what repair did."""
     meta = pod["metadata"]
+    event = event_for(pod, reason=reason, message=message, node_name=node_name)
+    try:
+        core.create_namespaced_event(meta["namespace"], event)
+    except Exception as e:  # an Event is best effort: never fail the repair for it
+        log.warning(
+            "cannot record event %s for pod %s/%s: %s", reason, meta["namespace"], meta["name"], e
+        )
+
+
+def event_for(
+    pod: Mapping[str, Any], *, reason: str, message: str, node_name: str
+) -> dict[str, Any]:
+    """The Event as this node's agent reports it (`source.host`: the node)."""
+    meta = pod["metadata"]
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    event = {
+    return {
         "apiVersion": "v1",
         "kind": "Event",
         "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
@@ -73,9 +87,3 @@ def record_event(
         "lastTimestamp": now,
         "count": 1,
     }
-    try:
-        core.create_namespaced_event(meta["namespace"], event)
-    except Exception as e:  # an Event is best effort: never fail the repair for it
-        log.warning(
-            "cannot record event %s for pod %s/%s: %s", reason, meta["namespace"], meta["name"], e
-        )

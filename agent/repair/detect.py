@@ -10,29 +10,41 @@ SIDECAR_STATUS_ANNOTATION = "sidecar.istio.io/status"
 VALIDATION_FAILED_EXIT_CODE = 126
 
 
-def validation_failed(pod: Mapping[str, Any], *, init_container_name: str) -> bool:
-    """True when the pod's validation init container last failed as Istio's does without rules.
-
-    A container that currently shows a successful termination is never broken: a crash-looping
-    one reports its failure in `lastState` while it waits for the next restart.
+def validation_failed(
+    pod: Mapping[str, Any],
+    *,
+    init_container_name: str,
+    exit_code: int = VALIDATION_FAILED_EXIT_CODE,
+    termination_message: str = "",
+) -> bool:
+    """True when the pod's validation init container last failed as Istio's does without rules
+    (Istio's repair filter): its last termination has `exit_code` (0: any) and, when set, the
+    `termination_message`. A container that currently shows a successful termination is never
+    broken: a crash-looping one reports its failure in `lastState` while it waits to restart.
     """
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     if SIDECAR_STATUS_ANNOTATION not in annotations:
         return False
+    wanted_message = termination_message.strip()
     for status in (pod.get("status") or {}).get("initContainerStatuses") or []:
-        if status.get("name") != init_container_name:
+        if init_container_name and status.get("name") != init_container_name:
             continue
         current = (status.get("state") or {}).get("terminated")
         if current and (current.get("reason") == "Completed" or current.get("exitCode") == 0):
             continue
         last = (status.get("lastState") or {}).get("terminated")
-        if last and last.get("exitCode") == VALIDATION_FAILED_EXIT_CODE:
-            return True
+        if not last:
+            continue
+        if exit_code and last.get("exitCode") != exit_code:
+            continue
+        if wanted_message and str(last.get("message") or "").strip() != wanted_message:
+            continue
+        return True
     return False
 
 
 def is_running_with_addresses(pod: Mapping[str, Any]) -> bool:
-    """A pod whose sandbox exists: it has an IP, so its netns can be found by address."""
+    """A pod whose sandbox exists: it has an IP, which its netns must hold."""
     status = pod.get("status") or {}
     return bool(pod_ips(pod)) and status.get("phase") in ("Pending", "Running")
 

@@ -1,4 +1,17 @@
-"""The repair loop: find pods on this node that run without redirect and handle them per mode."""
+"""The repair loop: find pods on this node that run without redirect and handle them per mode.
+
+A pod is broken, and handled by `repair.mode`, in two cases only:
+- its validation init container failed (Istio's repair filter: `repair.initContainerName`
+  terminated with `repair.initContainerExitCode`, and `repair.initContainerTerminationMessage`
+  when set): it found no redirect from inside the pod;
+- its network namespace (found by the pod's identity, agent.podnetns) holds no chain or table
+  of ours at all: it started before the plugin was in place.
+A pod whose rules are ours but differ from what this agent renders for it today (an older or
+newer release, an annotation edited on the running pod) is not broken: it is reported (a log
+line, istio_cni_repair_rules_differ_total, a Warning Event `RedirectRulesDiffer`, once per pod)
+and left alone. Acting on it would let a release that renders one rule differently, or a tenant
+who edits an annotation, make every meshed pod a repair target (with `delete`: deleted).
+"""
 
 from __future__ import annotations
 
@@ -8,18 +21,27 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from prometheus_client import Counter
+
 from agent.config import Settings
 from agent.repair import actions
-from agent.repair.detect import is_running_with_addresses, pod_ips, pod_key, validation_failed
-from agent.repair.netns_finder import AddressReader, find_pod_netns, index_netns_by_address
+from agent.repair.detect import is_running_with_addresses, pod_key, validation_failed
 
 log = logging.getLogger(__name__)
 
 Redirect = Callable[[Mapping[str, Any], str], object]
 RulesInPlace = Callable[[Mapping[str, Any], str], bool]
+OursPresent = Callable[[str], bool]
 ShouldRedirect = Callable[[Mapping[str, Any]], bool]
+FindNetns = Callable[[Sequence[Mapping[str, Any]]], Mapping[str, str]]
 
 METRIC_TYPE = {"repair-in-place": "repair", "delete": "delete", "label": "label"}
+RULES_DIFFER_REASON = "RedirectRulesDiffer"
+RULES_DIFFER = Counter(
+    "istio_cni_repair_rules_differ",
+    "Running pods whose redirect rules are ours but differ from what this agent renders for "
+    "them: reported once per pod and left alone.",
+)
 
 
 class PodSource(Protocol):
@@ -31,7 +53,7 @@ class PodSource(Protocol):
 class Outcome:
     pod: str
     action: str  # repair | delete | label | none
-    result: str  # success | fail | skip
+    result: str  # success | fail | skip | differ
     detail: str = ""
 
 
@@ -48,7 +70,8 @@ class RepairService:
         should_redirect: ShouldRedirect,
         redirect: Redirect,
         rules_in_place: RulesInPlace,
-        read_addresses: AddressReader,
+        ours_present: OursPresent,
+        find_netns: FindNetns,
         interval: float = 5.0,
     ) -> None:
         self._settings = settings
@@ -58,7 +81,8 @@ class RepairService:
         self._should_redirect = should_redirect
         self._redirect = redirect
         self._rules_in_place = rules_in_place
-        self._read_addresses = read_addresses
+        self._ours_present = ours_present
+        self._find_netns = find_netns
         self._interval = interval
         self._handled: set[str] = set()
         self._failed: set[str] = set()
@@ -90,17 +114,13 @@ class RepairService:
     def run_once(self) -> list[Outcome]:
         pods = self._pods.list_pods()
         live = {str(p["metadata"].get("uid")) for p in pods}
-        self._handled &= live  # forget deleted pods so the set cannot grow without bound
+        self._handled &= live  # forget deleted pods so the sets cannot grow without bound
         self._failed &= live
         todo = [p for p in pods if self._is_candidate(p)]
         if not todo:
             return []
-        index = index_netns_by_address(
-            netns_dir=self._settings.mountedNetnsDir,
-            proc_dir=self._settings.hostProcDir,
-            read_addresses=self._read_addresses,
-        )
-        return [self._handle(pod, find_pod_netns(pod_ips(pod), index)) for pod in todo]
+        found = self._find_netns(todo)
+        return [self._handle(pod, found.get(str(pod["metadata"]["uid"]))) for pod in todo]
 
     def _is_candidate(self, pod: Mapping[str, Any]) -> bool:
         uid = str(pod["metadata"].get("uid"))
@@ -110,17 +130,55 @@ class RepairService:
 
     def _handle(self, pod: Mapping[str, Any], netns: str | None) -> Outcome:
         key, uid = pod_key(pod), str(pod["metadata"]["uid"])
-        broken = validation_failed(pod, init_container_name=self._settings.repair.initContainerName)
+        repair = self._settings.repair
+        broken = validation_failed(
+            pod,
+            init_container_name=repair.initContainerName,
+            exit_code=repair.initContainerExitCode,
+            termination_message=repair.initContainerTerminationMessage,
+        )
         if not broken:
             if netns is None:
                 return Outcome(key, "none", "skip", "netns not found yet")
             try:
-                if self._rules_in_place(pod, netns):
-                    self._handled.add(uid)
-                    return Outcome(key, "none", "skip", "rules in place")
+                state = self._rules_state(pod, netns)
             except Exception as e:
                 log.warning("cannot check rules of pod %s in %s: %s", key, netns, e)
                 return Outcome(key, "none", "skip", f"check failed: {e}")
+            if state != "absent":
+                self._handled.add(uid)
+                if state == "differ":
+                    self._report_difference(pod, netns)
+                    return Outcome(key, "none", "differ", f"rules differ in {netns}; left alone")
+                return Outcome(key, "none", "skip", "rules in place")
+        return self._act_and_report(pod, netns, key=key, uid=uid)
+
+    def _rules_state(self, pod: Mapping[str, Any], netns: str) -> str:
+        """exact (as rendered today), differ (ours, not as rendered) or absent (none of ours)."""
+        if self._rules_in_place(pod, netns):
+            return "exact"
+        return "differ" if self._ours_present(netns) else "absent"
+
+    def _report_difference(self, pod: Mapping[str, Any], netns: str) -> None:
+        key = pod_key(pod)
+        RULES_DIFFER.inc()
+        log.warning(
+            "pod's redirect rules differ from this agent's rendering; left alone",
+            extra={"fields": {"pod": key, "netns": netns}},
+        )
+        actions.record_event(
+            self._core,
+            pod,
+            reason=RULES_DIFFER_REASON,
+            message="redirect rules in the pod differ from what this node's istio-cni agent "
+            "renders for it (another release, or annotations changed after start); the pod is "
+            "captured and left as it is: restart it to get this release's rules",
+            node_name=self._node_name,
+        )
+
+    def _act_and_report(
+        self, pod: Mapping[str, Any], netns: str | None, *, key: str, uid: str
+    ) -> Outcome:
         mode = self._settings.repair.mode
         kind = METRIC_TYPE[mode]
         try:

@@ -17,7 +17,13 @@ from collections.abc import Callable, Collection, Iterable
 from agent import constants
 from agent.ambient.dataplane import PodRuleOptions
 from agent.errors import RedirectError
-from agent.rules import ambient_nft_apply, ambient_routes, backend_iptc, backend_restore
+from agent.rules import (
+    ambient_nft_apply,
+    ambient_routes,
+    backend_iptc,
+    backend_restore,
+    footprint,
+)
 from agent.rules.ambient import (
     HOST_OWNERSHIP,
     POD_OWNERSHIP,
@@ -120,6 +126,10 @@ class InpodRules:
             owner=POD_OWNERSHIP,
             native=lambda: ambient_nft_apply.pod_present(netns_path, options),
         ) and ambient_routes.routes_present(netns_path, ipv6=options.ipv6)
+
+    def installed(self, netns_path: str) -> bool:
+        """Any chain or table of ours in the namespace (the pod was enrolled), in any backend."""
+        return footprint.ours_present(netns_path)
 
 
 class HostProbeRules:

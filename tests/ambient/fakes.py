@@ -43,6 +43,10 @@ class FakePodRules:
         self.journal.append(("rules.present", netns_path))
         return self.programmed.get(netns_path) == options
 
+    def installed(self, netns_path: str) -> bool:
+        self.journal.append(("rules.installed", netns_path))
+        return netns_path in self.programmed
+
 
 class FakeHostProbeRules:
     def __init__(self, journal: Journal) -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from agent.ambient.enrollment import (
     REDIRECTION_ANNOTATION,
+    RedirectionState,
     annotation_patch,
     namespace_change_matters,
     namespace_matches,
@@ -354,11 +355,37 @@ def test_pod_update_action_follows_istios_informer(
     action: str,
     reason: str,
 ) -> None:
+    """Each case's annotation stands for the state the agent recorded for the pod."""
     got = pod_update_action(
-        the_pod, the_ns, DEFAULT, old_pod=old, exclude_namespaces=("kube-system",)
+        the_pod,
+        the_ns,
+        DEFAULT,
+        state=redirection_state(the_pod),
+        old_pod=old,
+        exclude_namespaces=("kube-system",),
     )
     assert got.action == action
     assert reason in got.reason
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize(
+    ("claimed", "recorded", "the_ns", "action"),
+    [
+        ("enabled", "none", AMBIENT_NS, "add"),  # a claim does not keep it out of the mesh
+        ("pending", "enabled", AMBIENT_NS, "none"),
+        ("disabled", "enabled", PLAIN_NS, "remove"),  # removing the claim hides nothing
+        ("enabled", "none", PLAIN_NS, "none"),
+    ],
+    ids=["claims-enabled", "claims-pending", "drops-claim", "claims-outside-mesh"],
+)
+def test_the_pods_own_annotation_never_decides(
+    claimed: str, recorded: RedirectionState, the_ns: dict[str, Any], action: str
+) -> None:
+    the_pod = enrolled(claimed)
+    got = pod_update_action(the_pod, the_ns, DEFAULT, state=recorded)
+    assert got.action == action, got.reason
+    assert release_on_delete(the_pod, PLAIN_NS, DEFAULT, state="none") is False
 
 
 @pytest.mark.parametrize(
@@ -372,7 +399,8 @@ def test_pod_update_action_follows_istios_informer(
     ],
 )
 def test_release_on_delete(the_pod: dict[str, Any], the_ns: dict[str, Any], release: bool) -> None:
-    assert release_on_delete(the_pod, the_ns, DEFAULT) is release
+    state = redirection_state(the_pod)  # the case's annotation as the agent's record
+    assert release_on_delete(the_pod, the_ns, DEFAULT, state=state) is release
 
 
 @pytest.mark.parametrize(

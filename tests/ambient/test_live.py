@@ -19,22 +19,24 @@ from typing import Any
 import pytest
 
 from agent.ambient.dataplane import PodRuleOptions
-from agent.ambient.mesh import MeshDataplane, StatusAnnotator, netns_by_address, rule_options_for
+from agent.ambient.mesh import MeshDataplane, StatusAnnotator, rule_options_for
 from agent.ambient.selectors import DEFAULT_ENABLEMENT_SELECTORS
 from agent.ambient.watch import AmbientWatch
 from agent.ambient.watch_service import AmbientService
 from agent.ambient.zds import ZdsServer
 from agent.config import AmbientSettings, Settings
+from agent.podnetns.addresses import netns_addresses
+from agent.podnetns.finder import PodNetnsFinder
 from agent.pods.cache import PodCache
 from agent.pods.namespaces import NamespaceCache
 from agent.podserver.ambient import AmbientEnroller
 from agent.podserver.service import PodService
-from agent.repair.addresses import netns_addresses
 from agent.rules.ambient_apply import HostProbeRules, InpodRules
 from plugin import wire
 from testbed import kubepods, netns
 from testbed.kubepods import wait_for
 from testbed.node import NodePods
+from testbed.podcgroup import PodSandboxes
 from testbed.podnet import saved_rules
 from testbed.ztunnel_double import ZtunnelDouble
 from tests.podserver.helpers import call
@@ -64,8 +66,8 @@ class Bed:
             host_rules=self.host,
             ztunnel=ztunnel,
             annotator=StatusAnnotator(self.core),
-            find_netns=netns_by_address(
-                netns_dir="/run/netns", proc_dir="/proc", read_addresses=netns_addresses
+            find_netns=PodNetnsFinder(
+                proc_dir="/proc", netns_dir="/run/netns", read_addresses=netns_addresses
             ),
             options_for=rule_options_for(PodRuleOptions(ipv6=False)),
         )
@@ -127,28 +129,39 @@ def namespace(kube_core: Any) -> Iterator[str]:
         yield name
 
 
+class PodNets:
+    """The pods' namespaces (named netns) and their sandbox processes, in the pods' cgroups."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.sandboxes = PodSandboxes()
+
+
 @pytest.fixture
-def pod_netns() -> Iterator[list[str]]:
-    made: list[str] = []
+def pod_netns() -> Iterator[PodNets]:
+    made = PodNets()
     try:
         yield made
     finally:
-        for name in made:
+        made.sandboxes.close()
+        for name in made.names:
             netns.delete(name)
 
 
 def running_pod(
-    node_pods: NodePods, pod_netns: list[str], namespace: str, name: str, **options: Any
+    node_pods: NodePods, pod_netns: PodNets, namespace: str, name: str, **options: Any
 ) -> tuple[dict[str, Any], str]:
-    """An API pod reported Running with an IP that a real netns of ours holds."""
+    """An API pod reported Running with an IP that a real netns of ours holds, with a sandbox
+    process in it that is in the pod's cgroup (how the agent tells the pod's netns)."""
     ip = f"10.77.{next(_ips)}.5"
     ns_name = netns.unique_name("amb-pod")
     netns.add(ns_name)
-    pod_netns.append(ns_name)
+    pod_netns.names.append(ns_name)
     netns.ip("link", "add", "eth0", "type", "veth", "peer", "name", "peer0", netns=ns_name)
     netns.ip("addr", "add", f"{ip}/24", "dev", "eth0", netns=ns_name)
     netns.ip("link", "set", "eth0", "up", netns=ns_name)
-    node_pods.create(namespace, name, **options)
+    created = node_pods.create(namespace, name, **options)
+    pod_netns.sandboxes.start(f"/run/netns/{ns_name}", created["metadata"]["uid"])
     return node_pods.set_running(namespace, name, ip), ns_name
 
 
@@ -181,7 +194,7 @@ def test_namespace_label_enrolls_and_releases_running_pods(
     ztunnel: ZtunnelDouble,
     kube_core: Any,
     node_pods: NodePods,
-    pod_netns: list[str],
+    pod_netns: PodNets,
     namespace: str,
 ) -> None:
     pod, ns_name = running_pod(node_pods, pod_netns, namespace, "web")
@@ -211,7 +224,7 @@ def test_pod_label_enrolls_and_opt_out_releases(
     ztunnel: ZtunnelDouble,
     kube_core: Any,
     node_pods: NodePods,
-    pod_netns: list[str],
+    pod_netns: PodNets,
     namespace: str,
 ) -> None:
     _pod, ns_name = running_pod(node_pods, pod_netns, namespace, "web")
@@ -232,7 +245,7 @@ def test_agent_restart_keeps_pods_captured_without_duplicates(
     ztunnel: ZtunnelDouble,
     kube_core: Any,
     node_pods: NodePods,
-    pod_netns: list[str],
+    pod_netns: PodNets,
     namespace: str,
 ) -> None:
     label_namespace(kube_core, namespace, AMBIENT)
@@ -259,7 +272,7 @@ def test_pod_deleted_while_ztunnel_is_away(
     ztunnel: ZtunnelDouble,
     kube_core: Any,
     node_pods: NodePods,
-    pod_netns: list[str],
+    pod_netns: PodNets,
     namespace: str,
 ) -> None:
     label_namespace(kube_core, namespace, AMBIENT)
@@ -284,7 +297,7 @@ def test_cni_add_of_ambient_pod_through_the_pod_server(
     kube_core: Any,
     sim_node: str,
     node_pods: NodePods,
-    pod_netns: list[str],
+    pod_netns: PodNets,
     namespace: str,
     tmp_path: Path,
 ) -> None:
@@ -293,7 +306,7 @@ def test_cni_add_of_ambient_pod_through_the_pod_server(
     ztunnel.connect()
     ns_name = netns.unique_name("amb-pod")
     netns.add(ns_name)
-    pod_netns.append(ns_name)
+    pod_netns.names.append(ns_name)
     pod = node_pods.create(namespace, "fresh")  # no IP yet: the ADD brings it
     enroller = AmbientEnroller(
         namespaces=NamespaceCache(kube_core, sim_node),

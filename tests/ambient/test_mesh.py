@@ -158,37 +158,77 @@ def test_annotation_failure_of_live_pod_raises(parts: Parts) -> None:
         parts.mesh.remove(pod(), deleted=False)
 
 
-def test_reconcile_keeps_good_rules_and_reapplies_missing(parts: Parts, tmp_path: Path) -> None:
-    other = tmp_path / "netns-2"
+def test_reconcile_keeps_good_rules_and_reapplies_those_that_differ(
+    parts: Parts, tmp_path: Path
+) -> None:
+    other, bare = tmp_path / "netns-2", tmp_path / "netns-3"
     other.touch()
+    bare.touch()
     parts.rules.programmed[str(parts.netns)] = PodRuleOptions()  # as a previous run left it
-    parts.finder.by_uid = {"uid-1": str(parts.netns), "uid-2": str(other)}
+    parts.rules.programmed[str(other)] = PodRuleOptions(ingress=True)  # an older rendering
+    parts.finder.by_uid = {"uid-1": str(parts.netns), "uid-2": str(other), "uid-4": str(bare)}
     pods = [
         pod(),
         pod("web-1", uid="uid-2", ips=("10.0.0.6",)),
         pod("web-2", uid="uid-3", ips=("10.0.0.7",)),
+        pod("web-3", uid="uid-4", ips=("10.0.0.8",)),
     ]
     report = parts.mesh.reconcile(pods, reapply_rules=True)
     assert report.found == ["uid-1", "uid-2"] and report.missing == ["uid-3"]
+    assert report.not_enrolled == ["uid-4"]  # a netns without our rules: not enrolled
     assert report.reapplied == ["uid-2"]
     assert ("rules.apply", str(parts.netns)) not in parts.journal  # no duplicate writes
-    assert set(parts.host.entries) == {"uid-1", "uid-2", "uid-3"}
+    assert set(parts.host.entries) == {"uid-1", "uid-2"}
     assert {p.uid for p in parts.mesh.snapshot()} == {"uid-1", "uid-2"}
+    assert [parts.mesh.state(u) for u in ("uid-1", "uid-3", "uid-4")] == [
+        "enabled",
+        "none",
+        "none",
+    ]
+
+
+@pytest.mark.hostile
+def test_reconcile_enrolls_no_pod_on_its_annotation_alone(parts: Parts) -> None:
+    """A pod claiming `enabled` whose netns holds none of our rules is not in ztunnel's
+    snapshot nor in the probe set: the watch captures it as any pod not yet enrolled."""
+    claimed = pod(annotations={"ambient.istio.io/redirection": "enabled"})
+    parts.finder.by_uid = {"uid-1": str(parts.netns)}
+    report = parts.mesh.reconcile([claimed], reapply_rules=True)
+    assert report.found == [] and report.not_enrolled == ["uid-1"]
+    assert parts.mesh.snapshot() == [] and parts.mesh.state("uid-1") == "none"
+    assert parts.host.entries == {}
 
 
 def test_reconcile_without_reapply_only_finds(parts: Parts) -> None:
     parts.finder.by_uid = {"uid-1": str(parts.netns)}
+    parts.rules.programmed[str(parts.netns)] = PodRuleOptions(ingress=True)
     report = parts.mesh.reconcile([pod()], reapply_rules=False)
     assert report.found == ["uid-1"]
-    assert not any(step[0].startswith("rules.") for step in parts.journal)
+    assert [s for s in parts.journal if s[0].startswith("rules.")] == [
+        ("rules.installed", str(parts.netns))
+    ]
 
 
-def test_reconcile_does_not_prune_while_an_ip_is_unknown(parts: Parts) -> None:
+def test_reconcile_does_not_prune_while_an_ip_is_unknown(parts: Parts, tmp_path: Path) -> None:
     parts.host.entries = {"stale": {"10.9.9.9"}}
+    parts.finder.by_uid = {"uid-1": str(parts.netns)}
+    parts.rules.programmed[str(parts.netns)] = PodRuleOptions()
     parts.mesh.reconcile([pod(ips=())], reapply_rules=False)
     assert "stale" in parts.host.entries
     parts.mesh.reconcile([pod()], reapply_rules=False)
     assert set(parts.host.entries) == {"uid-1"}
+
+
+def test_state_follows_the_ztunnel_answer(parts: Parts) -> None:
+    parts.ztunnel.connected = False
+    with pytest.raises(ZtunnelPending):
+        parts.mesh.add(pod(), str(parts.netns))
+    assert parts.mesh.state("uid-1") == "pending"
+    parts.ztunnel.connected = True
+    parts.mesh.add(pod(), str(parts.netns))
+    assert parts.mesh.state("uid-1") == "enabled"
+    parts.mesh.remove(pod(), deleted=True)
+    assert parts.mesh.state("uid-1") == "none"
 
 
 @pytest.mark.parametrize(

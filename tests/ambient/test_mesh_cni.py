@@ -49,7 +49,13 @@ class FakeNamespaces:
 
 
 class Rig:
-    def __init__(self, tmp_path: Path, *pods: dict[str, Any], retry: bool = False) -> None:
+    def __init__(
+        self,
+        tmp_path: Path,
+        *pods: dict[str, Any],
+        retry: bool = False,
+        fail_open: bool = False,
+    ) -> None:
         self.journal: Journal = []
         self.rules = FakePodRules(self.journal)
         self.ztunnel = FakeZtunnelLink(self.journal)
@@ -79,6 +85,7 @@ class Rig:
                 exclude_namespaces=["kube-system"],
                 system_namespace="istio-system",
                 detection_retry=retry,
+                fail_open=fail_open,
             ),
         )
 
@@ -131,8 +138,19 @@ def test_ztunnel_away_fails_the_add_retryably(tmp_path: Path) -> None:
     assert rig.annotator.values == {"app/web-0": "pending"}
 
 
-def test_namespace_lookup_failure_without_retry_means_not_ambient(tmp_path: Path) -> None:
+def test_namespace_lookup_failure_without_retry_still_fails_closed(tmp_path: Path) -> None:
+    """Istio's value without the retry: one try, and when it fails the ADD fails (the runtime
+    retries): the agent cannot tell whether the pod must be captured."""
     rig = Rig(tmp_path, new_pod())
+    rig.namespaces.error = PodLookupError("get namespace app: API server answered 503")
+    reply = rig.handlers.add(rig.body())
+    assert reply.status == 503 and reply.body["code"] == 11
+    assert "ambient detection" in str(reply.body["msg"])
+    assert rig.namespaces.retries == [False] and rig.mesh.snapshot() == []
+
+
+def test_namespace_lookup_failure_fails_open_only_when_the_user_opts_out(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, new_pod(), fail_open=True)
     rig.namespaces.error = PodLookupError("get namespace app: API server answered 503")
     reply = rig.handlers.add(rig.body())
     assert reply.status == 200 and reply.result == wire.RESULT_SKIPPED  # sidecar decision

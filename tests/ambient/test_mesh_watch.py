@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from agent.ambient.enrollment import RedirectionState
 from agent.ambient.mesh import NonRetryableAdd
 from agent.ambient.selectors import DEFAULT_ENABLEMENT_SELECTORS
 from agent.ambient.watch import AmbientWatch, Event
@@ -39,6 +42,11 @@ class FakeMesh:
         self.calls: list[tuple[str, str]] = []
         self.failures = 0
         self.non_retryable = False
+        self.enrolled: set[str] = set()
+        """uids the mesh holds as enrolled: its own record, what the watch decides by."""
+
+    def state(self, uid: str) -> RedirectionState:
+        return "enabled" if uid in self.enrolled else "none"
 
     def add(self, p: Any, netns_path: str = "") -> object:
         self.calls.append(("add", p["metadata"]["name"]))
@@ -92,6 +100,7 @@ def test_namespace_update_without_selector_change_does_nothing() -> None:
 
 def test_label_removed_releases_and_opt_out_releases() -> None:
     store, mesh = FakeStore(), FakeMesh()
+    mesh.enrolled.add("uid-1")  # enrolled by the agent: its record, not the annotation
     store.namespaces["app"] = namespace()
     enrolled = store.put(pod(annotations=ENABLED))
     watch = make(store, mesh)
@@ -104,6 +113,7 @@ def test_label_removed_releases_and_opt_out_releases() -> None:
 
 def test_deleted_pod_is_released_from_the_event_even_without_namespace() -> None:
     store, mesh = FakeStore(), FakeMesh()
+    mesh.enrolled.add("uid-1")  # enrolled by the agent: its record, not the annotation
     watch = make(store, mesh)
     watch.handle(Event("pod", "delete", pod(annotations=ENABLED), None))
     watch.handle(Event("pod", "delete", pod("plain", uid="u2"), None))
@@ -112,6 +122,7 @@ def test_deleted_pod_is_released_from_the_event_even_without_namespace() -> None
 
 def test_terminated_enrolled_pod_is_released_as_deleted() -> None:
     store, mesh = FakeStore(), FakeMesh()
+    mesh.enrolled.add("uid-1")  # enrolled by the agent: its record, not the annotation
     store.namespaces["app"] = namespace(labels=AMBIENT)
     old = pod(annotations=ENABLED)
     store.put(pod(annotations=ENABLED, phase="Succeeded"))
@@ -121,6 +132,7 @@ def test_terminated_enrolled_pod_is_released_as_deleted() -> None:
 
 def test_new_ips_of_enrolled_pod_sync_the_host_probe_set() -> None:
     store, mesh = FakeStore(), FakeMesh()
+    mesh.enrolled.add("uid-1")  # enrolled by the agent: its record, not the annotation
     store.namespaces["app"] = namespace(labels=AMBIENT)
     old = pod(annotations=ENABLED, ips=("10.0.0.5",))
     store.put(pod(annotations=ENABLED, ips=("10.0.0.8",)))
@@ -175,6 +187,21 @@ def test_excluded_namespace_and_ztunnel_pods_are_never_enrolled() -> None:
     watch.handle(Event("pod", "update", a, a))
     watch.handle(Event("pod", "update", z, z))
     assert mesh.calls == []
+
+
+@pytest.mark.hostile
+def test_a_pod_claiming_to_be_enrolled_is_enrolled_and_one_claiming_not_released() -> None:
+    """The annotation is the pod owner's to write: the watch goes by the agent's record."""
+    store, mesh = FakeStore(), FakeMesh()
+    store.namespaces["app"] = namespace(labels=AMBIENT)
+    claims = store.put(pod(annotations=ENABLED))
+    make(store, mesh).handle(Event("pod", "update", claims, claims))
+    assert mesh.calls == [("add", "web-0")]
+    store.namespaces["app"] = namespace()
+    mesh.enrolled.add("uid-1")
+    hides = store.put(pod(annotations={"ambient.istio.io/redirection": "disabled"}))
+    make(store, mesh).handle(Event("pod", "update", hides, hides))
+    assert mesh.calls[-1] == ("remove", "web-0")
 
 
 def _drain(watch: AmbientWatch) -> None:

@@ -32,10 +32,11 @@ from typing import Any
 import pytest
 
 from agent.ambient.dataplane import PodRuleOptions
-from agent.ambient.mesh import MeshDataplane, netns_by_address, rule_options_for
+from agent.ambient.mesh import MeshDataplane, rule_options_for
 from agent.ambient.zds import ZdsServer
 from agent.constants import HOST_PROBE_SNAT_V4, HOST_PROBE_SNAT_V6
-from agent.repair.addresses import netns_addresses
+from agent.podnetns.addresses import netns_addresses
+from agent.podnetns.finder import PodNetnsFinder
 from agent.rules.ambient_apply import HostProbeRules, InpodRules
 from testbed import netns
 from testbed.kubepods import wait_for
@@ -220,8 +221,8 @@ def mesh(request: pytest.FixtureRequest, lan: Lan, tmp_path: Path) -> Iterator[M
         host_rules=host,
         ztunnel=server,
         annotator=annotator,
-        find_netns=netns_by_address(
-            netns_dir="/run/netns", proc_dir="/proc", read_addresses=netns_addresses
+        find_netns=PodNetnsFinder(
+            proc_dir="/proc", netns_dir="/run/netns", read_addresses=netns_addresses
         ),
         options_for=rule_options_for(PodRuleOptions(ipv6=True)),
     )

@@ -23,13 +23,13 @@ def grants(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
     }
 
 
-BASE = {
+READ = {
     ("", "pods", "get"),
     ("", "pods", "list"),
     ("", "pods", "watch"),
-    ("", "events", "create"),
     ("", "nodes", "get"),
 }
+BASE = READ | {("", "events", "create")}  # repair's Events
 
 
 @pytest.mark.parametrize(
@@ -39,16 +39,18 @@ BASE = {
         (["repair.mode=repair-in-place"], set()),
         (["repair.mode=delete"], {("", "pods", "delete")}),
         (["repair.mode=label"], {("", "pods/status", "patch")}),
-        (["repair.mode=delete", "repair.enabled=false"], set()),
-        (["repair.mode=label", "repair.enabled=false"], set()),
+        (["repair.mode=delete", "repair.enabled=false"], None),
+        (["repair.mode=label", "repair.enabled=false"], None),
     ],
     ids=["default", "repair-in-place", "delete", "label", "delete-disabled", "label-disabled"],
 )
 def test_cluster_role_grants_only_what_the_repair_mode_needs(
-    helm: Helm, sets: list[str], extra: set[tuple[str, str, str]]
+    helm: Helm, sets: list[str], extra: set[tuple[str, str, str]] | None
 ) -> None:
+    """`extra` None: repair off, so no Events either."""
     role = only(helm.render(sets=sets), "ClusterRole")
-    assert grants(role["rules"]) == BASE | extra
+    expected = READ if extra is None else BASE | extra
+    assert grants(role["rules"]) == expected
     assert not any(r.get("resourceNames") for r in role["rules"])
 
 
@@ -118,3 +120,52 @@ def test_psp_cluster_role_is_bound_only_when_set(
     assert binding["subjects"][0]["name"] == only(docs, "ServiceAccount")["metadata"]["name"]
     # The binding grants nothing cluster-wide.
     assert len(of_kind(docs, "ClusterRoleBinding")) == 1
+
+
+VAP = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
+
+
+@pytest.mark.parametrize(
+    ("sets", "api_versions", "rendered"),
+    [
+        ([], [VAP], True),
+        ([], [], False),  # an API server without the policy API (or `helm template` alone)
+        (["nodeRestrictionPolicy=false"], [VAP], False),
+        (["nodeRestrictionPolicy=true"], [], True),
+        (["global.resourceScope=namespace"], [VAP], False),
+    ],
+    ids=["auto-served", "auto-not-served", "off", "forced", "namespace-scope"],
+)
+def test_node_restriction_policy_where_the_api_server_serves_it(
+    helm: Helm, sets: list[str], api_versions: list[str], rendered: bool
+) -> None:
+    docs = helm.render(sets=sets, api_versions=api_versions)
+    policies = of_kind(docs, "ValidatingAdmissionPolicy")
+    bindings = of_kind(docs, "ValidatingAdmissionPolicyBinding")
+    assert len(policies) == len(bindings) == (1 if rendered else 0)
+    if not rendered:
+        return
+    (policy,), (binding,) = policies, bindings
+    assert binding["spec"] == {
+        "policyName": policy["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }
+    sa = only(docs, "ServiceAccount")["metadata"]["name"]
+    (condition,) = policy["spec"]["matchConditions"]
+    assert condition["expression"] == (
+        f'request.userInfo.username == "system:serviceaccount:kube-system:{sa}"'
+    )
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    # It covers every mutating right the ClusterRole can grant.
+    role = only(
+        helm.render(sets=[*sets, "repair.mode=delete", "removeNotReadyTaint=true"]), "ClusterRole"
+    )
+    writable = {(r, v) for _, r, v in grants(role["rules"]) if v not in ("get", "list", "watch")}
+    covered = {
+        (r, op)
+        for rule in policy["spec"]["matchConstraints"]["resourceRules"]
+        for r in rule["resources"]
+        for op in rule["operations"]
+    }
+    verb_op = {"delete": "DELETE", "patch": "UPDATE", "create": "CREATE"}
+    assert {(r, verb_op[v]) for r, v in writable} <= covered

@@ -78,6 +78,7 @@ class ChartOnNode:
         self.workdir = workdir
         self.agents: list[DaemonAgent] = []
         self.agent_pods: list[tuple[str, str]] = []
+        self.agent_pod_uids: dict[tuple[str, str], str] = {}
 
     def install(
         self,
@@ -115,7 +116,7 @@ class ChartOnNode:
         """The pod the DaemonSet controller would make on the node (no such controller runs)."""
         template = ds["spec"]["template"]
         name = f"{RELEASE}-{secrets.token_hex(3)[:5]}"  # as a DaemonSet names its pods
-        self.core.create_namespaced_pod(
+        made = self.core.create_namespaced_pod(
             namespace,
             {
                 "apiVersion": "v1",
@@ -139,10 +140,19 @@ class ChartOnNode:
             },
         )
         self.agent_pods.append((namespace, name))
+        self.agent_pod_uids[(namespace, name)] = made.metadata.uid
         return name
 
+    def identity(self, namespace: str, pod: str | None = None) -> Any:
+        """The token kubelet would project into the agent's pod (the latest one in `namespace`
+        unless named): bound to that pod, so it names the pod's node."""
+        if pod is None:
+            pod = [n for ns, n in self.agent_pods if ns == namespace][-1]
+        uid = self.agent_pod_uids[(namespace, pod)]
+        return self.make_identity(namespace, RELEASE, bound_pod=(pod, uid))
+
     def start_agent(self, installed: Installed) -> DaemonAgent:
-        identity = self.make_identity(installed.namespace, RELEASE)
+        identity = self.identity(installed.namespace, installed.agent_pod)
         agent = start_daemon_agent(
             config_yaml=installed.config_yaml(self.core),
             node=NodeDirs(self.cni_node.bin_dir, self.cni_node.conf_dir),

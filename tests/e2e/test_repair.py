@@ -28,9 +28,10 @@ from testbed.cni import CniNode, Sandbox
 from testbed.daemon import DaemonAgent
 from testbed.helm import Helm
 from testbed.node import NodePods, new_core
+from testbed.podcgroup import PodSandboxes
 from testbed.podnet import connect, has_istio_rules, pod_ip, proxy_in
 from testbed.wait import wait_for
-from tests.e2e.harness import RELEASE, ChartOnNode
+from tests.e2e.harness import ChartOnNode
 from tests.e2e.scrape import metric_value
 
 pytestmark = [pytest.mark.e2e, pytest.mark.chart, pytest.mark.cluster, pytest.mark.netns]
@@ -97,12 +98,24 @@ SIDECAR = {
 }
 
 
+@pytest.fixture
+def pod_sandboxes() -> Iterator[PodSandboxes]:
+    """Each simulated pod's sandbox process, in its netns and the pod's cgroup (as a runtime
+    leaves them): how the agent tells which netns is the pod's."""
+    made = PodSandboxes()
+    try:
+        yield made
+    finally:
+        made.close()
+
+
 def started_before_agent(
     cni_node: CniNode,
     node_pods: NodePods,
     kube_core: Any,
     name: str,
     *,
+    sandboxes: PodSandboxes,
     failed_validation: bool,
     sidecar: bool = True,
     netns_path: str | None = None,
@@ -122,6 +135,7 @@ def started_before_agent(
             secrets.token_hex(32),
         )
     ip = pod_ip(cni_node.add(sandbox))
+    sandboxes.start(str(sandbox.netns_path), pod["metadata"]["uid"])
     assert not has_istio_rules(sandbox.netns_name)
     pod = node_pods.set_running(POD_NAMESPACE, name, ip)
     if failed_validation:
@@ -203,12 +217,13 @@ def try_call(call: Any, *args: Any, **kwargs: Any) -> int | None:
 
 
 @pytest.fixture
-def agent_core(make_identity: Any, kube_core: Any) -> Iterator[Any]:
-    """A CoreV1Api holding a token of the chart's ServiceAccount (call after helm install)."""
+def agent_core(chart_on_node: ChartOnNode) -> Iterator[Any]:
+    """A CoreV1Api holding the agent pod's token of the chart's ServiceAccount (call after helm
+    install)."""
     made: list[Any] = []
 
     def make() -> Any:
-        identity = make_identity(NAMESPACE, RELEASE)
+        identity = chart_on_node.identity(NAMESPACE)
         made.append(new_core(str(identity.kubeconfig)))
         return made[-1]
 
@@ -226,19 +241,32 @@ def test_repair_in_place_programs_running_pods(
     kube_core: Any,
     agent_core: Any,
     pause_netns: Any,
+    pod_sandboxes: PodSandboxes,
 ) -> None:
     helm: Helm = helm_releases(helm_binaries[max(helm_binaries)])
     raced, raced_box = started_before_agent(
-        cni_node, node_pods, kube_core, "raced", failed_validation=False
+        cni_node, node_pods, kube_core, "raced", sandboxes=pod_sandboxes, failed_validation=False
     )
     failing, failing_box = started_before_agent(
-        cni_node, node_pods, kube_core, "failing", failed_validation=True
+        cni_node, node_pods, kube_core, "failing", sandboxes=pod_sandboxes, failed_validation=True
     )
     paused, paused_box = started_before_agent(
-        cni_node, node_pods, kube_core, "paused", failed_validation=False, netns_path=pause_netns()
+        cni_node,
+        node_pods,
+        kube_core,
+        "paused",
+        sandboxes=pod_sandboxes,
+        failed_validation=False,
+        netns_path=pause_netns(),
     )
     _, plain_box = started_before_agent(
-        cni_node, node_pods, kube_core, "plain", failed_validation=False, sidecar=False
+        cni_node,
+        node_pods,
+        kube_core,
+        "plain",
+        sandboxes=pod_sandboxes,
+        failed_validation=False,
+        sidecar=False,
     )
     agent = start_agent(chart_on_node, helm, "repair-in-place")
 
@@ -295,10 +323,11 @@ def test_delete_mode_deletes_the_broken_pod(
     node_pods: NodePods,
     kube_core: Any,
     agent_core: Any,
+    pod_sandboxes: PodSandboxes,
 ) -> None:
     helm: Helm = helm_releases(helm_binaries[max(helm_binaries)])
     broken, box = started_before_agent(
-        cni_node, node_pods, kube_core, "broken", failed_validation=True
+        cni_node, node_pods, kube_core, "broken", sandboxes=pod_sandboxes, failed_validation=True
     )
     agent = start_agent(chart_on_node, helm, "delete")
 
@@ -352,10 +381,11 @@ def test_label_mode_labels_the_broken_pod(
     node_pods: NodePods,
     kube_core: Any,
     agent_core: Any,
+    pod_sandboxes: PodSandboxes,
 ) -> None:
     helm: Helm = helm_releases(helm_binaries[max(helm_binaries)])
     broken, box = started_before_agent(
-        cni_node, node_pods, kube_core, "broken", failed_validation=True
+        cni_node, node_pods, kube_core, "broken", sandboxes=pod_sandboxes, failed_validation=True
     )
     agent = start_agent(chart_on_node, helm, "label")
 

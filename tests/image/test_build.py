@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -125,3 +126,18 @@ def _elf_has_interp(elf: bytes) -> bool:
         struct.unpack_from("<I", elf, phoff + i * phentsize)[0] == 3  # PT_INTERP
         for i in range(phnum)
     )
+
+
+def test_a_base_image_without_a_digest_is_refused(images: dict[str, Built]) -> None:
+    """BASE_IMAGE must name its digest: the local base by tag fails the build at once, naming
+    the argument (ci/build-image passes it as localhost/testbed/debian@sha256:...)."""
+    script = (
+        "source ci/image/lib.sh; image_lock; base=$(ci/image/build-base --print-ref); "
+        "bah bud --isolation chroot --pull=never --layers=false --force-rm --target plugin "
+        '--build-arg BASE_IMAGE="$base" -f Dockerfile .'
+    )
+    done = subprocess.run(
+        ["bash", "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode != 0, done.stdout[-2000:]
+    assert "give the base image by digest (NAME@sha256:DIGEST)" in done.stderr + done.stdout

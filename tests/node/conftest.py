@@ -98,3 +98,18 @@ def workload_ns(node_core: Any) -> Iterator[str]:
     """A fresh namespace for the test's pods; deleted (and its pods waited away) at the end."""
     with kubepods.pod_namespace(node_core, "work") as name:
         yield name
+
+
+@pytest.fixture
+def ztunnel_socket(real_cluster: RealCluster) -> Iterator[Path]:
+    """The ZDS socket's node path: under the test node's own dir rather than the default
+    /var/run/ztunnel, so that node tiers of other checkouts on this machine cannot meet it.
+    The dir (kubelet makes it for the hostPath) is removed at the end, whatever happened."""
+    path = real_cluster.base / "run" / "ztunnel" / "ztunnel.sock"
+    assert not path.exists(), f"{path} exists before the test"
+    try:
+        yield path
+    finally:
+        path.unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            path.parent.rmdir()

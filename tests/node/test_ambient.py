@@ -12,7 +12,6 @@ agent finds the running pod's netns on the node)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -34,21 +33,6 @@ MODE_LABEL = "istio.io/dataplane-mode"
 ANNOTATION = "ambient.istio.io/redirection"
 PROBE_SNAT = "169.254.7.127"  # the chart's default ambient.hostProbeSnatAddress
 AMBIENT_CHAINS = (":ISTIO_OUTPUT ", ":ISTIO_PRERT ")
-
-
-@pytest.fixture
-def ztunnel_socket(real_cluster: RealCluster) -> Iterator[Path]:
-    """The ZDS socket's node path: under the test node's own dir rather than the default
-    /var/run/ztunnel, so that node tiers of other checkouts on this machine cannot meet it.
-    The dir (kubelet makes it for the hostPath) is removed at the end, whatever happened."""
-    path = real_cluster.base / "run" / "ztunnel" / "ztunnel.sock"
-    assert not path.exists(), f"{path} exists before the test"
-    try:
-        yield path
-    finally:
-        path.unlink(missing_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            path.parent.rmdir()
 
 
 @pytest.fixture

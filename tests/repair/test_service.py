@@ -6,6 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import pytest
+from prometheus_client import REGISTRY
+
 from agent.config import RepairMode, RepairSettings, Settings
 from agent.repair.service import RepairService
 
@@ -68,12 +71,17 @@ class FakeCore:
 
 
 def service(
-    pods: FakePods, core: FakeCore, *, mode: RepairMode = "repair-in-place"
+    pods: FakePods,
+    core: FakeCore,
+    *,
+    mode: RepairMode = "repair-in-place",
+    netns: Mapping[str, str] | None = None,
+    rules: str = "absent",
+    repair: RepairSettings | None = None,
 ) -> RepairService:
-    """No netns is found (empty dirs): repair in place cannot succeed."""
-    settings = Settings(
-        repair=RepairSettings(mode=mode), mountedNetnsDir="/nonexistent", hostProcDir="/nonexistent"
-    )
+    """`netns`: uid -> path the (test double) finder finds, none by default; `rules`: what the
+    found netns holds: exact (today's rendering), differ (ours, otherwise) or absent (none)."""
+    settings = Settings(repair=repair or RepairSettings(mode=mode))
     return RepairService(
         settings=settings,
         node_name="node-1",
@@ -81,9 +89,24 @@ def service(
         core=core,
         should_redirect=lambda pod: True,
         redirect=lambda pod, path: "iptables-nft",
-        rules_in_place=lambda pod, path: False,
-        read_addresses=lambda path: set(),
+        rules_in_place=lambda pod, path: rules == "exact",
+        ours_present=lambda path: rules != "absent",
+        find_netns=lambda todo: {u: p for u, p in (netns or {}).items()},
     )
+
+
+def running_pod(uid: str = "r1") -> dict[str, Any]:
+    """A meshed pod that started fine: validation passed."""
+    pod = broken_pod(uid)
+    pod["metadata"]["name"] = f"run-{uid}"
+    pod["status"] = {
+        "phase": "Running",
+        "podIPs": [{"ip": "10.9.9.8"}],
+        "initContainerStatuses": [
+            {"name": "istio-validation", "state": {"terminated": {"exitCode": 0}}}
+        ],
+    }
+    return pod
 
 
 def test_a_failing_repair_is_retried_but_reported_once() -> None:
@@ -116,3 +139,80 @@ def test_delete_mode_sends_uid_and_resource_version_preconditions() -> None:
     assert (namespace, name) == ("ns", "p")
     assert body["preconditions"] == {"uid": "u1", "resourceVersion": "1"}
     assert repair.run_once() == []  # handled once
+
+
+def test_rules_that_differ_are_reported_once_and_left_alone_even_in_delete_mode() -> None:
+    before = REGISTRY.get_sample_value("istio_cni_repair_rules_differ_total") or 0.0
+    core = FakeCore()
+    pods = FakePods([running_pod("r1"), running_pod("r2")])
+    repair = service(pods, core, mode="delete", netns={"r1": "/n/1", "r2": "/n/2"}, rules="differ")
+    outcomes = repair.run_once()
+    assert [(o.action, o.result) for o in outcomes] == [("none", "differ")] * 2
+    for _ in range(3):
+        assert repair.run_once() == []
+    assert core.deleted == []
+    assert [e["reason"] for e in core.events] == ["RedirectRulesDiffer"] * 2
+    assert {e["involvedObject"]["uid"] for e in core.events} == {"r1", "r2"}
+    assert REGISTRY.get_sample_value("istio_cni_repair_rules_differ_total") == before + 2
+
+
+def test_a_namespace_with_none_of_our_rules_is_handled_by_mode() -> None:
+    core = FakeCore()
+    repair = service(FakePods([running_pod()]), core, mode="delete", netns={"r1": "/n/1"})
+    [outcome] = repair.run_once()
+    assert (outcome.action, outcome.result) == ("delete", "success")
+    assert [e["reason"] for e in core.events] == ["DeleteBrokenPod"]
+
+
+def test_rules_as_rendered_today_are_left_alone_silently() -> None:
+    core = FakeCore()
+    repair = service(FakePods([running_pod()]), core, netns={"r1": "/n/1"}, rules="exact")
+    [outcome] = repair.run_once()
+    assert (outcome.action, outcome.result) == ("none", "skip")
+    assert core.events == [] and core.deleted == []
+
+
+def test_a_pod_whose_netns_is_not_found_is_not_acted_on() -> None:
+    """Not found (not there yet, or refused as ambiguous): nothing done, looked at again."""
+    core = FakeCore()
+    repair = service(FakePods([running_pod()]), core, mode="delete")
+    assert [(o.action, o.result) for o in repair.run_once()] == [("none", "skip")]
+    assert [(o.action, o.result) for o in repair.run_once()] == [("none", "skip")]
+    assert core.deleted == [] and core.events == []
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "message", "configured_code", "configured_message", "broken"),
+    [
+        (126, "", 126, "", True),
+        (1, "", 126, "", False),
+        (1, "", 0, "", True),  # 0: any failure
+        (126, "no redirect\n", 126, "no redirect", True),
+        (126, "other", 126, "no redirect", False),
+    ],
+    ids=["istio-code", "other-code", "any-code", "message-matches", "message-differs"],
+)
+def test_validation_failure_by_the_configured_exit_code_and_message(
+    exit_code: int, message: str, configured_code: int, configured_message: str, broken: bool
+) -> None:
+    pod = broken_pod()
+    pod["status"] = {
+        **BROKEN_STATUS,
+        "initContainerStatuses": [
+            {
+                "name": "istio-validation",
+                "state": {"waiting": {}},
+                "lastState": {"terminated": {"exitCode": exit_code, "message": message}},
+            }
+        ],
+    }
+    core = FakeCore()
+    settings = RepairSettings(
+        mode="delete",
+        initContainerExitCode=configured_code,
+        initContainerTerminationMessage=configured_message,
+    )
+    # Its netns holds rules as rendered: only the validation failure can make it a target.
+    repair = service(FakePods([pod]), core, repair=settings, netns={"u1": "/n/1"}, rules="exact")
+    repair.run_once()
+    assert bool(core.deleted) is broken

@@ -59,7 +59,9 @@ istio.io/rev: {{ .revision | default "default" | quote }}
   "mode" $v.repair.mode
   "labelKey" $v.repair.labelKey
   "labelValue" (toString $v.repair.labelValue)
-  "initContainerName" $v.repair.initContainerName -}}
+  "initContainerName" $v.repair.initContainerName
+  "initContainerExitCode" (int $v.repair.initContainerExitCode)
+  "initContainerTerminationMessage" (toString $v.repair.initContainerTerminationMessage) -}}
 {{- $a := $v.ambient -}}
 {{- $ambient := dict
   "enabled" $a.enabled
@@ -68,6 +70,7 @@ istio.io/rev: {{ .revision | default "default" | quote }}
   "ipv6" $a.ipv6
   "reconcileIptablesOnStartup" $a.reconcileIptablesOnStartup
   "enableAmbientDetectionRetry" $a.enableAmbientDetectionRetry
+  "failOpenOnDetectionError" $a.failOpenOnDetectionError
   "ztunnelSocketPath" $a.ztunnelSocketPath
   "systemNamespace" $a.systemNamespace
   "hostProbeSnatAddress" $a.hostProbeSnatAddress

@@ -282,7 +282,7 @@ Order of precedence inside one layer does not exist: two spellings of one settin
 {{- end -}}
 {{- end -}}
 {{- /* Environment variables Istio's agent reads: those with a meaning here set it. */ -}}
-{{- $envKeys := dict "CNI_CONF_NAME" "cniConfFileName:string" "CHAINED_CNI_PLUGIN" "chained:bool" "ISTIO_OWNED_CNI_CONFIG" "istioOwnedCNIConfig:bool" "ISTIO_OWNED_CNI_CONFIG_FILENAME" "istioOwnedCNIConfigFileName:string" "EXCLUDE_NAMESPACES" "excludeNamespaces:list" "CNI_CONF_GROUP_READ" "cniConfGroupRead:bool" "MONITORING_PORT" "metricsPort:port" "CNI_AGENT_RUN_DIR" "cniAgentRunDir:path" "REPAIR_ENABLED" "repair.enabled:bool" "REPAIR_BROKEN_POD_LABEL_KEY" "repair.labelKey:string" "REPAIR_BROKEN_POD_LABEL_VALUE" "repair.labelValue:string" "REPAIR_INIT_CONTAINER_NAME" "repair.initContainerName:string" "AMBIENT_ENABLED" "ambient.enabled:bool" "AMBIENT_DNS_CAPTURE" "ambient.dnsCapture:bool" "AMBIENT_IPV6" "ambient.ipv6:bool" "AMBIENT_RECONCILE_POD_RULES_ON_STARTUP" "ambient.reconcileIptablesOnStartup:bool" "ENABLE_AMBIENT_DETECTION_RETRY" "ambient.enableAmbientDetectionRetry:bool" "ZTUNNEL_UDS_ADDRESS" "ambient.ztunnelSocketPath:path" "SYSTEM_NAMESPACE" "ambient.systemNamespace:namespace" "HOST_PROBE_SNAT_IP" "ambient.hostProbeSnatAddress:ipv4" "HOST_PROBE_SNAT_IPV6" "ambient.hostProbeSnatAddressV6:ipv6" -}}
+{{- $envKeys := dict "CNI_CONF_NAME" "cniConfFileName:string" "CHAINED_CNI_PLUGIN" "chained:bool" "ISTIO_OWNED_CNI_CONFIG" "istioOwnedCNIConfig:bool" "ISTIO_OWNED_CNI_CONFIG_FILENAME" "istioOwnedCNIConfigFileName:string" "EXCLUDE_NAMESPACES" "excludeNamespaces:list" "CNI_CONF_GROUP_READ" "cniConfGroupRead:bool" "MONITORING_PORT" "metricsPort:port" "CNI_AGENT_RUN_DIR" "cniAgentRunDir:path" "REPAIR_ENABLED" "repair.enabled:bool" "REPAIR_BROKEN_POD_LABEL_KEY" "repair.labelKey:string" "REPAIR_BROKEN_POD_LABEL_VALUE" "repair.labelValue:string" "REPAIR_INIT_CONTAINER_NAME" "repair.initContainerName:string" "REPAIR_INIT_CONTAINER_EXIT_CODE" "repair.initContainerExitCode:exitcode" "REPAIR_INIT_CONTAINER_TERMINATION_MESSAGE" "repair.initContainerTerminationMessage:string" "AMBIENT_ENABLED" "ambient.enabled:bool" "AMBIENT_DNS_CAPTURE" "ambient.dnsCapture:bool" "AMBIENT_IPV6" "ambient.ipv6:bool" "AMBIENT_RECONCILE_POD_RULES_ON_STARTUP" "ambient.reconcileIptablesOnStartup:bool" "ENABLE_AMBIENT_DETECTION_RETRY" "ambient.enableAmbientDetectionRetry:bool" "ZTUNNEL_UDS_ADDRESS" "ambient.ztunnelSocketPath:path" "SYSTEM_NAMESPACE" "ambient.systemNamespace:namespace" "HOST_PROBE_SNAT_IP" "ambient.hostProbeSnatAddress:ipv4" "HOST_PROBE_SNAT_IPV6" "ambient.hostProbeSnatAddressV6:ipv6" -}}
 {{- $backend := "" -}}
 {{- range $name, $rawValue := $env -}}
 {{- $raw := kindIs "invalid" $rawValue | ternary "" (toString $rawValue) -}}
@@ -297,6 +297,11 @@ Order of precedence inside one layer does not exist: two spellings of one settin
 {{- else if eq $kind "port" -}}
 {{- if or (not (regexMatch "^[0-9]{1,5}$" $raw)) (lt (atoi $raw) 1) (gt (atoi $raw) 65535) -}}
 {{- fail (printf "%s: %q is not a port number (1-65535)" $where $raw) -}}
+{{- end -}}
+{{- $value = atoi $raw -}}
+{{- else if eq $kind "exitcode" -}}
+{{- if or (not (regexMatch "^[0-9]{1,3}$" $raw)) (gt (atoi $raw) 255) -}}
+{{- fail (printf "%s: %q is not an exit code (0-255)" $where $raw) -}}
 {{- end -}}
 {{- $value = atoi $raw -}}
 {{- else if eq $kind "path" -}}
