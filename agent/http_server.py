@@ -13,7 +13,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 log = logging.getLogger(__name__)
 
-ReadyCheck = Callable[[], bool]
+Failing = Callable[[], Sequence[tuple[str, str]]]
+"""(check, why) of each failing readiness check (agent.readiness); empty when ready."""
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -26,8 +27,9 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/readyz":
             failing = self.server.failing_checks()
             if failing:
-                body = ("not ready: " + ", ".join(failing) + "\n").encode()
-                self._reply(503, body, "text/plain; charset=utf-8")
+                lines = ["not ready: " + ", ".join(name for name, _ in failing)]
+                lines += [f"{name}: {why}" for name, why in failing]
+                self._reply(503, ("\n".join(lines) + "\n").encode(), "text/plain; charset=utf-8")
             else:
                 self._reply(200, b"ready\n", "text/plain; charset=utf-8")
         elif path == "/metrics":
@@ -55,36 +57,31 @@ class _Server(ThreadingHTTPServer):
             self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         super().server_bind()
 
-    checks: Sequence[tuple[str, ReadyCheck]] = ()
+    readiness: Failing
+    """Set by HttpServer.start before serving."""
 
-    def failing_checks(self) -> list[str]:
-        failing = []
-        for name, check in self.checks:
-            try:
-                ok = check()
-            except Exception:  # a broken check is a failing one, not a crashed server
-                log.exception("readiness check %s raised", name)
-                ok = False
-            if not ok:
-                failing.append(name)
-        return failing
+    def failing_checks(self) -> Sequence[tuple[str, str]]:
+        try:
+            return self.readiness()
+        except Exception as e:  # a broken readiness is not ready, not a crashed server
+            log.exception("readiness raised")
+            return [("readiness", f"raised {type(e).__name__}: {e}")]
 
 
 class HttpServer:
-    """Service: serves health, readiness (every registered check true) and metrics."""
+    """Service: serves health, readiness (no check failing, each failing one named with why)
+    and metrics."""
 
-    def __init__(
-        self, *, port: int, host: str = "", checks: Sequence[tuple[str, ReadyCheck]] = ()
-    ) -> None:
+    def __init__(self, *, port: int, host: str = "", readiness: Failing = lambda: ()) -> None:
         self.host = host
         self.port = port
-        self.checks = list(checks)
+        self.readiness = readiness
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         server = _bind(self.host, self.port)
-        server.checks = self.checks
+        server.readiness = self.readiness
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, name="http", daemon=True)
         self._thread.start()

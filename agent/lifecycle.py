@@ -40,6 +40,7 @@ from agent.podnetns.finder import PodNetnsFinder
 from agent.podserver.redirect import RulesRedirector
 from agent.podserver.sandboxes import SandboxStore
 from agent.podserver.service import PodService
+from agent.readiness.build import build_readiness
 from agent.repair.service import RepairService
 from agent.rules.footprint import ours_present
 
@@ -47,8 +48,7 @@ log = logging.getLogger(__name__)
 
 
 class Service(Protocol):
-    """A long-running part: start() returns once running; stop() returns once its threads ended.
-    A service that gates readiness also has `ready() -> bool`."""
+    """A long-running part: start() returns once running; stop() returns once its threads ended."""
 
     def start(self) -> None: ...
 
@@ -91,6 +91,9 @@ def node_services(
         if settings.ambient.enabled
         else None
     )
+    readiness = build_readiness(
+        settings, watcher, redirector, node_name=node_name, core=clients.core
+    )
     pods = PodService(
         settings,
         node_name,
@@ -99,23 +102,30 @@ def node_services(
         redirector=redirector,
         ambient=ambient.enroller if ambient else None,
         sandboxes=sandboxes,
+        on_add_netns=readiness.netns_dir.saw_add,
     )
     services: list[Service] = [pods]
+    readiness.watch_pods(pods)
     if ambient is not None:
         # After the pod service (its pod cache feeds the watch); ready once ZDS listens.
-        services.append(ambient.service(pods.pods))
+        zds = ambient.service(pods.pods)
+        services.append(zds)
+        readiness.watch_ambient(zds, settings.ambient.ztunnelSocketPath)
     if settings.repair.enabled:
         services.append(_repair_service(settings, node_name, pods, clients, redirector, find_netns))
-    checks = [(type(s).__name__, _ready_of(s)) for s in (watcher, *services) if hasattr(s, "ready")]
+    # After the parts it checks: its first round runs as it starts.
+    services.append(readiness.service())
     services.append(
-        HttpServer(port=settings.metricsPort, host=settings.metricsAddress, checks=checks)
+        HttpServer(
+            port=settings.metricsPort,
+            host=settings.metricsAddress,
+            readiness=readiness.service().failing,
+        )
     )
     if settings.removeNotReadyTaint:
-        # Ready as /readyz reports it: every check passes (plugin and config in place, socket).
+        # Ready as /readyz reports it: every readiness check passes.
         services.append(
-            NodeTaintRemover(
-                clients.core, node_name, is_ready=lambda: all(check() for _, check in checks)
-            )
+            NodeTaintRemover(clients.core, node_name, is_ready=readiness.service().ready)
         )
     services.append(plugin_log_file.Forwarding(settings.cniAgentRunDir))  # an absent agent's
     return services
@@ -140,11 +150,6 @@ def _repair_service(
         ours_present=ours_present,
         find_netns=find_netns,
     )
-
-
-def _ready_of(service: Service) -> Callable[[], bool]:
-    ready: Callable[[], bool] = service.ready  # type: ignore[attr-defined]
-    return ready
 
 
 def main(command: str, argv: list[str]) -> int:

@@ -67,8 +67,8 @@ def test_check_fails_naming_the_readme_when_a_comment_changed(repo_copy: Path) -
 @pytest.mark.parametrize(
     ("old", "new", "key"),
     [
-        ('# -- Overrides the chart name in resource names. Default "".\n', "", "nameOverride"),
-        ('  # -- Value of that label. Default "true".\n', "", "repair.labelValue"),
+        ("# -- Overrides the chart name in resource names.\n", "", "nameOverride"),
+        ("  # -- Value of that label.\n", "", "repair.labelValue"),
     ],
     ids=["top-level", "nested"],
 )

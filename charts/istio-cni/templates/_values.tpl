@@ -264,7 +264,7 @@ Order of precedence inside one layer does not exist: two spellings of one settin
 {{- end -}}
 {{- end -}}
 {{- /* Istio-only keys that act here as they do in Istio's chart. */ -}}
-{{- range $key := list "variant" "daemonSetLabels" "revision" "env" -}}
+{{- range $key := list "image" "variant" "daemonSetLabels" "revision" "env" -}}
 {{- $value := index $v $key -}}
 {{- if and (not (kindIs "invalid" $value)) (ne (toString $value) "") -}}
 {{- $_ := set $st.out $key $value -}}
