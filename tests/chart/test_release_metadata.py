@@ -39,7 +39,7 @@ def changelog_section(version: str) -> str:
 
 def test_helm_show_values_shows_the_defaults(helm: Helm) -> None:
     shown = helm.run("show", "values", str(CHART))
-    assert shown == (CHART / "values.yaml").read_text()
+    assert shown.rstrip("\n") == (CHART / "values.yaml").read_text().rstrip("\n")
     values = yaml.safe_load(shown)
     assert values["cniBinDir"] == "/opt/cni/bin"
     assert values["repair"]["mode"] == "repair-in-place"
