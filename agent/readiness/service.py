@@ -69,10 +69,10 @@ class Readiness:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._was_ready: bool | None = None
-        for check in self.checks:
-            CHECK_GAUGE.labels(check=check.name).set(0)
 
     def start(self) -> None:
+        for check in self.checks:
+            CHECK_GAUGE.labels(check=check.name).set(0)
         for part in self._held:
             part.start()
         self.run_due()  # /readyz answers from the first request on
@@ -87,6 +87,8 @@ class Readiness:
             self._thread = None
         for part in reversed(self._held):
             part.stop()
+        for check in self.checks:  # a reload may drop a check (ambient off): no stale series
+            CHECK_GAUGE.remove(check.name)
 
     def ready(self) -> bool:
         with self._lock:

@@ -55,13 +55,17 @@ def test_not_ready_until_checked_then_each_runs_at_its_period() -> None:
 
 def test_gauge_follows_each_check() -> None:
     a, b = Scripted(), Scripted("no")
-    readiness = Readiness([Check("gauge-a", a, 0.0), Check("gauge-b", b, 0.0)])
-    assert (gauge("gauge-a"), gauge("gauge-b")) == (0.0, 0.0)  # not checked yet
-    readiness.run_due()
-    assert (gauge("gauge-a"), gauge("gauge-b")) == (1.0, 0.0)
-    a.answer, b.answer = "broken", None
-    readiness.run_due()
-    assert (gauge("gauge-a"), gauge("gauge-b")) == (0.0, 1.0)
+    readiness = Readiness([Check("gauge-a", a, 0.0), Check("gauge-b", b, 0.0)], tick=60.0)
+    assert gauge("gauge-a") is None  # not started
+    readiness.start()
+    try:
+        assert (gauge("gauge-a"), gauge("gauge-b")) == (1.0, 0.0)
+        a.answer, b.answer = "broken", None
+        readiness.run_due()
+        assert (gauge("gauge-a"), gauge("gauge-b")) == (0.0, 1.0)
+    finally:
+        readiness.stop()
+    assert (gauge("gauge-a"), gauge("gauge-b")) == (None, None)  # gone with the service
 
 
 def test_a_transition_is_logged_once_not_per_run(caplog: pytest.LogCaptureFixture) -> None:
