@@ -67,12 +67,14 @@ class ReadinessParts:
 
     def watch_pods(self, pods: Any) -> None:
         """The pod service: its cache gives `api` and the node's pods for `netns-dir`."""
+        assert self._service is None, "checks are added before service() is first asked for"
         self._pods = pods.pods
         self._checks.append(
             Check("api", checks.api_check(pods.pods.ready, self._core, self._node_name))
         )
 
     def watch_ambient(self, service: Any, socket_path: str) -> None:
+        assert self._service is None, "checks are added before service() is first asked for"
         self._late.append(Check("ambient", checks.ambient_check(service.ready, socket_path)))
 
     def service(self) -> Readiness:
