@@ -106,6 +106,7 @@ def test_notes_say_what_was_installed_and_how_to_check_it(helm4: Helm) -> None:
     assert "DaemonSet istio-cni" in text
     assert "kubectl -n kube-system rollout status daemonset/istio-cni" in text
     assert "logs daemonset/istio-cni" in text and "READY" in text
+    assert "/var/run/netns holding the pods' namespaces" in text  # what readiness checks
     assert "/opt/cni/bin" in text and "chains it into" in text
 
 
