@@ -162,7 +162,7 @@ def status_as(uid: int, path: str) -> bytes:
                 s.connect(path)
                 s.sendall(b"GET /v1/status HTTP/1.1\r\nHost: x\r\n\r\n")
                 got = s.recv(64)
-        except ConnectionResetError:  # closed with the request unread
+        except (ConnectionResetError, BrokenPipeError):  # closed before or after the request
             got = b""
         except OSError as e:
             got = f"error {e.errno}".encode()
