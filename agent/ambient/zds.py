@@ -67,7 +67,7 @@ ACCEPT_INTERVAL = 0.2
 """How often the accept loop looks for stop(); the pause after a failed accept."""
 MAX_CONNECTIONS = 16
 """A node runs one ztunnel; a rollout briefly two. Each connection holds a thread."""
-LISTEN_BACKLOG = 8
+LISTEN_BACKLOG = 64
 REPORT_INTERVAL = 10.0
 
 
