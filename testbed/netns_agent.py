@@ -18,8 +18,11 @@ import json
 import os
 import secrets
 import shutil
+import statistics
+import threading
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +46,7 @@ SIDECAR = {
         {"name": "istio-proxy", "image": "registry.invalid/proxyv2:1"},
     ],
 }
+PROBE_TIMEOUT = 1.0  # kubelet's default timeoutSeconds
 PRIMARY = {"cniVersion": "0.4.0", "name": "net", "plugins": [{"type": "ptp"}]}
 
 
@@ -156,6 +160,16 @@ class NetnsAgentBed:
     def client(self) -> AgentClient:
         return AgentClient(str(self.run_dir), timeout=10.0)
 
+    def warm(self) -> None:
+        """One ADD into every sandbox netns, so that every later ADD re-applies alike."""
+        for _ in self.netns:
+            _, error = self.add()
+            if error is not None:
+                raise RuntimeError(f"warm-up ADD failed: {error}\n{self.logs()}")
+
+    def measure(self, adds: int) -> Phase:
+        return measure(self, adds)
+
     def add(self) -> tuple[float, str | None]:
         """One CNI ADD for the next pod into the next sandbox netns, through the pod socket as
         the plugin sends it: (milliseconds, None) or (milliseconds, why it failed)."""
@@ -224,3 +238,65 @@ class NetnsAgentBed:
         with contextlib.suppress(RuntimeError):  # the veth's root end went with the netns
             self.network.delete()
         shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+@dataclass
+class Phase:
+    """One run of sequential ADDs: each one's milliseconds and failures, the agent's highest
+    thread and descriptor counts seen meanwhile, and each liveness probe's milliseconds."""
+
+    samples: list[float] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    threads: int = 0
+    fds: int = 0
+    probes: list[float] = field(default_factory=list)
+    probe_failures: list[str] = field(default_factory=list)
+
+    @property
+    def p50(self) -> float:
+        return statistics.median(self.samples)
+
+    @property
+    def p99(self) -> float:
+        ordered = sorted(self.samples)
+        return ordered[round(0.99 * (len(ordered) - 1))]
+
+    def __str__(self) -> str:
+        return (
+            f"p50 {self.p50:.1f} ms p99 {self.p99:.1f} ms, "
+            f"threads {self.threads} fds {self.fds}, probe max {max(self.probes):.0f} ms"
+        )
+
+
+def measure(bed: NetnsAgentBed, adds: int) -> Phase:
+    """`adds` ADDs one after another while the agent's threads and descriptors and kubelet's
+    liveness probe (/healthz within 1 s) are watched from another thread."""
+    phase = Phase()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            threads, fds = bed.threads_and_fds()
+            phase.threads, phase.fds = max(phase.threads, threads), max(phase.fds, fds)
+            began = time.perf_counter()
+            try:
+                status, _ = bed.http_get("/healthz", timeout=PROBE_TIMEOUT)
+                if status != 200:
+                    phase.probe_failures.append(f"status {status}")
+            except OSError as e:
+                phase.probe_failures.append(repr(e))
+            phase.probes.append((time.perf_counter() - began) * 1000)
+            done.wait(0.2)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        for _ in range(adds):
+            ms, error = bed.add()
+            phase.samples.append(ms)
+            if error is not None:
+                phase.failures.append(error)
+    finally:
+        done.set()
+        watcher.join()
+    return phase

@@ -10,25 +10,21 @@ own (testbed/netns_agent.py); the flood is another (testbed/flood.py). Figures: 
 
 from __future__ import annotations
 
-import statistics
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import pytest
 
 from agent.ambient.zds import MAX_CONNECTIONS as ZDS_CAP
 from agent.serving import limits
 from testbed.flood import Flood
-from testbed.netns_agent import NetnsAgentBed
+from testbed.netns_agent import NetnsAgentBed, Phase
 
 pytestmark = pytest.mark.hostile
 
 ADDS = 120
 P99_FACTOR = 1.5
 P99_FLOOR_MS = 20.0
-PROBE_TIMEOUT = 1.0  # kubelet's default timeoutSeconds
 SLACK_FDS = 16  # descriptors of ADDs, probes and accepts in flight when sampled
 
 
@@ -37,67 +33,10 @@ def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsAgentBed]:
     made = NetnsAgentBed(tmp_path_factory.mktemp("flood"))
     made.start()
     try:
-        for _ in range(len(made.netns)):  # every sandbox once: later ADDs all re-apply alike
-            _, error = made.add()
-            assert error is None, error
+        made.warm()
         yield made
     finally:
         made.stop()
-
-
-@dataclass
-class Phase:
-    samples: list[float] = field(default_factory=list)
-    failures: list[str] = field(default_factory=list)
-    threads: int = 0
-    fds: int = 0
-    probes: list[float] = field(default_factory=list)
-    probe_failures: list[str] = field(default_factory=list)
-
-    @property
-    def p99(self) -> float:
-        ordered = sorted(self.samples)
-        return ordered[round(0.99 * (len(ordered) - 1))]
-
-    def __str__(self) -> str:
-        return (
-            f"p50 {statistics.median(self.samples):.1f} ms p99 {self.p99:.1f} ms, "
-            f"threads {self.threads} fds {self.fds}, probe max {max(self.probes):.0f} ms"
-        )
-
-
-def measure(bed: NetnsAgentBed) -> Phase:
-    """ADDs one after another while the agent's threads and descriptors and /healthz are
-    watched from another thread."""
-    phase = Phase()
-    done = threading.Event()
-
-    def watch() -> None:
-        while not done.is_set():
-            threads, fds = bed.threads_and_fds()
-            phase.threads, phase.fds = max(phase.threads, threads), max(phase.fds, fds)
-            began = time.perf_counter()
-            try:
-                status, _ = bed.http_get("/healthz", timeout=PROBE_TIMEOUT)
-                if status != 200:
-                    phase.probe_failures.append(f"status {status}")
-            except OSError as e:
-                phase.probe_failures.append(repr(e))
-            phase.probes.append((time.perf_counter() - began) * 1000)
-            done.wait(0.2)
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    try:
-        for _ in range(ADDS):
-            ms, error = bed.add()
-            phase.samples.append(ms)
-            if error is not None:
-                phase.failures.append(error)
-    finally:
-        done.set()
-        watcher.join()
-    return phase
 
 
 def assert_unharmed(quiet: Phase, flooded: Phase, bed: NetnsAgentBed) -> None:
@@ -109,12 +48,12 @@ def assert_unharmed(quiet: Phase, flooded: Phase, bed: NetnsAgentBed) -> None:
 
 
 def test_http_port_flood_and_slowloris(bed: NetnsAgentBed) -> None:
-    quiet = measure(bed)
+    quiet = bed.measure(ADDS)
     host, port = bed.http_address
     args = ["--tcp", f"{host}:{port}", "--idle", "10000", "--slowloris", "100"]
     with Flood(args) as flood:
         began = time.monotonic()
-        flooded = measure(bed)
+        flooded = bed.measure(ADDS)
         # Long enough for the first slowloris connections to meet their timeout.
         time.sleep(max(0.0, limits.HTTP.request_timeout + 1.5 - (time.monotonic() - began)))
         report = flood.stop()
@@ -131,11 +70,11 @@ def test_http_port_flood_and_slowloris(bed: NetnsAgentBed) -> None:
 
 
 def test_pod_and_zds_socket_floods(bed: NetnsAgentBed) -> None:
-    quiet = measure(bed)
+    quiet = bed.measure(ADDS)
     args = ["--stream", bed.pod_socket, "--stream-idle", "1000"]
     args += ["--seqpacket", bed.zds_socket, "--seqpacket-idle", "1000"]
     with Flood(args) as flood:
-        flooded = measure(bed)
+        flooded = bed.measure(ADDS)
         report = flood.stop()
     print(report)
     assert_unharmed(quiet, flooded, bed)
