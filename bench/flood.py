@@ -1,7 +1,7 @@
 """CNI ADD latency and the agent's threads and descriptors, quiet and under connection floods.
 
     cd REPO && flock /tmp/istio-cni-heavy.lock .venv/bin/python \\
-        -m bench.flood [--adds 200] [--idle 10000] [--slowloris 100] [--sockets 1000]
+        -m bench.flood [--adds 500] [--idle 10000] [--slowloris 100] [--sockets 1000]
 
 What runs (root; after ci/setup-testbed): testbed/netns_agent.py's bed, the one the hostile
 tier uses: `istio-cni-agent run` as a real process in a node netns of its own with ambient on,
@@ -73,7 +73,7 @@ def summary(report: dict[str, object]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.flood")
-    parser.add_argument("--adds", type=int, default=200)
+    parser.add_argument("--adds", type=int, default=500)
     parser.add_argument("--idle", type=int, default=10000)
     parser.add_argument("--slowloris", type=int, default=100)
     parser.add_argument("--sockets", type=int, default=1000)

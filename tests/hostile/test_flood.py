@@ -22,7 +22,7 @@ from testbed.netns_agent import NetnsAgentBed, Phase
 
 pytestmark = pytest.mark.hostile
 
-ADDS = 120
+ADDS = 250
 P99_FACTOR = 1.5
 P99_FLOOR_MS = 20.0
 SLACK_FDS = 16  # descriptors of ADDs, probes and accepts in flight when sampled
