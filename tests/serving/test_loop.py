@@ -139,7 +139,7 @@ def test_a_newcomer_is_refused_only_when_every_connection_is_being_answered(serv
     app = Echo()
     app.gate = threading.Event()
     limits = replace(FAST, max_connections=2)
-    server, address = serve(app, limits, workers=4)
+    _server, address = serve(app, limits, workers=4)
     busy = [connect(address) for _ in range(2)]
     for sock in busy:
         sock.sendall(b"GET /held HTTP/1.1\r\n\r\n")
@@ -171,7 +171,7 @@ def test_slowloris_is_closed_after_the_request_timeout(serve) -> None:
 
 
 def test_idle_connections_are_closed_after_the_idle_timeout(serve) -> None:
-    server, address = serve(Echo())
+    _server, address = serve(Echo())
     with connect(address) as sock:
         assert get(sock).endswith(b"/a")
         began = time.monotonic()
