@@ -15,6 +15,7 @@ from typing import Literal
 
 from agent import constants
 from agent.rules.config import WILDCARD, CaptureConfig, cidr_is_loopback, is_ipv4_cidr
+from agent.rules.model import check_nft_rule
 
 NftTable = Literal["nat", "mangle", "raw"]
 TABLE_ORDER: tuple[NftTable, ...] = ("nat", "mangle", "raw")
@@ -57,6 +58,9 @@ class NftRule:
     expr: str
     index: int | None = None
     """Insert before this position (Istio's InsertRule); None appends."""
+
+    def __post_init__(self) -> None:
+        check_nft_rule(self.chain, self.expr)
 
 
 @dataclass

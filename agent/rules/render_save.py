@@ -100,7 +100,7 @@ def _extension(m: Match, kind: ExtensionKind) -> str:
         case "socket_exists":
             return f"-m owner {_neg(m)}--socket-exists"
         case "match_set":
-            return f"-m set {_neg(m)}--match-set {m.value}"
+            return f"-m set {_neg(m)}--match-set {m.value} dst"
         case _:
             assert_never(kind)
 
