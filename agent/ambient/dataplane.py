@@ -20,6 +20,8 @@ from agent import constants
 from agent.podinput.tokens import Address, InterfaceName
 
 DnsProxy = Literal["enabled", "disabled"]
+_PROBE_SNAT_V4 = Address(constants.HOST_PROBE_SNAT_V4)
+_PROBE_SNAT_V6 = Address(constants.HOST_PROBE_SNAT_V6)
 
 
 @dataclass(frozen=True)
@@ -40,8 +42,8 @@ class PodRuleOptions:
     """The pod is an ingress gateway in ambient (Istio's IngressMode)."""
     virtual_interfaces: tuple[InterfaceName, ...] = ()
     """`istio.io/reroute-virtual-interfaces`: inbound on these is treated as outbound."""
-    probe_snat: Address = Address(constants.HOST_PROBE_SNAT_V4)
-    probe_snat_v6: Address = Address(constants.HOST_PROBE_SNAT_V6)
+    probe_snat: Address = _PROBE_SNAT_V4
+    probe_snat_v6: Address = _PROBE_SNAT_V6
 
     def __post_init__(self) -> None:
         if not isinstance(self.virtual_interfaces, tuple):

@@ -44,30 +44,16 @@ from agent.ambient.enrollment import (
     AnnotationPatch,
     RedirectionState,
     annotation_patch,
-    annotations_of,
     pod_ips,
 )
-from agent.errors import AgentError
+from agent.errors import AgentError, InvalidPodInputError
+from agent.podinput import pod as podinput
 
 log = logging.getLogger(__name__)
 
-BYPASS_INBOUND_ANNOTATION = "ambient.istio.io/bypass-inbound-capture"
-DNS_CAPTURE_ANNOTATION = "ambient.istio.io/dns-capture"
-VIRTUAL_INTERFACES_ANNOTATION = "istio.io/reroute-virtual-interfaces"
-_GO_BOOL = {
-    "1": True,
-    "t": True,
-    "T": True,
-    "TRUE": True,
-    "true": True,
-    "True": True,
-    "0": False,
-    "f": False,
-    "F": False,
-    "FALSE": False,
-    "false": False,
-    "False": False,
-}
+BYPASS_INBOUND_ANNOTATION = podinput.BYPASS_INBOUND_ANNOTATION
+DNS_CAPTURE_ANNOTATION = podinput.DNS_CAPTURE_ANNOTATION
+VIRTUAL_INTERFACES_ANNOTATION = podinput.REROUTE_VIRTUAL_INTERFACES
 HTTP_NOT_FOUND = 404
 
 
@@ -125,36 +111,23 @@ class StatusAnnotator:
 
 
 def rule_options_for(base: PodRuleOptions) -> OptionsFor:
-    """Istio's getPodLevelTrafficOverrides over the node-wide options."""
+    """Istio's getPodLevelTrafficOverrides over the node-wide options, the pod's values read
+    through agent.podinput (a refused value raises InvalidPodInputError naming it)."""
 
     def options(pod: Mapping[str, Any]) -> PodRuleOptions:
-        notes = annotations_of(pod)
-        ingress = _go_bool(notes, BYPASS_INBOUND_ANNOTATION)
-        dns = _go_bool(notes, DNS_CAPTURE_ANNOTATION)
-        virt = notes.get(VIRTUAL_INTERFACES_ANNOTATION)
+        got = podinput.ambient_input(pod)
+        dns = got.dns_capture
         return PodRuleOptions(
             ipv6=base.ipv6,
             redirect_dns=base.redirect_dns,
             dns_proxy=None if dns is None else ("enabled" if dns else "disabled"),
-            ingress=bool(ingress),
-            virtual_interfaces=tuple(v.strip() for v in virt.split(",") if v.strip())
-            if virt is not None
-            else (),
+            ingress=got.bypass_inbound,
+            virtual_interfaces=got.virtual_interfaces,
             probe_snat=base.probe_snat,
             probe_snat_v6=base.probe_snat_v6,
         )
 
     return options
-
-
-def _go_bool(notes: Mapping[str, str], key: str) -> bool | None:
-    """strconv.ParseBool of an annotation; None when absent or not a boolean (Istio ignores it)."""
-    if key not in notes:
-        return None
-    value = _GO_BOOL.get(notes[key])
-    if value is None:
-        log.warning("annotation %s=%r is not a boolean, ignored", key, notes[key])
-    return value
 
 
 def _meta(pod: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -275,10 +248,16 @@ class MeshDataplane:
 
     def _add(self, pod: Mapping[str, Any], netns_path: str) -> AmbientPod:
         ref, uid = _ref(pod), str(_meta(pod).get("uid", ""))
+        try:  # the pod's own values first: a refused one programs nothing
+            options = self._options_for(pod)
+            podinput.pod_ips(pod)
+        except InvalidPodInputError as e:
+            self._take(uid)
+            raise NonRetryableAdd(f"pod {ref}: {e}") from e
         netns = netns_path or self._known_or_found_netns(pod)
         enrolled = ambient_pod(pod, netns)
         try:
-            backend = self._rules.apply(netns, self._options_for(pod))
+            backend = self._rules.apply(netns, options)
         except Exception as e:
             self._take(uid)
             raise NonRetryableAdd(f"pod {ref}: in-pod rules in {netns}: {e}") from e

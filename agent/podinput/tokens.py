@@ -36,7 +36,7 @@ class Token(str):
 
     def __new__(cls, text: object) -> Self:
         if type(text) is cls:
-            return text  # type: ignore[return-value]  # already checked
+            return text  # already checked
         if not isinstance(text, str):
             raise TokenError(f"{cls.kind}: want text, got {type(text).__name__}")
         if not text:
@@ -293,6 +293,28 @@ class Padded(str):
         lead = len(text) - len(text.lstrip(" "))
         trail = len(text) - len(text.rstrip(" "))
         return token if not (lead or trail) else cls(token, lead, trail)
+
+
+def canonical_cidr(item: str) -> Cidr:
+    """The CIDR as Go's netip.Prefix prints it (host bits kept, IPv4-mapped as ::ffff:a.b.c.d)."""
+    if "/" not in item:
+        raise ValueError(f"{item!r} is not a CIDR (address/prefix-length)")
+    if "%" in item:
+        raise ValueError(f"{item!r}: zones are not allowed in a CIDR")
+    try:
+        net = ipaddress.ip_interface(item)
+    except ValueError as e:
+        raise ValueError(f"{item!r} is not a valid CIDR: {e}") from None
+    return Cidr(f"{go_addr(net.ip)}/{net.network.prefixlen}")
+
+
+def go_addr(addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
+    """An address as Go's netip.Addr.String() writes it: IPv4-mapped IPv6 keeps its dotted
+    IPv4 tail (Python before 3.13 prints it as hex groups)."""
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        scope = f"%{addr.scope_id}" if addr.scope_id else ""
+        return f"::ffff:{addr.ipv4_mapped}{scope}"
+    return str(addr)
 
 
 def core(value: Token | Padded) -> Token:

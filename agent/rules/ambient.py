@@ -51,6 +51,7 @@ HOST_OWNERSHIP: Ownership = jumps_into(frozenset({CHAIN_POSTROUTING}))
 
 
 ACCEPT = jump("ACCEPT")
+LO = InterfaceName("lo")
 TCP = Match("proto", Word("tcp"))
 UDP = Match("proto", Word("udp"))
 MARKED = Match("mark", INPOD_MARK)
@@ -100,7 +101,7 @@ def pod_rules(options: PodRuleOptions) -> RuleSet:
         _dns(r)
     r.add("nat", CHAIN_OUTPUT, [TCP, Match("mark", INPOD_TPROXY_MARK)], ACCEPT)
     # An app calling itself over lo by its pod address stays local.
-    r.versioned("nat", CHAIN_OUTPUT, *LOOPBACK, AddressSlot("!dst", Match("out", InterfaceName("lo"))), ACCEPT)
+    r.versioned("nat", CHAIN_OUTPUT, *LOOPBACK, AddressSlot("!dst", Match("out", LO)), ACCEPT)
     r.versioned(
         "nat",
         CHAIN_OUTPUT,
@@ -126,7 +127,7 @@ def _dns(r: RuleCollector) -> None:
     r.add(
         "nat",
         CHAIN_OUTPUT,
-        [Match("out", InterfaceName("lo"), True), UDP, NOT_MARKED, *udp53],
+        [Match("out", LO, True), UDP, NOT_MARKED, *udp53],
         Target("redirect", DNS_CAPTURE_PORT, spelling="--to-port"),
     )
     r.versioned(

@@ -222,9 +222,7 @@ def render_pod(options: PodRuleOptions) -> str:
     return commands(pod_rules(options))
 
 
-def render_host(
-    *, ipv6: bool, probe_snat: Address, probe_snat_v6: Address, kubelet_uid: Id
-) -> str:
+def render_host(*, ipv6: bool, probe_snat: Address, probe_snat_v6: Address, kubelet_uid: Id) -> str:
     return commands(
         host_rules(
             ipv6=ipv6, probe_snat=probe_snat, probe_snat_v6=probe_snat_v6, kubelet_uid=kubelet_uid

@@ -236,7 +236,7 @@ def _exclude_interfaces(b: RuleCollector, config: CaptureConfig) -> None:
             b.add("mangle", "OUTPUT", [out_if(name)], RETURN)
 
 
-def _inbound(b: RuleCollector, config: CaptureConfig, loop4: str) -> None:
+def _inbound(b: RuleCollector, config: CaptureConfig, loop4: Cidr) -> None:
     """Inbound capture: nat REDIRECT to the capture port, or mangle TPROXY."""
     include = config.inbound_ports_include
     if not include and not config.inbound_ports_set:
@@ -374,7 +374,12 @@ def _dns(b: RuleCollector, config: CaptureConfig) -> None:
 
 
 def _outbound_include(
-    b: RuleCollector, config: CaptureConfig, wildcard: bool, cidrs: Sequence[str], *, family: Family
+    b: RuleCollector,
+    config: CaptureConfig,
+    wildcard: bool,
+    cidrs: Sequence[Cidr],
+    *,
+    family: Family,
 ) -> None:
     fam: tuple[Family, ...] = (family,)
     if wildcard:
@@ -395,7 +400,7 @@ def _outbound_include(
         b.add("nat", OUTPUT, [dst(cidr)], jump(REDIRECT), families=fam)
 
 
-def _tproxy_marks(b: RuleCollector, config: CaptureConfig, loop4: str) -> None:
+def _tproxy_marks(b: RuleCollector, config: CaptureConfig, loop4: Cidr) -> None:
     """TPROXY bookkeeping: keep the mark on the connection, skip proxy-to-app loops."""
     mark = config.tproxy_mark
     tcp = proto("tcp")

@@ -24,6 +24,7 @@ from agent.podinput.tokens import (
     Port,
     Token,
     TokenError,
+    canonical_cidr,
     core,
 )
 
@@ -37,6 +38,14 @@ Wildcard = Literal["*"]
 MAX_OWNER_GROUPS_INCLUDE = 64
 """Istio's limit: included groups become one rule with one owner match per group."""
 
+
+_PROXY_PORT = Port(constants.PROXY_OUTBOUND_PORT)
+_CAPTURE_PORT = Port(constants.PROXY_INBOUND_CAPTURE_PORT)
+_TUNNEL_PORT = Port(constants.PROXY_INBOUND_TUNNEL_PORT)
+_TPROXY_MARK = Mark(constants.TPROXY_MARK)
+_ROUTE_TABLE = Id(constants.TPROXY_ROUTE_TABLE)
+_LOOPBACK_V4 = Cidr("127.0.0.1/32")
+_PROXY_IDS = (Id(constants.PROXY_ID),)
 
 PortValue = Port | Padded
 IdValue = Id | Padded
@@ -52,21 +61,21 @@ class CaptureConfig:
     into one, so a config never holds a value that was not validated.
     """
 
-    proxy_port: Port = Port(constants.PROXY_OUTBOUND_PORT)
+    proxy_port: Port = _PROXY_PORT
     """ProxyPort: Envoy's outbound listener (ISTIO_REDIRECT target)."""
-    inbound_capture_port: Port = Port(constants.PROXY_INBOUND_CAPTURE_PORT)
+    inbound_capture_port: Port = _CAPTURE_PORT
     """InboundCapturePort: where inbound TCP is redirected or TPROXYed."""
-    inbound_tunnel_port: Port = Port(constants.PROXY_INBOUND_TUNNEL_PORT)
+    inbound_tunnel_port: Port = _TUNNEL_PORT
     """InboundTunnelPort: HBONE port, never captured inbound."""
-    proxy_uids: tuple[IdValue, ...] = (Id(constants.PROXY_ID),)
+    proxy_uids: tuple[IdValue, ...] = _PROXY_IDS
     """ProxyUID: UIDs whose traffic is the proxy's own (never captured)."""
-    proxy_gids: tuple[IdValue, ...] = (Id(constants.PROXY_ID),)
+    proxy_gids: tuple[IdValue, ...] = _PROXY_IDS
     """ProxyGID: GIDs whose traffic is the proxy's own."""
     interception_mode: InterceptionMode = "REDIRECT"
     """InboundInterceptionMode: REDIRECT (nat) or TPROXY (mangle, keeps the destination)."""
-    tproxy_mark: Mark = Mark(constants.TPROXY_MARK)
+    tproxy_mark: Mark = _TPROXY_MARK
     """InboundTProxyMark: fwmark of TPROXYed packets."""
-    tproxy_route_table: Id = Id(constants.TPROXY_ROUTE_TABLE)
+    tproxy_route_table: Id = _ROUTE_TABLE
     """InboundTProxyRouteTable: policy routing table for TPROXY."""
     inbound_ports_include: tuple[PortValue, ...] | Wildcard = ()
     """InboundPortsInclude: inbound ports to capture; `*` all; empty none."""
@@ -103,7 +112,7 @@ class CaptureConfig:
     """OwnerGroupsInclude: groups whose outbound traffic is captured; `*` all."""
     owner_groups_exclude: tuple[GroupValue, ...] = ()
     """OwnerGroupsExclude: groups never captured (only when include is `*`)."""
-    host_ipv4_loopback_cidr: Cidr = Cidr("127.0.0.1/32")
+    host_ipv4_loopback_cidr: Cidr = _LOOPBACK_V4
     """HostIPv4LoopbackCidr: app-to-self loopback range, inside 127.0.0.0/8."""
 
     def __post_init__(self) -> None:
@@ -195,7 +204,7 @@ def _spelled(kind: type[T], item: str) -> T | Padded:
 
 def parse_port(value: str) -> Port:
     ports = parse_ports(value, allow_wildcard=False)
-    if len(ports) != 1:
+    if ports == WILDCARD or len(ports) != 1:
         raise ValueError(f"expected one port, got {value!r}")
     return Port(core(ports[0]))
 
@@ -207,28 +216,6 @@ def parse_cidrs(value: str, *, allow_wildcard: bool) -> tuple[Cidr, ...] | Wildc
             raise ValueError("'*' is not allowed here")
         return WILDCARD
     return tuple(canonical_cidr(item) for item in split_list(value))
-
-
-def canonical_cidr(item: str) -> Cidr:
-    """The CIDR as Go's netip.Prefix prints it (host bits kept, IPv4-mapped as ::ffff:a.b.c.d)."""
-    if "/" not in item:
-        raise ValueError(f"{item!r} is not a CIDR (address/prefix-length)")
-    if "%" in item:
-        raise ValueError(f"{item!r}: zones are not allowed in a CIDR")
-    try:
-        net = ipaddress.ip_interface(item)
-    except ValueError as e:
-        raise ValueError(f"{item!r} is not a valid CIDR: {e}") from None
-    return Cidr(f"{go_addr(net.ip)}/{net.network.prefixlen}")
-
-
-def go_addr(addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
-    """An address as Go's netip.Addr.String() writes it: IPv4-mapped IPv6 keeps its dotted
-    IPv4 tail (Python before 3.13 prints it as hex groups)."""
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        scope = f"%{addr.scope_id}" if addr.scope_id else ""
-        return f"::ffff:{addr.ipv4_mapped}{scope}"
-    return str(addr)
 
 
 def unmap(

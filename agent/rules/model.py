@@ -18,8 +18,8 @@ from typing import Literal, assert_never
 
 from agent.podinput.tokens import (
     Address,
-    Cidr,
     ChainName,
+    Cidr,
     GroupName,
     Id,
     InterfaceName,

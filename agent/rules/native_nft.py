@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from agent import constants
+from agent.podinput.tokens import Cidr
 from agent.rules.config import WILDCARD, CaptureConfig, cidr_is_loopback, is_ipv4_cidr
 from agent.rules.model import check_nft_rule
 
@@ -402,7 +403,7 @@ def _dns(r: _Rules, config: CaptureConfig) -> None:
 
 
 def _outbound_include(
-    r: _Rules, config: CaptureConfig, include_v4: list[str], include_v6: list[str]
+    r: _Rules, config: CaptureConfig, include_v4: list[Cidr], include_v6: list[Cidr]
 ) -> None:
     virt = config.reroute_virtual_interfaces
     if config.outbound_ip_ranges_include == WILDCARD:
