@@ -22,14 +22,15 @@ def excerpt(value: object, limit: int = EXCERPT_CHARS) -> str:
     return f"{shown}... ({len(text)} characters)" if cut else shown
 
 
-def bounded(text: str, limit: int = 1024) -> str:
-    """`text` as one line: control characters and non-ASCII escaped, cut to `limit`."""
+def bounded(text: str, limit: int = 1024, *, escape_backslash: bool = True) -> str:
+    """`text` as one line: control characters and non-ASCII escaped, cut to `limit`.
+    `escape_backslash=False` for text whose backslashes are already escapes (an excerpt)."""
     out: list[str] = []
     size = 0
     for ch in text:
         piece = ch if " " <= ch <= "~" and ch != "\\" else ascii(ch)[1:-1]
         if ch == "\\":
-            piece = "\\\\"
+            piece = "\\\\" if escape_backslash else ch
         if size + len(piece) > limit:
             out.append("...")
             break

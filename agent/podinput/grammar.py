@@ -12,6 +12,7 @@ import re
 from typing import Literal
 
 from agent import constants
+from agent.excerpt import excerpt
 from agent.podinput.tokens import (
     Address,
     Cidr,
@@ -76,9 +77,9 @@ def port(item: str) -> Port:
     """A port 1-65535, canonical decimal (no sign, no leading zero, ASCII digits only)."""
     text = item.strip(" ")
     if not (text.isascii() and text.isdigit()) or (len(text) > 1 and text[0] == "0"):
-        raise ValueError(f"port {item!r} is not a number 1-65535")
+        raise ValueError(f"port {excerpt(item)} is not a number 1-65535")
     if not 1 <= int(text) <= 65535:
-        raise ValueError(f"port {item!r} is out of range 1-65535")
+        raise ValueError(f"port {excerpt(item)} is out of range 1-65535")
     return Port(text)
 
 
@@ -122,14 +123,14 @@ def prefix(item: str) -> Cidr:
     """Go's netip.ParsePrefix: address/bits, no zone, bits decimal without a leading zero."""
     address, slash, bits = item.rpartition("/")
     if not slash:
-        raise ValueError(f"{item!r} is not a CIDR (no '/')")
+        raise ValueError(f"{excerpt(item)} is not a CIDR (no '/')")
     if "%" in address:
-        raise ValueError(f"{item!r}: zones are not allowed in a CIDR")
+        raise ValueError(f"{excerpt(item)}: zones are not allowed in a CIDR")
     ip = ip_address(address)
     if not (bits.isascii() and bits.isdigit()) or (len(bits) > 1 and bits[0] == "0"):
-        raise ValueError(f"{item!r}: bad prefix length {bits!r}")
+        raise ValueError(f"{excerpt(item)}: bad prefix length {excerpt(bits)}")
     if int(bits) > (32 if ip.version == 4 else 128):
-        raise ValueError(f"{item!r}: prefix length out of range")
+        raise ValueError(f"{excerpt(item)}: prefix length out of range")
     return canonical_cidr(item)
 
 
@@ -137,7 +138,7 @@ def ip_address(value: str) -> Address:
     try:
         return Address(value)
     except TokenError:
-        raise ValueError(f"{value!r} is not an IP address") from None
+        raise ValueError(f"{excerpt(value)} is not an IP address") from None
 
 
 def interfaces(value: str, *, skip_empty: bool = False) -> tuple[InterfaceName, ...]:
@@ -155,13 +156,14 @@ def interfaces(value: str, *, skip_empty: bool = False) -> tuple[InterfaceName, 
         if not name:
             raise ValueError("empty interface name")
         if len(name.encode()) > 15:
-            raise ValueError(f"interface name {name!r} too long (max 15 bytes)")
+            raise ValueError(f"interface name {excerpt(name)} too long (max 15 bytes)")
         if not INTERFACE_START.match(name):
-            raise ValueError(f"interface name {name!r} must start with a letter")
+            raise ValueError(f"interface name {excerpt(name)} must start with a letter")
         try:
             names.append(InterfaceName(name))
         except TokenError:
-            raise ValueError(f"interface name {name!r} contains invalid characters") from None
+            why = f"interface name {excerpt(name)} contains invalid characters"
+            raise ValueError(why) from None
     return tuple(names)
 
 

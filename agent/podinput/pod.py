@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from agent.errors import InvalidAnnotationError, InvalidPodInputError
-from agent.excerpt import excerpt
+from agent.excerpt import bounded, excerpt
 from agent.podinput import grammar
 from agent.podinput.grammar import WILDCARD, InterceptionMode, Wildcard
 from agent.podinput.tokens import Address, Cidr, Id, InterfaceName, Port
@@ -53,7 +53,8 @@ PROXY_STATUS_PORT = "15020"
 def refused(where: str, value: object, why: object) -> InvalidPodInputError:
     """The error for a refused value: the input, an excerpt of the value, the reason."""
     kind = InvalidAnnotationError if where.startswith("annotation ") else InvalidPodInputError
-    return kind(f"{where}: invalid value {excerpt(value)}: {why}")
+    reason = bounded(str(why), 200, escape_backslash=False)
+    return kind(f"{where}: invalid value {excerpt(value)}: {reason}")
 
 
 def checked(where: str, value: T, parse: Callable[[T], Any]) -> Any:

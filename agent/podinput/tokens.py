@@ -19,6 +19,8 @@ import ipaddress
 import re
 from typing import ClassVar, Self
 
+from agent.excerpt import excerpt
+
 MAX_TOKEN = 64
 """No token is longer (an IPv6 CIDR is at most 43 characters)."""
 
@@ -42,7 +44,7 @@ class Token(str):
         if not text:
             raise TokenError(f"{cls.kind}: empty")
         if len(text) > MAX_TOKEN or not text.isascii() or not cls.alphabet.fullmatch(text):
-            raise TokenError(f"{cls.kind}: {text[:MAX_TOKEN]!r} {cls.describe()}")
+            raise TokenError(f"{cls.kind}: {excerpt(text)} {cls.describe()}")
         cls.check(text)
         return super().__new__(cls, text)
 
@@ -71,13 +73,13 @@ class InterfaceName(Token):
     @classmethod
     def check(cls, text: str) -> None:
         if text in (".", ".."):
-            raise TokenError(f"{cls.kind}: {text!r} is not a name")
+            raise TokenError(f"{cls.kind}: {excerpt(text)} is not a name")
 
 
 def _decimal(text: str, kind: str, high: int) -> int:
     number = int(text)
     if number > high:
-        raise TokenError(f"{kind}: {text!r} is out of range 0-{high}")
+        raise TokenError(f"{kind}: {excerpt(text)} is out of range 0-{high}")
     return number
 
 
@@ -170,7 +172,7 @@ class Address(Token):
         try:
             ipaddress.ip_address(text)
         except ValueError:
-            raise TokenError(f"{cls.kind}: {text!r} is not an IP address") from None
+            raise TokenError(f"{cls.kind}: {excerpt(text)} is not an IP address") from None
 
     @property
     def version(self) -> int:
@@ -193,7 +195,7 @@ class Cidr(Token):
         try:
             ipaddress.ip_interface(text)
         except ValueError:
-            raise TokenError(f"{cls.kind}: {text!r} is not a CIDR") from None
+            raise TokenError(f"{cls.kind}: {excerpt(text)} is not a CIDR") from None
 
     @property
     def version(self) -> int:
@@ -215,7 +217,7 @@ class Mark(Token):
     def check(cls, text: str) -> None:
         for part in text.split("/"):
             if int(part, 0 if part.startswith("0x") else 10) > 0xFFFFFFFF:
-                raise TokenError(f"{cls.kind}: {text!r} is out of 32 bits")
+                raise TokenError(f"{cls.kind}: {excerpt(text)} is out of 32 bits")
 
 
 class Zone(Token):
@@ -263,7 +265,7 @@ class Word(Token):
     @classmethod
     def check(cls, text: str) -> None:
         if text not in cls.WORDS:
-            raise TokenError(f"{cls.kind}: {text!r} is not one of {sorted(cls.WORDS)}")
+            raise TokenError(f"{cls.kind}: {excerpt(text)} is not one of {sorted(cls.WORDS)}")
 
 
 MAX_PAD = 8
@@ -279,7 +281,7 @@ class Padded(str):
         if not isinstance(token, Token):
             raise TokenError(f"padded value: want a token, got {type(token).__name__}")
         if not (0 <= lead <= MAX_PAD and 0 <= trail <= MAX_PAD):
-            raise TokenError(f"padded value: at most {MAX_PAD} spaces around {token!r}")
+            raise TokenError(f"padded value: at most {MAX_PAD} spaces around {excerpt(token)}")
         out = super().__new__(cls, " " * lead + token + " " * trail)
         out.token = token
         return out
@@ -298,13 +300,13 @@ class Padded(str):
 def canonical_cidr(item: str) -> Cidr:
     """The CIDR as Go's netip.Prefix prints it (host bits kept, IPv4-mapped as ::ffff:a.b.c.d)."""
     if "/" not in item:
-        raise ValueError(f"{item!r} is not a CIDR (address/prefix-length)")
+        raise ValueError(f"{excerpt(item)} is not a CIDR (address/prefix-length)")
     if "%" in item:
-        raise ValueError(f"{item!r}: zones are not allowed in a CIDR")
+        raise ValueError(f"{excerpt(item)}: zones are not allowed in a CIDR")
     try:
         net = ipaddress.ip_interface(item)
-    except ValueError as e:
-        raise ValueError(f"{item!r} is not a valid CIDR: {e}") from None
+    except ValueError:
+        raise ValueError(f"{excerpt(item)} is not a valid CIDR") from None
     return Cidr(f"{go_addr(net.ip)}/{net.network.prefixlen}")
 
 
