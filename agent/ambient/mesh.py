@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -35,7 +35,6 @@ from kubernetes.client.exceptions import ApiException
 from agent.ambient.dataplane import (
     AmbientPod,
     HostProbeRules,
-    PodRuleOptions,
     PodRules,
     ZtunnelError,
     ZtunnelLink,
@@ -46,14 +45,13 @@ from agent.ambient.enrollment import (
     annotation_patch,
     pod_ips,
 )
+from agent.ambient.overrides import OptionsFor, rule_options_for
 from agent.errors import AgentError, InvalidPodInputError
 from agent.podinput import pod as podinput
 
 log = logging.getLogger(__name__)
 
-BYPASS_INBOUND_ANNOTATION = podinput.BYPASS_INBOUND_ANNOTATION
-DNS_CAPTURE_ANNOTATION = podinput.DNS_CAPTURE_ANNOTATION
-VIRTUAL_INTERFACES_ANNOTATION = podinput.REROUTE_VIRTUAL_INTERFACES
+__all__ = ["MeshDataplane", "MeshError", "NonRetryableAdd", "ZtunnelPending", "rule_options_for"]
 HTTP_NOT_FOUND = 404
 
 
@@ -83,9 +81,6 @@ class NetnsFinder(Protocol):
         ...
 
 
-OptionsFor = Callable[[Mapping[str, Any]], PodRuleOptions]
-
-
 class StatusAnnotator:
     """The real annotator: `PATCH pods/<name>/status` with Istio's merge patch."""
 
@@ -108,26 +103,6 @@ class StatusAnnotator:
                 f"annotate pod {namespace}/{name} ({patch.data.decode()}): "
                 f"API server answered {e.status} {e.reason}"
             ) from e
-
-
-def rule_options_for(base: PodRuleOptions) -> OptionsFor:
-    """Istio's getPodLevelTrafficOverrides over the node-wide options, the pod's values read
-    through agent.podinput (a refused value raises InvalidPodInputError naming it)."""
-
-    def options(pod: Mapping[str, Any]) -> PodRuleOptions:
-        got = podinput.ambient_input(pod)
-        dns = got.dns_capture
-        return PodRuleOptions(
-            ipv6=base.ipv6,
-            redirect_dns=base.redirect_dns,
-            dns_proxy=None if dns is None else ("enabled" if dns else "disabled"),
-            ingress=got.bypass_inbound,
-            virtual_interfaces=got.virtual_interfaces,
-            probe_snat=base.probe_snat,
-            probe_snat_v6=base.probe_snat_v6,
-        )
-
-    return options
 
 
 def _meta(pod: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -13,9 +13,10 @@ import sys
 from typing import Final
 
 from agent.ambient.dataplane import PodRuleOptions
-from agent.ambient.mesh import rule_options_for
+from agent.ambient.overrides import rule_options_for
 from agent.config import DEFAULT_CONFIG_PATH, load_settings
 from agent.errors import ConfigError, InvalidPodInputError, RedirectError
+from agent.podinput import pod as podinput
 from agent.podinput.tokens import Address, Id, InterfaceName, TokenError
 from agent.rules import ambient_nft
 from agent.rules.ambient import host_rules, pod_rules
@@ -140,7 +141,9 @@ def pod_options(flags: dict[str, str]) -> PodRuleOptions:
     if given:
         raise ConfigError("--pod takes its settings from the pod; drop --" + ", --".join(given))
     pod = load_pod_manifest(flags["pod"])
-    return rule_options_for(options_from_flags(flags))(pod)
+    options = rule_options_for(options_from_flags(flags))(pod)
+    podinput.pod_ips(pod)  # the agent refuses a pod whose IPs are not IPs
+    return options
 
 
 def main(command: str, argv: list[str]) -> int:

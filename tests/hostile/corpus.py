@@ -204,6 +204,7 @@ def refusal_problems(message: str, item: Input, value: object) -> list[str]:
     """What is wrong with a refusal's message: it must name the input, show the value only as
     a bounded escaped excerpt, and be one printable line."""
     problems = []
+    message = message.removesuffix("\n")
     if item.where not in message:
         problems.append(f"does not name {item.where!r}")
     if isinstance(value, str) and excerpt(value) not in message:
