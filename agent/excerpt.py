@@ -22,9 +22,10 @@ def excerpt(value: object, limit: int = EXCERPT_CHARS) -> str:
     return f"{shown}... ({len(text)} characters)" if cut else shown
 
 
-def bounded(text: str, limit: int = 1024, *, escape_backslash: bool = True) -> str:
-    """`text` as one line: control characters and non-ASCII escaped, cut to `limit`.
-    `escape_backslash=False` for text whose backslashes are already escapes (an excerpt)."""
+def bounded(text: str, limit: int = 1024, *, escape_backslash: bool = False) -> str:
+    """`text` as one printable ASCII line: control characters and non-ASCII escaped, cut to
+    `limit`. Backslashes are kept (an excerpt's escapes stay readable) unless
+    `escape_backslash`, which makes the escaping reversible."""
     out: list[str] = []
     size = 0
     for ch in text:

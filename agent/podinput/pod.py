@@ -53,7 +53,7 @@ PROXY_STATUS_PORT = "15020"
 def refused(where: str, value: object, why: object) -> InvalidPodInputError:
     """The error for a refused value: the input, an excerpt of the value, the reason."""
     kind = InvalidAnnotationError if where.startswith("annotation ") else InvalidPodInputError
-    reason = bounded(str(why), 200, escape_backslash=False)
+    reason = bounded(str(why), 200)
     return kind(f"{where}: invalid value {excerpt(value)}: {reason}")
 
 
