@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from agent.cli import main as agent_main
-from tests.hostile.corpus import (
+from tests.podinput.corpus import (
     EXPLOIT,
     INPUTS,
     Input,

@@ -40,7 +40,7 @@ from tests.ambient.fakes import (
     Journal,
     namespace,
 )
-from tests.hostile.corpus import Manifest, Mode, ambient_pod, cases, refusal_problems, sidecar_pod
+from tests.podinput.corpus import Manifest, Mode, ambient_pod, cases, refusal_problems, sidecar_pod
 from tests.podserver.helpers import InMemoryPods, RealDecisions
 
 pytestmark = [pytest.mark.hostile, pytest.mark.netns]
