@@ -252,7 +252,7 @@ def _jump_targets(rules: Iterable[Rule]) -> list[ChainName]:
     ]
 
 
-NFT_EXPR = re.compile(r"[A-Za-z0-9_.:/,@{}!=&|<> -]{1,512}")
+NFT_EXPR = re.compile(r"[A-Za-z0-9_.:/,@{}!=&|<> -]{1,8192}")
 """What an nft rule expression of ours is made of: words of this code and tokens, one space
 apart. No quote, `;`, `#`, `\\`, `$`, line break or other control character: nothing that could
 end the rule, start another command, a comment, a string or an `include`."""
