@@ -146,3 +146,19 @@ def test_sidecar_pod_still_prints_its_rules(tmp_path: Path) -> None:
     pod["metadata"]["annotations"]["traffic.sidecar.istio.io/excludeInterfaces"] = "eth1"
     code, out, err = run_in_process(argv("sidecar", write(tmp_path, "pod", pod)))
     assert code == 0 and "-A PREROUTING -i eth1 -j RETURN" in out, err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["rules", "--ambient", "pod", "--ipv6=false", f"--virtual-interfaces={EXPLOIT}"],
+        ["rules", "--ipv6=false", "--dns-servers=", f"--istio-exclude-interfaces={EXPLOIT}"],
+        ["rules", "--ipv6=false", "--dns-servers=", "--istio-local-exclude-ports=9000\n-A X"],
+        ["rules", "--ipv6=false", "--dns-servers=", "--proxy-uid=1337\t"],
+    ],
+    ids=["ambient-virtual-interfaces", "exclude-interfaces", "exclude-ports", "proxy-uid"],
+)
+def test_operator_flags_are_held_to_the_same_tokens(args: list[str]) -> None:
+    code, out, err = run_in_process(args)
+    assert (code, out) == (2, "") and "invalid value" in err
+    assert "\n" not in err.removesuffix("\n")
