@@ -74,7 +74,7 @@ def test_tokens_take_only_text(kind: type[Token], value: object) -> None:
         kind(value)
 
 
-@pytest.mark.parametrize("kind", sorted(VALID, key=lambda k: k.__name__))
+@pytest.mark.parametrize("kind", list(VALID), ids=lambda kind: kind.__name__)
 def test_valid_values_are_kept_as_spelled(kind: type[Token]) -> None:
     assert str(kind(VALID[kind])) == VALID[kind]
 
@@ -107,8 +107,9 @@ def test_kind_limits(kind: type[Token], value: str) -> None:
 
 
 def test_padded_keeps_only_spaces_around_a_token() -> None:
-    assert Padded.spelled(Port, " 9000 ") == " 9000 "
-    assert Padded.spelled(Port, " 9000 ").token == "9000"
+    padded = Padded.spelled(Port, " 9000 ")
+    assert isinstance(padded, Padded) and padded == " 9000 " and padded.token == "9000"
+    assert type(Padded.spelled(Port, "9000")) is Port
     for text in ("\t9000", "9000\n", " 90 00"):
         with pytest.raises(TokenError):
             Padded.spelled(Port, text)
