@@ -43,6 +43,7 @@ from agent.podserver.service import PodService
 from agent.readiness.build import build_readiness
 from agent.repair.service import RepairService
 from agent.rules.footprint import ours_present
+from agent.serving.limits import raise_descriptor_limit
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +182,8 @@ def run(settings: Settings, *, config_path: str, decide_on_stop: StopDecider | N
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
+    # The servers' caps decide who is refused, never the descriptor limit (1024 by default).
+    raise_descriptor_limit()
     pod = AgentPod.from_env()
     try:
         node_name = pod.require_node()
