@@ -35,11 +35,11 @@ is not routed from there. What the test bed changes so that istiod runs out of a
   empty).
 - The chart's Deployment: a nodeSelector no node has (`NOT_ON_ANY_NODE`), no autoscaler, then
   replicas 0; its image (`<hub>/pilot:<tag>`, pull policy Never) is never pulled.
-Injected pods: `cni.enabled=true` (the istiod chart's name for what Istio's docs call
-`pilot.cni.enabled`: the chart builds the injector's `pilot.cni` from its own `cni` value), and the
-test bed's proxy image (ci/build-testbed-images: Istio's pilot-agent with the Envoy double) for
-istio-proxy and istio-validation: `global.hub`/`global.tag` of that image, `global.proxy.image` and
-`global.proxy_init.image` `proxy`, `global.imagePullPolicy` Never.
+Injected pods: `pilot.cni.enabled=true`, the setting Istio's docs name (the chart copies what is
+under `pilot` to its top level, `cni.enabled`, and builds the injector's values from that), and
+the test bed's proxy image (ci/build-testbed-images: Istio's pilot-agent with the Envoy double)
+for istio-proxy and istio-validation: `global.hub`/`global.tag` of that image,
+`global.proxy.image` and `global.proxy_init.image` `proxy`, `global.imagePullPolicy` Never.
 Not set up: a pod cannot reach istiod (no XDS, no workload certificate): the Envoy double takes no
 config, and pilot-agent's certificate requests find no resolver (the node has no DNS).
 """
@@ -139,8 +139,8 @@ def istiod_values(ports: Ports, ca: pki.KeyPair, proxy: Image) -> dict[str, Any]
             "proxy": {"image": PROXY_IMAGE_NAME},
             "proxy_init": {"image": PROXY_IMAGE_NAME},
         },
-        # What Istio's docs call pilot.cni.enabled: injects istio-validation, not istio-init.
-        "cni": {"enabled": True},
+        # The setting a user of this chart gives istiod: inject istio-validation, not istio-init.
+        "pilot": {"cni": {"enabled": True}},
         "istiodRemote": {
             "injectionURL": f"https://127.0.0.1:{ports.https}/inject",
             "injectionCABundle": ca_bundle(ca),

@@ -1,7 +1,7 @@
 """The real Istio control plane on the real node: Istio's own `base` and `istiod` charts installed
 by Helm, istiod's webhook injecting a Deployment created plainly in a namespace labelled
-`istio-injection=enabled`, with `cni.enabled` (Istio's `pilot.cni.enabled`) so that it injects
-`istio-validation` instead of `istio-init`. The pod runs Istio's real pilot-agent (the test bed's
+`istio-injection=enabled`, with `pilot.cni.enabled` so that it injects `istio-validation` instead of
+`istio-init`. The pod runs Istio's real pilot-agent (the test bed's
 proxy image, Envoy's double beside it): its `istio-validation` (`pilot-agent istio-iptables
 --run-validation`) must pass against the rules our agent programmed, its outbound connections
 reach the proxy with their original destination, and pilot-agent's readiness (15021, from the
