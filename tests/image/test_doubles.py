@@ -70,3 +70,52 @@ def test_proxy_double_reports_original_destination(netns: str) -> None:
     finally:
         proxy.terminate()
         proxy.communicate(timeout=10)
+
+
+ENVOY = str(REPO_ROOT / "ci/image/envoy-double.py")
+# The two queries pilot-agent's readiness check sends Envoy's admin (pilot/cmd/pilot-agent/status/
+# util/stats.go), and what it then requires of the answers.
+READY_QUERY = "/stats?usedonly&filter=^(server\\.state|listener_manager\\.workers_started)"
+UPDATE_QUERY = (
+    "/stats?usedonly&filter=^(cluster_manager\\.cds|listener_manager\\.lds)"
+    "\\.(update_success|update_rejected)$"
+)
+
+
+def test_envoy_double_answers_what_pilot_agent_asks(netns: str, tmp_path) -> None:
+    bootstrap = tmp_path / "envoy-rev.json"
+    bootstrap.write_text(
+        '{"admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 15990}}}}'
+    )
+    x = ["ip", "netns", "exec", netns]
+    # Envoy's command line as pilot-agent writes it (pkg/envoy/proxy.go).
+    argv = ["-c", str(bootstrap), "--drain-time-s", "45", "--drain-strategy", "immediate",
+            "--local-address-ip-version", "v4", "--file-flush-interval-msec", "1000",
+            "--disable-hot-restart", "--allow-unknown-static-fields", "-l", "warning"]  # fmt: skip
+    envoy = subprocess.Popen([*x, sys.executable, ENVOY, *argv], stdout=subprocess.PIPE, text=True)
+    get = [*x, sys.executable, "-c", "import sys, urllib.request as u; "
+           "print(u.urlopen(u.Request('http://127.0.0.1:15990' + sys.argv[1], "
+           "method=sys.argv[2])).read().decode(), end='')"]  # fmt: skip
+    try:
+        assert envoy.stdout is not None
+        first = envoy.stdout.readline()
+        assert first.startswith("proxy-double listening on 15001 15006 15008"), first
+        assert "admin on 127.0.0.1:15990" in first, first
+        ready = dict(line.split(": ") for line in sh(*get, READY_QUERY, "GET").splitlines())
+        assert ready == {"server.state": "0", "listener_manager.workers_started": "1"}, ready
+        updates = dict(line.split(": ") for line in sh(*get, UPDATE_QUERY, "GET").splitlines())
+        assert updates == {
+            "cluster_manager.cds.update_success": "1",
+            "cluster_manager.cds.update_rejected": "0",
+            "listener_manager.lds.update_success": "1",
+            "listener_manager.lds.update_rejected": "0",
+        }, updates
+        assert sh(*get, "/ready", "GET") == "LIVE\n"
+        captured = sh(*x, sys.executable, APP, "connect", "203.0.113.10", "80")
+        assert "proxy-double port=15001" in captured and "203.0.113.10:80" in captured, captured
+        assert sh(*get, "/quitquitquit", "POST") == "OK\n"
+        assert envoy.wait(timeout=10) == 0
+    finally:
+        if envoy.poll() is None:
+            envoy.terminate()
+        envoy.communicate(timeout=10)
