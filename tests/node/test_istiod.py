@@ -21,6 +21,7 @@ from testbed import kubepods, podnet
 from testbed.images import Image
 from testbed.istiod import ROOT_CERT_CONFIGMAP, Istiod
 from testbed.realnode import RealCluster
+from testbed.wait import WaitTimeout
 
 pytestmark = [pytest.mark.node, pytest.mark.istiod]
 
@@ -94,7 +95,10 @@ def test_istiod_injects_validation_passes_traffic_captured(
     manifest = deployment("web", real_cluster.images["workload"].ref, loop)
     real_cluster.apps().create_namespaced_deployment(injected_ns, manifest)
     pod = _wait_deployment_pod(node_core, injected_ns, "app=web", istiod)
-    view = kubepods.wait_running(node_core, injected_ns, pod.metadata.name, timeout=180)
+    try:
+        view = kubepods.wait_running(node_core, injected_ns, pod.metadata.name, timeout=120)
+    except WaitTimeout as e:
+        raise WaitTimeout(f"{e}\n{_sidecar_state(node_core, injected_ns, pod)}") from None
     pod = node_core.read_namespaced_pod(view.name, injected_ns)
 
     # What istiod's injector made of it, read back from the API server.
@@ -173,6 +177,20 @@ def _wait_deployment_pod(core: Any, namespace: str, selector: str, istiod: Istio
         on_timeout=state,
     )
     return pods[0]
+
+
+def _sidecar_state(core: Any, namespace: str, pod: Any) -> str:
+    """The injected containers' states and logs, for a pod that did not come up."""
+    fresh = core.read_namespaced_pod(pod.metadata.name, namespace)
+    lines = [
+        f"init container {s.name}: {s.state.to_dict()} restarts={s.restart_count}"
+        for s in fresh.status.init_container_statuses or []
+    ]
+    for name in (VALIDATION, PROXY):
+        log = kubepods.logs(core, namespace, pod.metadata.name, name)
+        cut = log if len(log) < 8000 else f"{log[:4000]}\n[...]\n{log[-4000:]}"
+        lines += [f"--- log of {name}:", cut]
+    return "\n".join(lines)
 
 
 def _has_configmap(core: Any, namespace: str, name: str) -> bool:
