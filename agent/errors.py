@@ -5,7 +5,8 @@ AgentError
  ├── InstallError       a step of install/uninstall failed on the node's files
  │    └── TransientInstallError   try again later (dir missing, primary config not there yet)
  └── RedirectError      rules could not be built or applied into a pod's netns
-      └── InvalidAnnotationError  a pod annotation has a bad value (names it)
+      └── InvalidPodInputError    a value the pod controls is refused (names it)
+           └── InvalidAnnotationError  ... an annotation's
 """
 
 
@@ -29,5 +30,10 @@ class RedirectError(AgentError):
     """Building or applying a pod's redirect rules failed."""
 
 
-class InvalidAnnotationError(RedirectError):
+class InvalidPodInputError(RedirectError):
+    """A value the pod controls (annotation, label, proxy env or securityContext, pod IP) is
+    refused; the message names the input and shows a short escaped excerpt of the value."""
+
+
+class InvalidAnnotationError(InvalidPodInputError):
     """A pod annotation holds a value the agent refuses (message names annotation and value)."""

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -35,7 +35,6 @@ from kubernetes.client.exceptions import ApiException
 from agent.ambient.dataplane import (
     AmbientPod,
     HostProbeRules,
-    PodRuleOptions,
     PodRules,
     ZtunnelError,
     ZtunnelLink,
@@ -44,30 +43,15 @@ from agent.ambient.enrollment import (
     AnnotationPatch,
     RedirectionState,
     annotation_patch,
-    annotations_of,
     pod_ips,
 )
-from agent.errors import AgentError
+from agent.ambient.overrides import OptionsFor, rule_options_for
+from agent.errors import AgentError, InvalidPodInputError
+from agent.podinput import pod as podinput
 
 log = logging.getLogger(__name__)
 
-BYPASS_INBOUND_ANNOTATION = "ambient.istio.io/bypass-inbound-capture"
-DNS_CAPTURE_ANNOTATION = "ambient.istio.io/dns-capture"
-VIRTUAL_INTERFACES_ANNOTATION = "istio.io/reroute-virtual-interfaces"
-_GO_BOOL = {
-    "1": True,
-    "t": True,
-    "T": True,
-    "TRUE": True,
-    "true": True,
-    "True": True,
-    "0": False,
-    "f": False,
-    "F": False,
-    "FALSE": False,
-    "false": False,
-    "False": False,
-}
+__all__ = ["MeshDataplane", "MeshError", "NonRetryableAdd", "ZtunnelPending", "rule_options_for"]
 HTTP_NOT_FOUND = 404
 
 
@@ -97,9 +81,6 @@ class NetnsFinder(Protocol):
         ...
 
 
-OptionsFor = Callable[[Mapping[str, Any]], PodRuleOptions]
-
-
 class StatusAnnotator:
     """The real annotator: `PATCH pods/<name>/status` with Istio's merge patch."""
 
@@ -122,39 +103,6 @@ class StatusAnnotator:
                 f"annotate pod {namespace}/{name} ({patch.data.decode()}): "
                 f"API server answered {e.status} {e.reason}"
             ) from e
-
-
-def rule_options_for(base: PodRuleOptions) -> OptionsFor:
-    """Istio's getPodLevelTrafficOverrides over the node-wide options."""
-
-    def options(pod: Mapping[str, Any]) -> PodRuleOptions:
-        notes = annotations_of(pod)
-        ingress = _go_bool(notes, BYPASS_INBOUND_ANNOTATION)
-        dns = _go_bool(notes, DNS_CAPTURE_ANNOTATION)
-        virt = notes.get(VIRTUAL_INTERFACES_ANNOTATION)
-        return PodRuleOptions(
-            ipv6=base.ipv6,
-            redirect_dns=base.redirect_dns,
-            dns_proxy=None if dns is None else ("enabled" if dns else "disabled"),
-            ingress=bool(ingress),
-            virtual_interfaces=tuple(v.strip() for v in virt.split(",") if v.strip())
-            if virt is not None
-            else (),
-            probe_snat=base.probe_snat,
-            probe_snat_v6=base.probe_snat_v6,
-        )
-
-    return options
-
-
-def _go_bool(notes: Mapping[str, str], key: str) -> bool | None:
-    """strconv.ParseBool of an annotation; None when absent or not a boolean (Istio ignores it)."""
-    if key not in notes:
-        return None
-    value = _GO_BOOL.get(notes[key])
-    if value is None:
-        log.warning("annotation %s=%r is not a boolean, ignored", key, notes[key])
-    return value
 
 
 def _meta(pod: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -275,10 +223,16 @@ class MeshDataplane:
 
     def _add(self, pod: Mapping[str, Any], netns_path: str) -> AmbientPod:
         ref, uid = _ref(pod), str(_meta(pod).get("uid", ""))
+        try:  # the pod's own values first: a refused one programs nothing
+            options = self._options_for(pod)
+            podinput.pod_ips(pod)
+        except InvalidPodInputError as e:
+            self._take(uid)
+            raise NonRetryableAdd(f"pod {ref}: {e}") from e
         netns = netns_path or self._known_or_found_netns(pod)
         enrolled = ambient_pod(pod, netns)
         try:
-            backend = self._rules.apply(netns, self._options_for(pod))
+            backend = self._rules.apply(netns, options)
         except Exception as e:
             self._take(uid)
             raise NonRetryableAdd(f"pod {ref}: in-pod rules in {netns}: {e}") from e

@@ -35,6 +35,7 @@ from agent.ambient.mesh import (
 )
 from agent.ambient.watch import AmbientWatch
 from agent.config import AmbientSettings, Settings
+from agent.podinput.tokens import Address
 from agent.podnetns.addresses import netns_addresses
 from agent.podnetns.finder import PodNetnsFinder
 from agent.pods.namespaces import NamespaceCache
@@ -182,8 +183,8 @@ class AmbientParts:
         base = PodRuleOptions(
             ipv6=amb.ipv6,
             redirect_dns=amb.dnsCapture,
-            probe_snat=amb.hostProbeSnatAddress,
-            probe_snat_v6=amb.hostProbeSnatAddressV6,
+            probe_snat=Address(amb.hostProbeSnatAddress),
+            probe_snat_v6=Address(amb.hostProbeSnatAddressV6),
         )
         self.mesh = MeshDataplane(
             pod_rules=InpodRules(backend=settings.ruleBackend),

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from agent.excerpt import bounded
 from agent.logs import LEVELS, PLUGIN_LOGGER
 from agent.podnetns.scan import netns_ident
 from agent.podserver.ambient import AmbientLookupError, ZtunnelPending
@@ -49,12 +50,22 @@ class Reply:
         return str(self.body.get("result", "error"))
 
 
+MAX_REPLY_TEXT = 1024
+"""A reply's message or details: one escaped line at most this long (the runtime shows it to
+the pod's owner as an event; the agent's log has the whole story)."""
+
+
 def ok(result: str, reason: str) -> Reply:
-    return Reply(200, wire.reply(result, reason))
+    return Reply(200, wire.reply(result, bounded(reason, MAX_REPLY_TEXT)))
 
 
 def failure(status: int, code: int, msg: str, details: str = "") -> Reply:
-    return Reply(status, wire.error_reply(code, msg, details))
+    return Reply(
+        status,
+        wire.error_reply(
+            code, bounded(msg, MAX_REPLY_TEXT), bounded(details, MAX_REPLY_TEXT) if details else ""
+        ),
+    )
 
 
 class Refused(Exception):
@@ -425,7 +436,7 @@ class PodHandlers:
         msg = f"pod {req.pod_ref}: {step} failed: {error}"
         log.error("%s failed", step, extra={"fields": {**self._fields(req), "error": str(error)}})
         return Refused(
-            failure(status, code, msg[:1024], f"{type(error).__name__}: {error}"),
+            failure(status, code, msg, f"{type(error).__name__}: {error}"),
             STEP_REASONS.get(step, "internal_error"),
         )
 

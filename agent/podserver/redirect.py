@@ -85,7 +85,8 @@ class RulesRedirector:
         # Istio's plugin: IPv6 rules from the pod's addresses and its ISTIO_DUAL_STACK; with DNS
         # capture it takes all port-53 traffic, so the resolvers are not read.
         ipv6 = rules_pod.ipv6_for_pod(pod, look.addresses)
-        # InvalidAnnotationError names the annotation and its value: let it through as is.
+        # InvalidPodInputError names the input and an excerpt of its value: let it through.
+        rules_pod.pod_ips(pod)  # not read here, but a pod whose IPs are not IPs is refused
         return rules_pod.capture_config_for_pod(pod, ipv6=ipv6)
 
 

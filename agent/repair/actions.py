@@ -9,6 +9,8 @@ from typing import Any, Protocol
 
 from prometheus_client import Counter
 
+from agent.excerpt import bounded
+
 log = logging.getLogger(__name__)
 
 PODS_REPAIRED = Counter(
@@ -18,6 +20,8 @@ PODS_REPAIRED = Counter(
 )
 
 EVENT_SOURCE = "istio-cni-repair"
+MAX_EVENT_MESSAGE = 1024
+"""An Event's message: one escaped line at most this long (errors may quote a tool or a pod)."""
 
 
 class CoreApi(Protocol):
@@ -80,7 +84,7 @@ def event_for(
             "uid": meta.get("uid"),
         },
         "reason": reason,
-        "message": message,
+        "message": bounded(message, MAX_EVENT_MESSAGE),
         "type": "Warning",
         "source": {"component": EVENT_SOURCE, "host": node_name},
         "firstTimestamp": now,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from agent import constants
 from agent.ambient.dataplane import PodRuleOptions
+from agent.podinput.tokens import Address, Cidr, InterfaceName, Mark, Port, SetName, Word, Zone
 from agent.rules.builder import RETURN, AddressSlot, RuleCollector, jump
 from agent.rules.model import Family, Match, RuleSet, Target
 from agent.rules.ownership import Ownership, jumps_into
@@ -21,25 +22,26 @@ CHAIN_OUTPUT = "ISTIO_OUTPUT"
 CHAIN_PREROUTING = "ISTIO_PRERT"
 CHAIN_POSTROUTING = "ISTIO_POSTRT"
 
-INPOD_MARK = "0x539/0xfff"
+INPOD_MARK = Mark("0x539/0xfff")
 """ztunnel marks what it sends with 1337 (its in-pod config mark); never redirect those."""
-INPOD_TPROXY_MARK = "0x111/0xfff"
+INPOD_TPROXY_MARK = Mark("0x111/0xfff")
 """Connection mark of ztunnel's connections, restored onto replies (routed via table 100)."""
-RESTORE_MASK = "0xffffffff"
+RESTORE_MASK = Mark("0xffffffff")
 ROUTE_TABLE = "100"
 """Istio's RouteTableInbound: `local default dev lo` for packets with the TPROXY mark."""
 RULE_PRIORITY = "32764"
 
-ZTUNNEL_OUTBOUND_PORT = constants.ZTUNNEL_OUTBOUND_PORT
-ZTUNNEL_INBOUND_PLAINTEXT_PORT = constants.ZTUNNEL_INBOUND_PLAINTEXT_PORT
-ZTUNNEL_INBOUND_PORT = constants.ZTUNNEL_INBOUND_PORT
-DNS_CAPTURE_PORT = constants.ZTUNNEL_DNS_PORT
+ZTUNNEL_OUTBOUND_PORT = Port(constants.ZTUNNEL_OUTBOUND_PORT)
+ZTUNNEL_INBOUND_PLAINTEXT_PORT = Port(constants.ZTUNNEL_INBOUND_PLAINTEXT_PORT)
+ZTUNNEL_INBOUND_PORT = Port(constants.ZTUNNEL_INBOUND_PORT)
+DNS_CAPTURE_PORT = Port(constants.ZTUNNEL_DNS_PORT)
+DNS_PORT = Port("53")
 
 PROBE_IPSET = "istio-inpod-probes"
 PROBE_IPSET_V4 = f"{PROBE_IPSET}-v4"
 PROBE_IPSET_V6 = f"{PROBE_IPSET}-v6"
 
-LOOPBACK = ("127.0.0.1/32", "::1/128")
+LOOPBACK = (Cidr("127.0.0.1/32"), Cidr("::1/128"))
 """IPv4 and IPv6 loopback, the address slot of Istio's versioned loopback rules."""
 
 POD_OWNERSHIP: Ownership = jumps_into(frozenset({CHAIN_OUTPUT, CHAIN_PREROUTING}))
@@ -49,8 +51,9 @@ HOST_OWNERSHIP: Ownership = jumps_into(frozenset({CHAIN_POSTROUTING}))
 
 
 ACCEPT = jump("ACCEPT")
-TCP = Match("proto", "tcp")
-UDP = Match("proto", "udp")
+LO = InterfaceName("lo")
+TCP = Match("proto", Word("tcp"))
+UDP = Match("proto", Word("udp"))
 MARKED = Match("mark", INPOD_MARK)
 NOT_MARKED = Match("mark", INPOD_MARK, negate=True)
 
@@ -74,7 +77,7 @@ def pod_rules(options: PodRuleOptions) -> RuleSet:
         r.add("nat", CHAIN_PREROUTING, iface_tcp, Target("redirect", ZTUNNEL_OUTBOUND_PORT))
         r.add("nat", CHAIN_PREROUTING, iface_tcp, RETURN)
     r.add("mangle", CHAIN_PREROUTING, [MARKED], Target("connmark_set", INPOD_TPROXY_MARK))
-    tcp_module = Match("module", "tcp")
+    tcp_module = Match("module", Word("tcp"))
     if not options.ingress:
         # Kubelet's probes arrive SNATed to the probe address: let them through uncaptured.
         r.versioned("nat", CHAIN_PREROUTING, *probe, AddressSlot("src", TCP, tcp_module), ACCEPT)
@@ -98,7 +101,7 @@ def pod_rules(options: PodRuleOptions) -> RuleSet:
         _dns(r)
     r.add("nat", CHAIN_OUTPUT, [TCP, Match("mark", INPOD_TPROXY_MARK)], ACCEPT)
     # An app calling itself over lo by its pod address stays local.
-    r.versioned("nat", CHAIN_OUTPUT, *LOOPBACK, AddressSlot("!dst", Match("out", "lo")), ACCEPT)
+    r.versioned("nat", CHAIN_OUTPUT, *LOOPBACK, AddressSlot("!dst", Match("out", LO)), ACCEPT)
     r.versioned(
         "nat",
         CHAIN_OUTPUT,
@@ -120,32 +123,32 @@ def _jumps(r: RuleCollector, dns: bool) -> None:
 
 
 def _dns(r: RuleCollector) -> None:
-    udp53 = [Match("module", "udp"), Match("dport", "53")]
+    udp53 = [Match("module", Word("udp")), Match("dport", DNS_PORT)]
     r.add(
         "nat",
         CHAIN_OUTPUT,
-        [Match("out", "lo", True), UDP, NOT_MARKED, *udp53],
+        [Match("out", LO, True), UDP, NOT_MARKED, *udp53],
         Target("redirect", DNS_CAPTURE_PORT, spelling="--to-port"),
     )
     r.versioned(
         "nat",
         CHAIN_OUTPUT,
         *LOOPBACK,
-        AddressSlot("!dst", TCP, Match("dport", "53"), NOT_MARKED),
+        AddressSlot("!dst", TCP, Match("dport", DNS_PORT), NOT_MARKED),
         Target("redirect", DNS_CAPTURE_PORT),
     )
     # ztunnel's queries upstream and their answers get their own conntrack zone, so they do
     # not collide with the app's queries on the same ports (istio/istio#33469).
-    r.add("raw", CHAIN_OUTPUT, [UDP, MARKED, *udp53], Target("ct_zone", "1"))
+    r.add("raw", CHAIN_OUTPUT, [UDP, MARKED, *udp53], Target("ct_zone", Zone("1")))
     r.add(
         "raw",
         CHAIN_PREROUTING,
-        [UDP, NOT_MARKED, Match("module", "udp"), Match("sport", "53")],
-        Target("ct_zone", "1"),
+        [UDP, NOT_MARKED, Match("module", Word("udp")), Match("sport", DNS_PORT)],
+        Target("ct_zone", Zone("1")),
     )
 
 
-def host_rules(*, ipv6: bool, probe_snat: str, probe_snat_v6: str) -> RuleSet:
+def host_rules(*, ipv6: bool, probe_snat: Address, probe_snat_v6: Address) -> RuleSet:
     """Istio's node-side rules (AppendHostRules): SNAT local-socket TCP to enrolled pod IPs.
 
     `--socket-exists` tells a packet from a node process (kubelet) from one forwarded for a
@@ -161,7 +164,7 @@ def host_rules(*, ipv6: bool, probe_snat: str, probe_snat_v6: str) -> RuleSet:
         r.add(
             "nat",
             CHAIN_POSTROUTING,
-            [Match("socket_exists", ""), TCP, Match("match_set", f"{ipset} dst")],
+            [Match("socket_exists", Word("tcp")), TCP, Match("match_set", SetName(ipset))],
             Target("snat", address),
             families=(fam,),
         )

@@ -17,6 +17,7 @@ from collections.abc import Callable, Collection, Iterable
 from agent import constants
 from agent.ambient.dataplane import PodRuleOptions
 from agent.errors import RedirectError
+from agent.podinput.tokens import Address
 from agent.rules import (
     ambient_nft_apply,
     ambient_routes,
@@ -155,7 +156,9 @@ class HostProbeRules:
         self.netns_path = netns_path
         self.backend = backend
         self.ipv6 = ipv6
-        self.ruleset = host_rules(ipv6=ipv6, probe_snat=probe_snat, probe_snat_v6=probe_snat_v6)
+        self.ruleset = host_rules(
+            ipv6=ipv6, probe_snat=Address(probe_snat), probe_snat_v6=Address(probe_snat_v6)
+        )
         self.sets: AddressSets | NftAddressSets
         if backend == "nftables":
             self.sets = NftAddressSets(netns_path, ipv6=ipv6)

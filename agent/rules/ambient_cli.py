@@ -9,17 +9,20 @@ them). The host rules in that form match kubelet's UID: `--kubelet-uid`, else fo
 
 from __future__ import annotations
 
-import ipaddress
 import sys
 from typing import Final
 
 from agent.ambient.dataplane import PodRuleOptions
+from agent.ambient.overrides import rule_options_for
 from agent.config import DEFAULT_CONFIG_PATH, load_settings
-from agent.errors import ConfigError, RedirectError
+from agent.errors import ConfigError, InvalidPodInputError, RedirectError
+from agent.podinput import pod as podinput
+from agent.podinput.tokens import Address, Id, InterfaceName, TokenError
 from agent.rules import ambient_nft
 from agent.rules.ambient import host_rules, pod_rules
 from agent.rules.ambient_nft_kubelet import kubelet_uid
 from agent.rules.flags import parse_bool
+from agent.rules.pod import load_pod_manifest
 from agent.rules.render_restore import render
 
 USAGE: Final = """\
@@ -27,11 +30,18 @@ usage: istio-cni-agent rules --ambient pod|host [--ipv6=true|false] [--redirect-
            [--ingress] [--virtual-interfaces=A,B] [--dns-proxy=enabled|disabled]
            [--probe-snat=ADDR] [--probe-snat-v6=ADDR] [--format=restore|nft]
            [--kubelet-uid=UID] [--config FILE]
+       istio-cni-agent rules --ambient pod --pod FILE [--ipv6=..] [--redirect-dns=..]
+           [--probe-snat=ADDR] [--probe-snat-v6=ADDR] [--format=restore|nft] [--config FILE]
 
 pod: the rules Istio programs inside an enrolled pod's network namespace; host: the node-side
 rules that SNAT kubelet's probes to enrolled pods. Defaults: the config file's ambient settings.
 --format=nft prints Istio's native nftables commands; its host rules match kubelet's UID
 (--kubelet-uid, default: the UID of the kubelet process found in /proc).
+With --pod, the pod's own settings (ambient.istio.io/bypass-inbound-capture,
+ambient.istio.io/dns-capture, istio.io/reroute-virtual-interfaces) come from the Pod manifest
+FILE (YAML or JSON), read by the same parser the agent uses: the output is what the agent
+programs in that pod once it is enrolled. A value the agent refuses exits 1 with a message
+naming the annotation; nothing is printed on stdout then.
 """
 
 VALUE_FLAGS: Final = (
@@ -45,7 +55,10 @@ VALUE_FLAGS: Final = (
     "format",
     "kubelet-uid",
     "config",
+    "pod",
 )
+POD_LEVEL_FLAGS: Final = ("ingress", "virtual-interfaces", "dns-proxy")
+"""Flags whose settings a pod manifest gives itself: not taken together with --pod."""
 BOOL_FLAGS: Final = ("ingress",)
 
 
@@ -82,9 +95,14 @@ def options_from_flags(flags: dict[str, str]) -> PodRuleOptions:
         raise ConfigError(
             f"flag --dns-proxy: invalid value {dns_proxy!r}: want enabled or disabled"
         )
-    interfaces = tuple(
-        i.strip() for i in flags.get("virtual-interfaces", "").split(",") if i.strip()
-    )
+    try:
+        interfaces = tuple(
+            InterfaceName(i.strip())
+            for i in flags.get("virtual-interfaces", "").split(",")
+            if i.strip()
+        )
+    except TokenError as e:
+        raise ConfigError(f"flag --virtual-interfaces: invalid value: {e}") from None
     return PodRuleOptions(
         ipv6=_bool(flags, "ipv6", settings.ipv6),
         redirect_dns=_bool(flags, "redirect-dns", settings.dnsCapture),
@@ -105,15 +123,27 @@ def _bool(flags: dict[str, str], name: str, default: bool) -> bool:
         raise ConfigError(f"flag --{name}: invalid value: {e}") from None
 
 
-def _address(flags: dict[str, str], name: str, default: str, version: int) -> str:
+def _address(flags: dict[str, str], name: str, default: str, version: int) -> Address:
     value = flags.get(name, default)
     try:
-        ok = ipaddress.ip_address(value).version == version
-    except ValueError:
-        ok = False
-    if not ok:
+        address = Address(value)
+    except TokenError:
+        address = None
+    if address is None or address.version != version:
         raise ConfigError(f"flag --{name}: invalid value {value!r}: want an IPv{version} address")
-    return value
+    return address
+
+
+def pod_options(flags: dict[str, str]) -> PodRuleOptions:
+    """The options the agent derives for the pod manifest in --pod (node-wide ones from the
+    flags and the config file), through agent.podinput as the agent reads a pod."""
+    given = sorted(name for name in POD_LEVEL_FLAGS if name in flags)
+    if given:
+        raise ConfigError("--pod takes its settings from the pod; drop --" + ", --".join(given))
+    pod = load_pod_manifest(flags["pod"])
+    options = rule_options_for(options_from_flags(flags))(pod)
+    podinput.pod_ips(pod)  # the agent refuses a pod whose IPs are not IPs
+    return options
 
 
 def main(command: str, argv: list[str]) -> int:
@@ -125,14 +155,19 @@ def main(command: str, argv: list[str]) -> int:
         target = flags.get("ambient", "")
         if target not in ("pod", "host"):
             raise ConfigError(f"flag --ambient: invalid value {target!r}: want pod or host")
-        options = options_from_flags(flags)
+        if "pod" in flags and target != "pod":
+            raise ConfigError("flag --pod: only with --ambient pod")
+        options = pod_options(flags) if "pod" in flags else options_from_flags(flags)
         fmt = flags.get("format", "restore")
         if fmt not in ("restore", "nft"):
             raise ConfigError(f"flag --format: invalid value {fmt!r}: want restore or nft")
         if fmt == "nft":
             sys.stdout.write(_native(target, options, flags))
             return 0
-    except (ConfigError, OSError, RedirectError) as e:
+    except InvalidPodInputError as e:
+        sys.stderr.write(f"istio-cni-agent {command}: {e}\n")
+        return 1
+    except (ConfigError, OSError, RedirectError, ValueError) as e:
         sys.stderr.write(f"istio-cni-agent {command}: {e}\n")
         return 2
     if target == "pod":
@@ -150,11 +185,15 @@ def _native(target: str, options: PodRuleOptions, flags: dict[str, str]) -> str:
     if target == "pod":
         return ambient_nft.render_pod(options)
     uid = flags.get("kubelet-uid") or kubelet_uid()
-    if not uid.isdigit():
-        raise ConfigError(f"flag --kubelet-uid: invalid value {uid!r}: want a numeric UID")
+    try:
+        kubelet = Id(uid)
+    except TokenError:
+        raise ConfigError(
+            f"flag --kubelet-uid: invalid value {uid!r}: want a numeric UID"
+        ) from None
     return ambient_nft.render_host(
         ipv6=options.ipv6,
         probe_snat=options.probe_snat,
         probe_snat_v6=options.probe_snat_v6,
-        kubelet_uid=uid,
+        kubelet_uid=kubelet,
     )

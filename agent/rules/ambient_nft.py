@@ -16,7 +16,9 @@ from typing import Literal
 
 from agent import constants
 from agent.ambient.dataplane import PodRuleOptions
+from agent.podinput.tokens import Address, Id
 from agent.rules.ambient import PROBE_IPSET_V4, PROBE_IPSET_V6, redirect_dns
+from agent.rules.model import check_nft_rule
 
 AmbientTable = Literal["nat", "mangle", "raw"]
 TABLE_ORDER: tuple[AmbientTable, ...] = ("nat", "mangle", "raw")
@@ -53,6 +55,9 @@ class NftRule:
     table: AmbientTable
     chain: str
     expr: str
+
+    def __post_init__(self) -> None:
+        check_nft_rule(self.chain, self.expr)
 
 
 @dataclass
@@ -169,7 +174,7 @@ def _outbound(r: _Rules) -> None:
 
 
 def host_rules(
-    *, ipv6: bool, probe_snat: str, probe_snat_v6: str, kubelet_uid: str
+    *, ipv6: bool, probe_snat: Address, probe_snat_v6: Address, kubelet_uid: Id
 ) -> list[NftRule]:
     """Istio's node-side probe SNAT (CreateHostRulesForHealthChecks, nftables form)."""
     r = _Rules(ipv6=ipv6)
@@ -217,7 +222,7 @@ def render_pod(options: PodRuleOptions) -> str:
     return commands(pod_rules(options))
 
 
-def render_host(*, ipv6: bool, probe_snat: str, probe_snat_v6: str, kubelet_uid: str) -> str:
+def render_host(*, ipv6: bool, probe_snat: Address, probe_snat_v6: Address, kubelet_uid: Id) -> str:
     return commands(
         host_rules(
             ipv6=ipv6, probe_snat=probe_snat, probe_snat_v6=probe_snat_v6, kubelet_uid=kubelet_uid

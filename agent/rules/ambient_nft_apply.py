@@ -11,6 +11,7 @@ Tables of other software are never named.
 from __future__ import annotations
 
 from agent.ambient.dataplane import PodRuleOptions
+from agent.podinput.tokens import Address, Id
 from agent.rules import ambient_nft
 from agent.rules.backend_nft import (
     COUNTERS,
@@ -66,7 +67,10 @@ class HostTable:
         self.ipv6 = ipv6
         self.sets = ambient_nft.set_commands(ipv6=ipv6)
         self.rules = ambient_nft.render_host(
-            ipv6=ipv6, probe_snat=probe_snat, probe_snat_v6=probe_snat_v6, kubelet_uid=kubelet_uid
+            ipv6=ipv6,
+            probe_snat=Address(probe_snat),
+            probe_snat_v6=Address(probe_snat_v6),
+            kubelet_uid=Id(kubelet_uid),
         )
 
     def ensure(self) -> None:

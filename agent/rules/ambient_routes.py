@@ -8,8 +8,8 @@ loopback has IPv6 switched off (Istio skips it then too).
 
 from __future__ import annotations
 
-from agent.errors import RedirectError
 from agent.netns import run_command, run_in_netns
+from agent.rules import tool_output
 from agent.rules.ambient import INPOD_TPROXY_MARK, ROUTE_TABLE, RULE_PRIORITY
 
 LO_DISABLE_IPV6 = "/proc/sys/net/ipv6/conf/lo/disable_ipv6"
@@ -43,11 +43,11 @@ def apply_routes(netns_path: str, *, ipv6: bool) -> None:
     for fam in _families(netns_path, ipv6):
         ok, err = _ip(netns_path, fam, "rule", "add", *RULE)
         if not ok and "File exists" not in err:
-            raise RedirectError(f"ip {fam} rule add {' '.join(RULE)} in {netns_path}: {err}")
+            raise tool_output.failed(f"ip {fam} rule add {' '.join(RULE)}", netns_path, 1, err)
         args = (fam, "route", "replace", "local", "default", "dev", "lo", "table", ROUTE_TABLE)
         ok, err = _ip(netns_path, *args)
         if not ok:
-            raise RedirectError(f"ip {' '.join(args)} in {netns_path}: {err}")
+            raise tool_output.failed(f"ip {' '.join(args)}", netns_path, 1, err)
 
 
 def remove_routes(netns_path: str) -> None:

@@ -16,6 +16,7 @@ import subprocess
 
 from agent.errors import RedirectError
 from agent.netns import run_command
+from agent.rules import tool_output
 from agent.rules.config import CaptureConfig
 from agent.rules.native_nft import TABLE_ORDER
 from agent.rules.render_nft import TABLE_PREFIX, render_native
@@ -71,7 +72,9 @@ def expected_listing(commands: str) -> str:
         check=False,
     )
     if done.returncode != 0:
-        raise RedirectError(f"nft: cannot list the expected rules: {done.stderr.strip()[:500]}")
+        raise tool_output.failed(
+            "nft -f - (expected rules)", "a scratch netns", done.returncode, done.stderr
+        )
     return COUNTERS.sub("counter", done.stdout)
 
 
@@ -98,7 +101,7 @@ def nft(netns_path: str, argv: list[str], stdin: str = "") -> str:
     except FileNotFoundError as e:
         raise RedirectError(f"nft: not installed ({e.strerror})") from e
     if done.returncode != 0:
-        raise RedirectError(f"nft {' '.join(argv)} in {netns_path}: {done.stderr.strip()[:500]}")
+        raise tool_output.failed(f"nft {' '.join(argv)}", netns_path, done.returncode, done.stderr)
     return done.stdout
 
 

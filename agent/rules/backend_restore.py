@@ -11,6 +11,7 @@ from collections.abc import Collection
 
 from agent.errors import RedirectError
 from agent.netns import run_command
+from agent.rules import tool_output
 from agent.rules.model import Family, RuleSet, TableRules
 from agent.rules.ownership import OUR_TABLES, SIDECAR, Ownership, builtin
 from agent.rules.render_restore import rule_line
@@ -26,17 +27,15 @@ def binary(variant: Variant, family: Family, tool: str) -> str:
 
 
 def run(netns_path: str, argv: list[str], stdin: str = "") -> str:
-    """Run a command inside the namespace; its failure names the command and its stderr."""
+    """Run a command inside the namespace; its failure names the command and summarizes its
+    error output (logged in full)."""
 
     try:
         done = run_command(netns_path, argv, stdin)
     except FileNotFoundError as e:
         raise RedirectError(f"{argv[0]}: not installed ({e.strerror})") from e
     if done.returncode != 0:
-        raise RedirectError(
-            f"{' '.join(argv)} in {netns_path} failed (exit {done.returncode}): "
-            f"{done.stderr.strip()[:500]}"
-        )
+        raise tool_output.failed(" ".join(argv), netns_path, done.returncode, done.stderr)
     return done.stdout
 
 

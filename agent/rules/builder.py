@@ -12,71 +12,90 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from agent import constants
+from agent.podinput.tokens import (
+    Address,
+    ChainName,
+    Cidr,
+    InterfaceName,
+    Mark,
+    Port,
+    PortList,
+    Word,
+    Zone,
+)
 from agent.rules.config import (
     WILDCARD,
     CaptureConfig,
+    GroupValue,
+    IdValue,
+    InterfaceValue,
+    PortValue,
     cidr_is_loopback,
     is_ipv4_cidr,
 )
 from agent.rules.model import Family, Match, Rule, RuleSet, TableName, Target, group_tables
 
-DNS_PORT = "53"
-AGENT_DNS_PORT = constants.AGENT_DNS_PORT
-OUTBOUND_MARK = constants.OUTBOUND_MARK
-INBOUND_PASSTHROUGH_V4 = constants.INBOUND_PASSTHROUGH_V4
-INBOUND_PASSTHROUGH_V6 = constants.INBOUND_PASSTHROUGH_V6
-LOOPBACK_V6 = constants.LOOPBACK_V6
+DNS_PORT = Port("53")
+AGENT_DNS_PORT = Port(constants.AGENT_DNS_PORT)
+OUTBOUND_MARK = Mark(constants.OUTBOUND_MARK)
+INBOUND_PASSTHROUGH_V4 = Cidr(constants.INBOUND_PASSTHROUGH_V4)
+INBOUND_PASSTHROUGH_V6 = Cidr(constants.INBOUND_PASSTHROUGH_V6)
+LOOPBACK_V6 = Cidr(constants.LOOPBACK_V6)
 
 # Chain names (Istio's).
-INBOUND = "ISTIO_INBOUND"
-REDIRECT = "ISTIO_REDIRECT"
-IN_REDIRECT = "ISTIO_IN_REDIRECT"
-OUTPUT = "ISTIO_OUTPUT"
-OUTPUT_DNS = "ISTIO_OUTPUT_DNS"
-DIVERT = "ISTIO_DIVERT"
-TPROXY = "ISTIO_TPROXY"
-DROP = "ISTIO_DROP"
+INBOUND = ChainName("ISTIO_INBOUND")
+REDIRECT = ChainName("ISTIO_REDIRECT")
+IN_REDIRECT = ChainName("ISTIO_IN_REDIRECT")
+OUTPUT = ChainName("ISTIO_OUTPUT")
+OUTPUT_DNS = ChainName("ISTIO_OUTPUT_DNS")
+DIVERT = ChainName("ISTIO_DIVERT")
+TPROXY = ChainName("ISTIO_TPROXY")
+DROP = ChainName("ISTIO_DROP")
+
+LO = InterfaceName("lo")
 
 
 # Short constructors keep each rule on one line, readable next to its iptables form.
 def proto(p: str) -> Match:
-    return Match("proto", p)
+    """`-p tcp` or `-p udp` (a word of this code, checked as one)."""
+    return Match("proto", Word(p))
 
 
-def dport(port: str, negate: bool = False) -> Match:
+def dport(port: PortValue, negate: bool = False) -> Match:
     return Match("dport", port, negate)
 
 
-def sport(port: str) -> Match:
+def sport(port: PortValue) -> Match:
     return Match("sport", port)
 
 
-def in_if(name: str) -> Match:
+def in_if(name: InterfaceValue) -> Match:
     return Match("in", name)
 
 
-def out_if(name: str) -> Match:
+def out_if(name: InterfaceValue) -> Match:
     return Match("out", name)
 
 
-def src(cidr: str) -> Match:
+def src(cidr: Cidr | Address) -> Match:
     return Match("src", cidr)
 
 
-def dst(cidr: str, negate: bool = False) -> Match:
+def dst(cidr: Cidr | Address, negate: bool = False) -> Match:
     return Match("dst", cidr, negate)
 
 
-def uid(value: str, negate: bool = False) -> Match:
+def uid(value: IdValue, negate: bool = False) -> Match:
     return Match("uid", value, negate)
 
 
-def gid(value: str, negate: bool = False) -> Match:
+def gid(value: GroupValue | IdValue, negate: bool = False) -> Match:
     return Match("gid", value, negate)
 
 
 def jump(chain: str) -> Target:
-    return Target("jump", chain)
+    """A jump to one of our chains, a built-in chain or a verdict (names from this code)."""
+    return Target("jump", ChainName(chain))
 
 
 RETURN = jump("RETURN")
@@ -100,7 +119,7 @@ class RuleCollector:
         families: tuple[Family, ...] = (4, 6),
         insert_at: int | None = None,
     ) -> None:
-        rule = Rule(table, chain, tuple(matches), target, insert_at)
+        rule = Rule(table, ChainName(chain), tuple(matches), target, insert_at)
         if 4 in families:
             self.v4.append(rule)
         if 6 in families and self.ipv6:
@@ -110,8 +129,8 @@ class RuleCollector:
         self,
         table: TableName,
         chain: str,
-        v4_addr: str,
-        v6_addr: str,
+        v4_addr: Cidr | Address,
+        v6_addr: Cidr | Address,
         make: AddressSlot,
         target: Target,
     ) -> None:
@@ -129,7 +148,7 @@ class AddressSlot:
     def __init__(self, *parts: Match | str) -> None:
         self.parts = parts
 
-    def __call__(self, addr: str) -> list[Match]:
+    def __call__(self, addr: Cidr | Address) -> list[Match]:
         out: list[Match] = []
         for part in self.parts:
             if isinstance(part, Match):
@@ -161,7 +180,7 @@ def build(config: CaptureConfig) -> RuleSet:
     for name in config.reroute_virtual_interfaces:
         b.add("nat", "PREROUTING", [in_if(name)], RETURN, insert_at=1)
     if config.drop_invalid:
-        b.add("mangle", "PREROUTING", [Match("ctstate", "INVALID")], jump(DROP))
+        b.add("mangle", "PREROUTING", [Match("ctstate", Word("INVALID"))], jump(DROP))
         b.add("mangle", DROP, [], jump("DROP"))
     b.add("nat", INBOUND, [proto("tcp"), dport(config.inbound_tunnel_port)], RETURN)
     b.add("nat", REDIRECT, [proto("tcp")], _redirect(config.proxy_port, "--to-ports"))
@@ -176,7 +195,7 @@ def build(config: CaptureConfig) -> RuleSet:
         OUTPUT,
         INBOUND_PASSTHROUGH_V4,
         INBOUND_PASSTHROUGH_V6,
-        AddressSlot(out_if("lo"), "src"),
+        AddressSlot(out_if(LO), "src"),
         RETURN,
     )
     _proxy_owner_rules(b, config, dns=dns, keep_loopback=include_has_loopback)
@@ -197,13 +216,13 @@ def build(config: CaptureConfig) -> RuleSet:
     return b.ruleset()
 
 
-def _proxy_owners(config: CaptureConfig) -> list[tuple[Literal["uid", "gid"], str]]:
+def _proxy_owners(config: CaptureConfig) -> list[tuple[Literal["uid", "gid"], IdValue]]:
     """The proxy's UIDs then GIDs, in Istio's order."""
-    uids: list[tuple[Literal["uid", "gid"], str]] = [("uid", v) for v in config.proxy_uids]
+    uids: list[tuple[Literal["uid", "gid"], IdValue]] = [("uid", v) for v in config.proxy_uids]
     return uids + [("gid", v) for v in config.proxy_gids]
 
 
-def _redirect(port: str, spelling: str) -> Target:
+def _redirect(port: Port, spelling: str) -> Target:
     return Target("redirect", port, spelling=spelling)
 
 
@@ -217,7 +236,7 @@ def _exclude_interfaces(b: RuleCollector, config: CaptureConfig) -> None:
             b.add("mangle", "OUTPUT", [out_if(name)], RETURN)
 
 
-def _inbound(b: RuleCollector, config: CaptureConfig, loop4: str) -> None:
+def _inbound(b: RuleCollector, config: CaptureConfig, loop4: Cidr) -> None:
     """Inbound capture: nat REDIRECT to the capture port, or mangle TPROXY."""
     include = config.inbound_ports_include
     if not include and not config.inbound_ports_set:
@@ -236,7 +255,7 @@ def _inbound(b: RuleCollector, config: CaptureConfig, loop4: str) -> None:
             Target("tproxy", config.inbound_capture_port, mark=config.tproxy_mark),
         )
     b.add(table, "PREROUTING", [proto("tcp")], jump(INBOUND))
-    established = Match("ctstate", "RELATED,ESTABLISHED")
+    established = Match("ctstate", Word("RELATED,ESTABLISHED"))
     if include == WILDCARD:
         for port in config.inbound_ports_exclude:
             b.add(table, INBOUND, [proto("tcp"), dport(port)], RETURN)
@@ -265,7 +284,7 @@ def _proxy_owner_rules(
         not_me = Match(owner, value, negate=True)
         # Istio skips port 53 only for UIDs in the self-call rule.
         if dns and owner == "uid":
-            ports = Match("dports", f"{DNS_PORT},{tunnel}", negate=True)
+            ports = Match("dports", PortList.of((DNS_PORT, tunnel)), negate=True)
         else:
             ports = dport(tunnel, negate=True)
         b.versioned(
@@ -273,14 +292,14 @@ def _proxy_owner_rules(
             OUTPUT,
             loop4,
             LOOPBACK_V6,
-            AddressSlot(out_if("lo"), "!dst", proto("tcp"), ports, me),
+            AddressSlot(out_if(LO), "!dst", proto("tcp"), ports, me),
             jump(IN_REDIRECT),
         )
         if not keep_loopback:
             if dns:
-                matches = [out_if("lo"), proto("tcp"), dport(DNS_PORT, negate=True), not_me]
+                matches = [out_if(LO), proto("tcp"), dport(DNS_PORT, negate=True), not_me]
             else:
-                matches = [out_if("lo"), not_me]
+                matches = [out_if(LO), not_me]
             b.add("nat", OUTPUT, matches, RETURN)
         b.add("nat", OUTPUT, [me], RETURN)
 
@@ -311,7 +330,7 @@ def _dns(b: RuleCollector, config: CaptureConfig) -> None:
             b.add(
                 "nat",
                 OUTPUT_DNS,
-                [proto(p), dport(DNS_PORT), dst(f"{server}/32")],
+                [proto(p), dport(DNS_PORT), dst(Cidr(f"{server}/32"))],
                 to_agent,
                 families=(4,),
             )
@@ -319,11 +338,11 @@ def _dns(b: RuleCollector, config: CaptureConfig) -> None:
             b.add(
                 "nat",
                 OUTPUT_DNS,
-                [proto(p), dport(DNS_PORT), dst(f"{server}/128")],
+                [proto(p), dport(DNS_PORT), dst(Cidr(f"{server}/128"))],
                 to_agent,
                 families=(6,),
             )
-    zone1, zone2 = Target("ct_zone", "1"), Target("ct_zone", "2")
+    zone1, zone2 = Target("ct_zone", Zone("1")), Target("ct_zone", Zone("2"))
     for owner, value in _proxy_owners(config):
         me = Match(owner, value)
         b.add("raw", OUTPUT_DNS, [proto("udp"), dport(DNS_PORT), me], zone1)
@@ -341,21 +360,26 @@ def _dns(b: RuleCollector, config: CaptureConfig) -> None:
             b.add(
                 "raw",
                 OUTPUT_DNS,
-                [proto("udp"), dport(DNS_PORT), dst(f"{server}/{bits}")],
+                [proto("udp"), dport(DNS_PORT), dst(Cidr(f"{server}/{bits}"))],
                 zone2,
                 families=fam,
             )
             b.add(
                 "raw",
                 INBOUND,
-                [proto("udp"), sport(DNS_PORT), src(f"{server}/{bits}")],
+                [proto("udp"), sport(DNS_PORT), src(Cidr(f"{server}/{bits}"))],
                 zone1,
                 families=fam,
             )
 
 
 def _outbound_include(
-    b: RuleCollector, config: CaptureConfig, wildcard: bool, cidrs: Sequence[str], *, family: Family
+    b: RuleCollector,
+    config: CaptureConfig,
+    wildcard: bool,
+    cidrs: Sequence[Cidr],
+    *,
+    family: Family,
 ) -> None:
     fam: tuple[Family, ...] = (family,)
     if wildcard:
@@ -376,12 +400,12 @@ def _outbound_include(
         b.add("nat", OUTPUT, [dst(cidr)], jump(REDIRECT), families=fam)
 
 
-def _tproxy_marks(b: RuleCollector, config: CaptureConfig, loop4: str) -> None:
+def _tproxy_marks(b: RuleCollector, config: CaptureConfig, loop4: Cidr) -> None:
     """TPROXY bookkeeping: keep the mark on the connection, skip proxy-to-app loops."""
     mark = config.tproxy_mark
     tcp = proto("tcp")
     b.add("mangle", "PREROUTING", [tcp, Match("mark", mark)], Target("save_mark"))
-    b.add("mangle", "OUTPUT", [tcp, out_if("lo"), Match("mark", mark)], RETURN)
+    b.add("mangle", "OUTPUT", [tcp, out_if(LO), Match("mark", mark)], RETURN)
     for owner, value in _proxy_owners(config):
         me = Match(owner, value)
         b.versioned(
@@ -389,7 +413,7 @@ def _tproxy_marks(b: RuleCollector, config: CaptureConfig, loop4: str) -> None:
             "OUTPUT",
             loop4,
             LOOPBACK_V6,
-            AddressSlot("!dst", tcp, out_if("lo"), me),
+            AddressSlot("!dst", tcp, out_if(LO), me),
             Target("set_mark", OUTBOUND_MARK),
         )
     b.add("mangle", "OUTPUT", [tcp, Match("connmark", mark)], Target("restore_mark"))
@@ -397,7 +421,7 @@ def _tproxy_marks(b: RuleCollector, config: CaptureConfig, loop4: str) -> None:
     b.add(
         "mangle",
         INBOUND,
-        [tcp, src(INBOUND_PASSTHROUGH_V4), in_if("lo")],
+        [tcp, src(INBOUND_PASSTHROUGH_V4), in_if(LO)],
         RETURN,
         families=(4,),
         insert_at=2,
@@ -405,7 +429,7 @@ def _tproxy_marks(b: RuleCollector, config: CaptureConfig, loop4: str) -> None:
     b.add(
         "mangle",
         INBOUND,
-        [tcp, src(INBOUND_PASSTHROUGH_V6), in_if("lo")],
+        [tcp, src(INBOUND_PASSTHROUGH_V6), in_if(LO)],
         RETURN,
         families=(6,),
         insert_at=2,
@@ -413,7 +437,7 @@ def _tproxy_marks(b: RuleCollector, config: CaptureConfig, loop4: str) -> None:
     b.add(
         "mangle",
         INBOUND,
-        [tcp, in_if("lo"), Match("mark", OUTBOUND_MARK, negate=True)],
+        [tcp, in_if(LO), Match("mark", OUTBOUND_MARK, negate=True)],
         RETURN,
         insert_at=3,
     )

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from agent.config import DEFAULT_CONFIG_PATH, load_settings
-from agent.errors import ConfigError, InvalidAnnotationError
+from agent.errors import ConfigError, InvalidPodInputError
 from agent.rules import hostfacts
 from agent.rules.builder import build
 from agent.rules.config import CaptureConfig
@@ -63,7 +63,7 @@ def main(command: str, argv: list[str], environ: Mapping[str, str] | None = None
         return 0
     try:
         return _run(argv, env)
-    except InvalidAnnotationError as e:
+    except InvalidPodInputError as e:
         sys.stderr.write(f"istio-cni-agent {command}: {e}\n")
         return 1
     except (ConfigError, ValueError, OSError) as e:

@@ -17,6 +17,7 @@ from typing import Any, Literal, TypeVar
 
 from agent import constants
 from agent.errors import ConfigError
+from agent.podinput.tokens import Address, Cidr
 from agent.rules import config as cfg
 from agent.rules.config import WILDCARD, CaptureConfig
 
@@ -250,8 +251,8 @@ def request_from_flags(
         return RulesRequest(None, flag_bool["native-nftables"], flag_bool["dual-stack"])
     redirect_dns = flag_bool["redirect-dns"]
     capture_all = flag_bool["capture-all-dns"]
-    servers_v4: tuple[str, ...] = ()
-    servers_v6: tuple[str, ...] = ()
+    servers_v4: tuple[Address, ...] = ()
+    servers_v6: tuple[Address, ...] = ()
     if redirect_dns and not capture_all:
         servers_v4, servers_v6 = _field("dns-servers", list(dns_servers), cfg.split_dns_servers)
     # Istio fills the empty settings as strings: GID from UID, UID from $ENVOY_USER.
@@ -336,27 +337,27 @@ def _env_field(environ: Mapping[str, str], var: str, default: str, parse: Callab
         raise ConfigError(f"environment variable {var}: invalid value {value!r}: {e}") from None
 
 
-def _ports(value: object) -> tuple[str, ...]:
+def _ports(value: object) -> tuple[cfg.PortValue, ...]:
     ports = cfg.parse_ports(str(value), allow_wildcard=False)
     assert ports != WILDCARD
     return ports
 
 
-def _ports_or_wildcard(value: object) -> tuple[str, ...] | cfg.Wildcard:
+def _ports_or_wildcard(value: object) -> tuple[cfg.PortValue, ...] | cfg.Wildcard:
     return cfg.parse_ports(str(value), allow_wildcard=True)
 
 
-def _cidrs(value: object) -> tuple[str, ...]:
+def _cidrs(value: object) -> tuple[Cidr, ...]:
     cidrs = cfg.parse_cidrs(str(value), allow_wildcard=False)
     assert cidrs != WILDCARD
     return cidrs
 
 
-def _cidrs_or_wildcard(value: object) -> tuple[str, ...] | cfg.Wildcard:
+def _cidrs_or_wildcard(value: object) -> tuple[Cidr, ...] | cfg.Wildcard:
     return cfg.parse_cidrs(str(value), allow_wildcard=True)
 
 
-def _groups_include(value: str) -> tuple[str, ...] | cfg.Wildcard:
+def _groups_include(value: str) -> tuple[cfg.GroupValue, ...] | cfg.Wildcard:
     if value == WILDCARD:
         return WILDCARD
     groups = cfg.parse_groups(value)

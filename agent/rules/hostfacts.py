@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 from pyroute2 import IPRoute
 
-from agent.rules.config import go_addr
+from agent.podinput.tokens import go_addr
 
 
 def local_addresses() -> list[str]:

@@ -3,13 +3,36 @@
 A `Rule` keeps its matches in the order Istio writes them, so the iptables-restore renderer
 reproduces Istio's spelling exactly, while the nftables and python-iptables renderers read the
 same facts without parsing text.
+
+Every value is a token of agent.podinput.tokens, of the kind its match or target takes (an
+interface for `-i`, a CIDR for `-d`, ...): the constructors refuse anything else, a plain `str`
+included, so no rule can carry text that was not validated into a rule program.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, assert_never
+
+from agent.podinput.tokens import (
+    Address,
+    ChainName,
+    Cidr,
+    GroupName,
+    Id,
+    InterfaceName,
+    Mark,
+    Padded,
+    Port,
+    PortList,
+    SetName,
+    Token,
+    Word,
+    Zone,
+    core,
+)
 
 Family = Literal[4, 6]
 TableName = Literal["mangle", "nat", "raw"]
@@ -34,7 +57,7 @@ MatchKind = Literal[
     "connmark",  # -m connmark --mark N
     "module",  # -m tcp (a protocol match named on its own, as ambient writes it)
     "socket_exists",  # -m owner --socket-exists
-    "match_set",  # -m set --match-set NAME DIR (value "NAME DIR")
+    "match_set",  # -m set --match-set NAME dst (value: the set's name)
 ]
 
 TargetKind = Literal[
@@ -50,32 +73,111 @@ TargetKind = Literal[
 ]
 
 
+Value = Token | Padded
+"""What a match or target holds: a token, or one with the spaces an operator wrote around it."""
+
+NO_VALUE = Word("tcp")
+"""Placeholder of the matches and targets that take no value (`--socket-exists`, `--save-mark`);
+never rendered."""
+
+MATCH_VALUES: dict[str, tuple[type[Token], ...]] = {
+    "proto": (Word,),
+    "in": (InterfaceName,),
+    "out": (InterfaceName,),
+    "src": (Cidr, Address),
+    "dst": (Cidr, Address),
+    "dport": (Port,),
+    "sport": (Port,),
+    "dports": (PortList,),
+    "uid": (Id,),
+    "gid": (Id, GroupName),
+    "ctstate": (Word,),
+    "mark": (Mark,),
+    "connmark": (Mark,),
+    "module": (Word,),
+    "socket_exists": (Word,),
+    "match_set": (SetName,),
+}
+"""The token kinds each match takes."""
+
+TARGET_VALUES: dict[str, tuple[type[Token], ...]] = {
+    "jump": (ChainName,),
+    "redirect": (Port,),
+    "tproxy": (Port,),
+    "set_mark": (Mark,),
+    "save_mark": (Word,),
+    "restore_mark": (Word,),
+    "ct_zone": (Zone,),
+    "connmark_set": (Mark,),
+    "snat": (Address,),
+}
+"""The token kinds each target's value takes."""
+
+REDIRECT_SPELLINGS = frozenset({"", "--to-ports", "--to-port"})
+
+
+def _check_value(what: str, value: object, kinds: tuple[type[Token], ...]) -> None:
+    inner = core(value) if isinstance(value, Token | Padded) else value
+    if not isinstance(inner, kinds):
+        want = " or ".join(k.__name__ for k in kinds)
+        raise TypeError(f"{what} takes a {want} token, not {type(inner).__name__} {inner!r}")
+
+
 @dataclass(frozen=True)
 class Match:
     kind: MatchKind
-    value: str
+    value: Value
     negate: bool = False
+
+    def __post_init__(self) -> None:
+        kinds = MATCH_VALUES.get(self.kind)
+        if kinds is None:
+            raise TypeError(f"unknown match kind {self.kind!r}")
+        _check_value(f"match {self.kind}", self.value, kinds)
 
 
 @dataclass(frozen=True)
 class Target:
     kind: TargetKind
-    value: str = ""
+    value: Value = NO_VALUE
     """Chain or verdict for jump; port for redirect/tproxy; mark for set_mark; zone."""
-    mark: str = ""
+    mark: Mark | None = None
     """TPROXY's mark; for restore_mark, the --nfmask/--ctmask when Istio spells them."""
     spelling: str = ""
     """REDIRECT's option as Istio spells it (`--to-ports` or `--to-port`)."""
+
+    def __post_init__(self) -> None:
+        kinds = TARGET_VALUES.get(self.kind)
+        if kinds is None:
+            raise TypeError(f"unknown target kind {self.kind!r}")
+        _check_value(f"target {self.kind}", self.value, kinds)
+        if self.mark is not None:
+            _check_value(f"target {self.kind} mark", self.mark, (Mark,))
+        if self.spelling not in REDIRECT_SPELLINGS:
+            raise TypeError(f"target {self.kind}: unknown spelling {self.spelling!r}")
 
 
 @dataclass(frozen=True)
 class Rule:
     table: TableName
-    chain: str
+    chain: ChainName
     matches: tuple[Match, ...]
     target: Target
     insert_at: int | None = None
     """None appends; N inserts at position N (1-based), as `-I CHAIN N`."""
+
+    def __post_init__(self) -> None:
+        if self.table not in ("mangle", "nat", "raw"):
+            raise TypeError(f"unknown table {self.table!r}")
+        _check_value("a rule's chain", self.chain, (ChainName,))
+        if not all(isinstance(m, Match) for m in self.matches):
+            raise TypeError("a rule's matches must be Match objects")
+        if not isinstance(self.target, Target):
+            raise TypeError("a rule's target must be a Target")
+        if self.insert_at is not None and (
+            not isinstance(self.insert_at, int) or not 1 <= self.insert_at <= 0xFFFF
+        ):
+            raise TypeError(f"insert position {self.insert_at!r} out of range")
 
 
 @dataclass(frozen=True)
@@ -83,8 +185,12 @@ class TableRules:
     """One table of one family: chains to create (in order) and the rule operations in order."""
 
     name: TableName
-    chains: tuple[str, ...]
+    chains: tuple[ChainName, ...]
     rules: tuple[Rule, ...]
+
+    def __post_init__(self) -> None:
+        for chain in self.chains:
+            _check_value("a table's chain", chain, (ChainName,))
 
     def final_chains(self) -> dict[str, list[Rule]]:
         """Each chain's rules after the appends and inserts, in order: what the kernel holds."""
@@ -125,7 +231,7 @@ def group_tables(rules: Sequence[Rule]) -> tuple[TableRules, ...]:
     tables: list[TableRules] = []
     for name in names:
         in_table = [rule for rule in rules if rule.table == name]
-        chains: list[str] = []
+        chains: list[ChainName] = []
         for rule in in_table:
             if rule.chain not in BUILTIN_CHAINS and rule.chain not in chains:
                 chains.append(rule.chain)
@@ -136,14 +242,29 @@ def group_tables(rules: Sequence[Rule]) -> tuple[TableRules, ...]:
     return tuple(tables)
 
 
-def _jump_targets(rules: Iterable[Rule]) -> list[str]:
+def _jump_targets(rules: Iterable[Rule]) -> list[ChainName]:
     return [
-        rule.target.value
+        ChainName(rule.target.value)
         for rule in rules
         if rule.target.kind == "jump"
         and rule.target.value not in VERDICTS
         and rule.target.value not in BUILTIN_CHAINS
     ]
+
+
+NFT_EXPR = re.compile(r"[A-Za-z0-9_.:/,@{}!=&|<> -]{1,8192}")
+"""What an nft rule expression of ours is made of: words of this code and tokens, one space
+apart. No quote, `;`, `#`, `\\`, `$`, line break or other control character: nothing that could
+end the rule, start another command, a comment, a string or an `include`."""
+NFT_CHAIN = re.compile(r"[a-z][a-z-]{0,30}")
+
+
+def check_nft_rule(chain: str, expr: str) -> None:
+    """Raise TypeError unless `chain` and `expr` are made only of what our nft rules use."""
+    if not NFT_CHAIN.fullmatch(chain):
+        raise TypeError(f"nft chain {chain!r} is not one of ours")
+    if not NFT_EXPR.fullmatch(expr):
+        raise TypeError(f"nft rule {expr[:80]!r} has a character no rule of ours has")
 
 
 def is_our_chain(chain: str) -> bool:

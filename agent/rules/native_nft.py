@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from agent import constants
+from agent.podinput.tokens import Cidr
 from agent.rules.config import WILDCARD, CaptureConfig, cidr_is_loopback, is_ipv4_cidr
+from agent.rules.model import check_nft_rule
 
 NftTable = Literal["nat", "mangle", "raw"]
 TABLE_ORDER: tuple[NftTable, ...] = ("nat", "mangle", "raw")
@@ -57,6 +59,9 @@ class NftRule:
     expr: str
     index: int | None = None
     """Insert before this position (Istio's InsertRule); None appends."""
+
+    def __post_init__(self) -> None:
+        check_nft_rule(self.chain, self.expr)
 
 
 @dataclass
@@ -398,7 +403,7 @@ def _dns(r: _Rules, config: CaptureConfig) -> None:
 
 
 def _outbound_include(
-    r: _Rules, config: CaptureConfig, include_v4: list[str], include_v6: list[str]
+    r: _Rules, config: CaptureConfig, include_v4: list[Cidr], include_v6: list[Cidr]
 ) -> None:
     virt = config.reroute_virtual_interfaces
     if config.outbound_ip_ranges_include == WILDCARD:

@@ -63,7 +63,7 @@ def _apply_match(r: Any, m: Match, proto: str) -> None:
         case "socket_exists":
             r.create_match("owner").socket_exists = "!" if m.negate else ""
         case "match_set":
-            r.create_match("set").match_set = m.value.split()
+            r.create_match("set").match_set = [str(m.value), "dst"]
         case _:
             assert_never(kind)
 

@@ -70,7 +70,7 @@ def match_words(m: Match) -> list[str]:
         case "socket_exists":
             return ["-m", "owner", *neg, "--socket-exists"]
         case "match_set":
-            return ["-m", "set", *neg, "--match-set", *m.value.split()]
+            return ["-m", "set", *neg, "--match-set", m.value, "dst"]
         case _:
             assert_never(kind)
 

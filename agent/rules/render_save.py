@@ -100,7 +100,7 @@ def _extension(m: Match, kind: ExtensionKind) -> str:
         case "socket_exists":
             return f"-m owner {_neg(m)}--socket-exists"
         case "match_set":
-            return f"-m set {_neg(m)}--match-set {m.value}"
+            return f"-m set {_neg(m)}--match-set {m.value} dst"
         case _:
             assert_never(kind)
 
@@ -114,7 +114,7 @@ def _target(t: Target, family: Family) -> str:
             return f"-j REDIRECT --to-ports {t.value}"
         case "tproxy":
             on_ip = "0.0.0.0" if family == 4 else "::"
-            mark = f"{_hex(t.mark)}/0xffffffff"
+            mark = f"{_hex(t.mark or '')}/0xffffffff"
             return f"-j TPROXY --on-port {t.value} --on-ip {on_ip} --tproxy-mark {mark}"
         case "set_mark":
             return f"-j MARK --set-xmark {_hex(t.value)}/0xffffffff"

@@ -8,8 +8,8 @@ in that table deliver them to the local socket. With IPv6, Istio's inbound passt
 from __future__ import annotations
 
 from agent import constants
-from agent.errors import RedirectError
 from agent.netns import run_command
+from agent.rules import tool_output
 from agent.rules.config import CaptureConfig
 
 PASSTHROUGH_V6 = "::6/128"
@@ -18,7 +18,7 @@ PASSTHROUGH_V6 = "::6/128"
 def _ip(netns_path: str, *args: str, check: bool = True) -> bool:
     done = run_command(netns_path, ["ip", *args])
     if check and done.returncode != 0:
-        raise RedirectError(f"ip {' '.join(args)} in {netns_path}: {done.stderr.strip()}")
+        raise tool_output.failed(f"ip {' '.join(args)}", netns_path, done.returncode, done.stderr)
     return done.returncode == 0
 
 

@@ -15,6 +15,7 @@ from agent.ambient.mesh import (
     ZtunnelPending,
     rule_options_for,
 )
+from agent.podinput.tokens import InterfaceName
 from tests.ambient.fakes import (
     FakeAnnotator,
     FakeHostProbeRules,
@@ -241,7 +242,7 @@ def test_state_follows_the_ztunnel_answer(parts: Parts) -> None:
         ({"ambient.istio.io/bypass-inbound-capture": "true"}, PodRuleOptions(ingress=True)),
         (
             {"istio.io/reroute-virtual-interfaces": " tun0, ,ppp0"},
-            PodRuleOptions(virtual_interfaces=("tun0", "ppp0")),
+            PodRuleOptions(virtual_interfaces=(InterfaceName("tun0"), InterfaceName("ppp0"))),
         ),
     ],
     ids=["none", "dns-off", "dns-on-go-bool", "dns-invalid-ignored", "ingress", "virt"],

@@ -18,6 +18,7 @@ import pytest
 
 from agent.ambient.dataplane import PodRuleOptions
 from agent.netns import run_command
+from agent.podinput.tokens import Address, InterfaceName
 from agent.rules import ambient_nft, ambient_nft_apply, backend_nft, backend_restore
 from agent.rules.ambient import HOST_OWNERSHIP, POD_OWNERSHIP, host_rules, pod_rules
 from agent.rules.ambient_apply import HostProbeRules, InpodRules
@@ -35,12 +36,15 @@ GOLDEN_PROBE_V6 = "e9ac:1e77:90ca:399f:4d6d:ece2:2f9b:3164"
 
 # Istio's golden cases and the options they were made with (ambient/*/case.json).
 POD_CASES = {
-    "default_ipv6": PodRuleOptions(ipv6=True, probe_snat_v6=GOLDEN_PROBE_V6),
+    "default_ipv6": PodRuleOptions(ipv6=True, probe_snat_v6=Address(GOLDEN_PROBE_V6)),
     "ingress_and_virtual_interfaces": PodRuleOptions(
-        ipv6=False, redirect_dns=False, ingress=True, virtual_interfaces=("fake1s0f0", "fake1s0f1")
+        ipv6=False,
+        redirect_dns=False,
+        ingress=True,
+        virtual_interfaces=(InterfaceName("fake1s0f0"), InterfaceName("fake1s0f1")),
     ),
     "dns_pod_enabled_and_off_globally_ipv6": PodRuleOptions(
-        ipv6=True, redirect_dns=False, dns_proxy="enabled", probe_snat_v6=GOLDEN_PROBE_V6
+        ipv6=True, redirect_dns=False, dns_proxy="enabled", probe_snat_v6=Address(GOLDEN_PROBE_V6)
     ),
 }
 
@@ -218,7 +222,7 @@ def test_nftables_backend_reads_back_and_removes_only_its_tables(podnet: PodNet)
     pod = podnet.pod_path
     foreign = "table inet other {\n\tchain c {\n\t\ttype filter hook input priority 0;\n\t}\n}\n"
     assert run_command(pod, ["nft", "-f", "-"], foreign).returncode == 0
-    options = PodRuleOptions(ipv6=True, virtual_interfaces=("v0",))
+    options = PodRuleOptions(ipv6=True, virtual_interfaces=(InterfaceName("v0"),))
     rules = InpodRules(backend="nftables")
     rules.apply(pod, options)
     rules.apply(pod, options)
@@ -294,7 +298,7 @@ def test_host_rules_read_back_and_remove_cleanly(podnet: PodNet, backend: str) -
     )
     rules.ensure()
     rules.ensure()
-    ruleset = host_rules(ipv6=True, probe_snat=PROBE_V4, probe_snat_v6=PROBE_V6)
+    ruleset = host_rules(ipv6=True, probe_snat=Address(PROBE_V4), probe_snat_v6=Address(PROBE_V6))
     for family in (4, 6):
         state = backend_restore.read_state(peer, variant, family)
         assert backend_restore.ours(state, HOST_OWNERSHIP) == backend_restore.expected(

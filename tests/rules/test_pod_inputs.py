@@ -339,7 +339,7 @@ def test_defaults_of_every_annotation() -> None:
         (INC_IN, "", "inbound_ports_include", ()),
         (INC_IN, "80, 443", "inbound_ports_include", ("80", "443")),
         (INC_IN, " 80 ", "inbound_ports_include", ("80",)),
-        (INC_IN, "0,65535", "inbound_ports_include", ("0", "65535")),
+        (INC_IN, "1,65535", "inbound_ports_include", ("1", "65535")),
         (EXC_IN, "", "inbound_ports_exclude", ("15020", "15021", "15090")),
         (EXC_IN, "   ", "inbound_ports_exclude", ("15020", "15021", "15090")),
         (EXC_IN, "15090, 8080", "inbound_ports_exclude", ("15090", "8080", "15020", "15021")),
@@ -380,6 +380,8 @@ def test_annotation_accepted(key: str, value: str, field: str, expected: object)
         (INC_IN, " *"),
         (INC_IN, "80,*"),
         (INC_IN, "65536"),
+        (INC_IN, "0,65535"),  # Istio takes port 0; a pod's port is 1-65535 here
+        (INC_IN, "080"),  # Istio writes `--dport 080`; canonical decimal here
         (INC_IN, "+80"),
         (INC_IN, "http"),
         (INC_IN, "  "),  # passes Istio's check, then `--dport` without a port fails

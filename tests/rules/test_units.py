@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from agent.podinput.tokens import InterfaceName
 from agent.rules.backend_restore import restore_script
 from agent.rules.builder import build
 from agent.rules.config import CaptureConfig
@@ -14,7 +15,8 @@ from agent.rules.render_save import save_tables
 
 def test_inserts_land_where_the_kernel_puts_them() -> None:
     config = CaptureConfig(
-        reroute_virtual_interfaces=("eth1", "eth2"), outbound_ip_ranges_include="*"
+        reroute_virtual_interfaces=(InterfaceName("eth1"), InterfaceName("eth2")),
+        outbound_ip_ranges_include="*",
     )
     nat = next(t for t in build(config).v4 if t.name == "nat")
     prerouting = save_tables((nat,), family=4)["nat"]["PREROUTING"]
