@@ -1,19 +1,22 @@
 """The real Istio control plane on the real node: Istio's own `base` and `istiod` charts installed
-by Helm, istiod's webhook injecting a Deployment created plainly in a namespace labelled
-`istio-injection=enabled`, with `pilot.cni.enabled` so that it injects `istio-validation` instead of
-`istio-init`. The pod runs Istio's real pilot-agent (the test bed's
-proxy image, Envoy's double beside it): its `istio-validation` (`pilot-agent istio-iptables
---run-validation`) must pass against the rules our agent programmed, its outbound connections
-reach the proxy with their original destination, and pilot-agent's readiness (15021, from the
-double's admin stats) makes the pod Ready. istiod runs on the host (testbed/istiod.py says why and
-what the test bed sets up for it)."""
+by Helm, istiod's webhook injecting a Deployment created plainly in a namespace labelled `istio-
+injection=enabled`, with `pilot.cni.enabled` so that it injects `istio-validation` instead of
+`istio-init`. The pod runs Istio's real pilot-agent (the test bed's proxy image, Envoy's double
+beside it): its `istio-validation` (`pilot-agent istio-iptables --run-validation`) must pass against
+the rules our agent programmed, its outbound connections reach the proxy with their original
+destination, and the pod becomes Ready through pilot-agent's own readiness check (kubelet probes
+15021, which the double forwards to pilot-agent's 15020 as Envoy's bootstrap listener does; pilot-
+agent asks the double's admin API for Envoy's stats). istiod runs on the host (testbed/istiod.py
+says why and what the test bed sets up for it)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes.client.exceptions import ApiException
 
 from testbed import chart as agent_mod
@@ -89,6 +92,7 @@ def test_istiod_injects_validation_passes_traffic_captured(
     agent_image: Image,
     istiod: Istiod,
     injected_ns: str,
+    tmp_path: Path,
 ) -> None:
     agent = agent_mod.install(node_helm("4"), real_cluster, node_core, agent_image)
     loop = ["connect-loop", OUTSIDE[0], str(OUTSIDE[1]), "0.5"]
@@ -106,7 +110,14 @@ def test_istiod_injects_validation_passes_traffic_captured(
     containers = [c.name for c in pod.spec.containers]
     assert "istio-init" not in inits, inits
     assert VALIDATION in inits, inits
-    assert PROXY in inits + containers, (inits, containers)
+    # Kubernetes 1.35's node: istiod's auto-detection makes istio-proxy a native sidecar.
+    assert inits == [VALIDATION, PROXY], inits
+    proxy_container = pod.spec.init_containers[1]
+    assert proxy_container.restart_policy == "Always", proxy_container
+    assert containers == ["app"], containers
+    # Kept for comparing with the pods the other tiers write by hand.
+    manifest_out = tmp_path / "injected-pod.yaml"
+    manifest_out.write_text(yaml.safe_dump(node_core.api_client.sanitize_for_serialization(pod)))
     assert "sidecar.istio.io/status" in (pod.metadata.annotations or {})
     proxy_ref = istiod.proxy.ref
     images_of = {c.name: c.image for c in [*(pod.spec.init_containers or []), *pod.spec.containers]}
