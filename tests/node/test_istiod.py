@@ -1,13 +1,13 @@
 """The real Istio control plane on the real node: Istio's own `base` and `istiod` charts installed
-by Helm, istiod's webhook injecting a Deployment created plainly in a namespace labelled `istio-
-injection=enabled`, with `pilot.cni.enabled` so that it injects `istio-validation` instead of
+by Helm, istiod's webhook injecting a Deployment created plainly in a namespace labelled
+`istio-injection=enabled`, with `pilot.cni.enabled` so that it injects `istio-validation` instead of
 `istio-init`. The pod runs Istio's real pilot-agent (the test bed's proxy image, Envoy's double
 beside it): its `istio-validation` (`pilot-agent istio-iptables --run-validation`) must pass against
 the rules our agent programmed, its outbound connections reach the proxy with their original
 destination, and the pod becomes Ready through pilot-agent's own readiness check (kubelet probes
-15021, which the double forwards to pilot-agent's 15020 as Envoy's bootstrap listener does; pilot-
-agent asks the double's admin API for Envoy's stats). istiod runs on the host (testbed/istiod.py
-says why and what the test bed sets up for it)."""
+15021, which the double forwards to pilot-agent's 15020 as Envoy's bootstrap listener does;
+pilot-agent asks the double's admin API for Envoy's stats). istiod runs on the host
+(testbed/istiod.py says why and what the test bed sets up for it)."""
 
 from __future__ import annotations
 
