@@ -26,6 +26,10 @@ ADDS = 250
 P99_FACTOR = 1.5
 P99_FLOOR_MS = 20.0
 SLACK_FDS = 16  # descriptors of ADDs, probes and accepts in flight when sampled
+# Short-lived threads that come and go whatever the flood (an ADD's thread in the pod's netns,
+# the readiness check's scratch netns): a sample may catch one more than the quiet maximum did.
+# A thread per connection would show as thousands.
+SLACK_THREADS = 2
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +69,7 @@ def test_http_port_flood_and_slowloris(bed: NetnsAgentBed) -> None:
     # Every slowloris connection is closed within the request timeout (and a sweep).
     assert loris["held_count"] >= 100, loris
     assert loris["held_max"] <= limits.HTTP.request_timeout + 1.0, loris
-    assert flooded.threads <= quiet.threads, (quiet, flooded)  # not one thread more
+    assert flooded.threads <= quiet.threads + SLACK_THREADS, (quiet, flooded)
     assert flooded.fds <= quiet.fds + limits.HTTP.max_connections + SLACK_FDS, (quiet, flooded)
 
 
