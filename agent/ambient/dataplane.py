@@ -1,8 +1,9 @@
 """The three parts of ambient mode and the contract between them.
 
-- `PodRules` (agent.rules.ambient): Istio's in-pod redirection, programmed inside a pod's netns.
-- `HostProbeRules` (agent.rules.ambient): the node-side SNAT that lets kubelet's probes reach
-  enrolled pods, keyed by the set of enrolled pod IPs.
+- `PodRules` (agent.rules.ambient.apply): Istio's in-pod redirection, programmed inside a pod's
+  netns.
+- `HostProbeRules` (agent.rules.ambient.apply): the node-side SNAT that lets kubelet's probes
+  reach enrolled pods, keyed by the set of enrolled pod IPs.
 - `ZtunnelLink` (agent.ambient.zds): the ZDS server on ztunnel's socket, which hands each enrolled
   pod's netns to ztunnel.
 

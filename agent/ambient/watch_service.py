@@ -174,7 +174,7 @@ class AmbientParts:
         only; the lifecycle's also knows what each CNI ADD named)."""
         # Imported here: only an agent with ambient on needs them (and their kernel modules).
         from agent.ambient.zds import ZdsServer
-        from agent.rules.ambient_apply import HostProbeRules, InpodRules
+        from agent.rules.ambient.apply import HostProbeRules, InpodRules
 
         amb = settings.ambient
         self.settings = settings

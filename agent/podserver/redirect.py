@@ -12,10 +12,10 @@ from typing import Any
 from agent import metrics
 from agent.errors import RedirectError
 from agent.netns import run_in_netns
-from agent.rules import apply as rules_apply
-from agent.rules import pod as rules_pod
-from agent.rules.config import CaptureConfig
 from agent.rules.probe import NetnsProbe, probe_here
+from agent.rules.sidecar import apply as rules_apply
+from agent.rules.sidecar import pod as rules_pod
+from agent.rules.sidecar.capture import CaptureConfig
 
 RTM_NEWADDR, RTM_GETADDR = 20, 22
 NLM_F_REQUEST_DUMP = 0x301

@@ -5,7 +5,7 @@ tables exactly as Istio's `--native-nftables` writes them, so `nft list ruleset`
 equals what Istio's own commands give. Our tables are declared, deleted and written anew in the
 same transaction, so the switch is atomic and applying twice leaves one copy; tables of other
 software are never named. `former_tables_script` deletes the `ip`/`ip6 istio-proxy-*` tables an
-earlier version wrote for ambient pods (agent.rules.ambient_nft_apply runs it on every apply).
+earlier version wrote for ambient pods (agent.rules.ambient.nft_apply runs it on every apply).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import subprocess
 from agent.errors import RedirectError
 from agent.netns import run_command
 from agent.rules import tool_output
-from agent.rules.config import CaptureConfig
-from agent.rules.native_nft import TABLE_ORDER
 from agent.rules.render_nft import TABLE_PREFIX, render_native
+from agent.rules.sidecar.capture import CaptureConfig
+from agent.rules.sidecar.nft import TABLE_ORDER
 
 FORMER_TABLES = ("mangle", "nat", "raw")
 NATIVE_TABLES = tuple(f"inet {TABLE_PREFIX}{t}" for t in TABLE_ORDER)

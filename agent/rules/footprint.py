@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 
 from agent.rules import backend_nft, backend_restore
-from agent.rules.ambient_nft import TABLE_PREFIX as AMBIENT_NFT_PREFIX
+from agent.rules.ambient.nft import TABLE_PREFIX as AMBIENT_NFT_PREFIX
 from agent.rules.model import Family, is_our_chain
 from agent.rules.probe import probe
 from agent.rules.render_nft import TABLE_PREFIX as SIDECAR_NFT_PREFIX

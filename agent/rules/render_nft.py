@@ -1,16 +1,16 @@
 """Render Istio's native nftables rules as `nft -f` input.
 
-Sidecar mode (`render_native`): Istio's own native nftables rules (agent.rules.native_nft) as the
+Sidecar mode (`render_native`): Istio's own native nftables rules (agent.rules.sidecar.nft) as the
 commands Istio's transaction prints, one a line: `add table inet istio-proxy-nat`, `flush table`,
 the chains that have rules, then each rule (`add rule`, or `insert rule ... index N`).
-Ambient mode has its own (agent.rules.ambient_nft).
+Ambient mode has its own (agent.rules.ambient.nft).
 """
 
 from __future__ import annotations
 
-from agent.rules.config import CaptureConfig
-from agent.rules.native_nft import BASE_CHAINS as NATIVE_BASE_CHAINS
-from agent.rules.native_nft import CHAINS, TABLE_ORDER, NftRule, build_native
+from agent.rules.sidecar.capture import CaptureConfig
+from agent.rules.sidecar.nft import BASE_CHAINS as NATIVE_BASE_CHAINS
+from agent.rules.sidecar.nft import CHAINS, TABLE_ORDER, NftRule, build_native
 
 TABLE_PREFIX = "istio-proxy-"
 

@@ -31,7 +31,7 @@ from agent.pods.cache import PodCache
 from agent.pods.namespaces import NamespaceCache
 from agent.podserver.ambient import AmbientEnroller
 from agent.podserver.service import PodService
-from agent.rules.ambient_apply import HostProbeRules, InpodRules
+from agent.rules.ambient.apply import HostProbeRules, InpodRules
 from plugin import wire
 from testbed import kubepods, netns
 from testbed.kubepods import wait_for

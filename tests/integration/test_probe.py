@@ -8,11 +8,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent.rules import apply, backend_restore
-from agent.rules.builder import build
+from agent.rules import backend_restore
 from agent.rules.model import Family
-from agent.rules.pod import capture_config_for_pod
 from agent.rules.probe import probe
+from agent.rules.sidecar import apply
+from agent.rules.sidecar.builder import build
+from agent.rules.sidecar.pod import capture_config_for_pod
 from testbed import netns
 
 pytestmark = pytest.mark.netns

@@ -29,7 +29,7 @@ from agent.podserver.handlers import PodHandlers, Reply
 from agent.podserver.metrics import PluginMetrics
 from agent.podserver.redirect import RulesRedirector
 from agent.podserver.sandboxes import SandboxStore
-from agent.rules.ambient_apply import InpodRules
+from agent.rules.ambient.apply import InpodRules
 from plugin import wire
 from testbed import netns
 from tests.ambient.fakes import (

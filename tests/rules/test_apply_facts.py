@@ -8,9 +8,9 @@ import pytest
 
 from agent.errors import RedirectError
 from agent.netns import run_command, run_in_netns
-from agent.rules import apply
-from agent.rules.apply import apply_rules, choose_backend, host_facts, rules_present
-from agent.rules.config import CaptureConfig
+from agent.rules.sidecar import apply
+from agent.rules.sidecar.apply import apply_rules, choose_backend, host_facts, rules_present
+from agent.rules.sidecar.capture import CaptureConfig
 from tests.rules.podnet import PodNet, sh
 
 pytestmark = pytest.mark.netns

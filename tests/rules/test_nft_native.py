@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.rules.config import CaptureConfig
-from agent.rules.native_nft import NftRule
 from agent.rules.render_nft import native_commands, render_native
+from agent.rules.sidecar.capture import CaptureConfig
+from agent.rules.sidecar.nft import NftRule
 from tests.rules.conftest import conformance_dir, golden_lines, read_args, read_env, run_rules
 
 CASES = sorted(

@@ -16,11 +16,11 @@ import pytest
 
 from agent.netns import run_command
 from agent.rules import backend_nft, backend_restore
-from agent.rules.apply import apply_rules, remove_rules, rules_present
-from agent.rules.builder import build
-from agent.rules.config import CaptureConfig
-from agent.rules.pod import capture_config_for_pod
 from agent.rules.render_nft import render_native
+from agent.rules.sidecar.apply import apply_rules, remove_rules, rules_present
+from agent.rules.sidecar.builder import build
+from agent.rules.sidecar.capture import CaptureConfig
+from agent.rules.sidecar.pod import capture_config_for_pod
 from tests.rules.podnet import PROXY_UID, PodNet
 
 pytestmark = pytest.mark.netns

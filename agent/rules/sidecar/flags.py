@@ -18,8 +18,8 @@ from typing import Any, Literal, TypeVar
 from agent import constants
 from agent.errors import ConfigError
 from agent.podinput.tokens import Address, Cidr
-from agent.rules import config as cfg
-from agent.rules.config import WILDCARD, CaptureConfig
+from agent.rules.sidecar import capture as cfg
+from agent.rules.sidecar.capture import WILDCARD, CaptureConfig
 
 log = logging.getLogger(__name__)
 

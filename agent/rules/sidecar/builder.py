@@ -23,7 +23,8 @@ from agent.podinput.tokens import (
     Word,
     Zone,
 )
-from agent.rules.config import (
+from agent.rules.model import Family, Match, Rule, RuleSet, TableName, Target, group_tables
+from agent.rules.sidecar.capture import (
     WILDCARD,
     CaptureConfig,
     GroupValue,
@@ -33,7 +34,6 @@ from agent.rules.config import (
     cidr_is_loopback,
     is_ipv4_cidr,
 )
-from agent.rules.model import Family, Match, Rule, RuleSet, TableName, Target, group_tables
 
 DNS_PORT = Port("53")
 AGENT_DNS_PORT = Port(constants.AGENT_DNS_PORT)

@@ -23,8 +23,8 @@ from agent import constants
 from agent.excerpt import excerpt
 from agent.podinput import pod as podinput
 from agent.podinput.tokens import Id
-from agent.rules import hostfacts
-from agent.rules.config import CaptureConfig
+from agent.rules.sidecar import hostfacts
+from agent.rules.sidecar.capture import CaptureConfig
 
 PROXY_CONTAINER = podinput.PROXY_CONTAINER
 INIT_CONTAINER = "istio-init"

@@ -18,13 +18,14 @@ from typing import Final
 
 from agent.errors import RedirectError
 from agent.netns import run_command
-from agent.rules import backend_iptc, backend_nft, backend_restore, hostfacts, routes
-from agent.rules.builder import build
-from agent.rules.config import CaptureConfig
+from agent.rules import backend_iptc, backend_nft, backend_restore
 from agent.rules.model import Family
 from agent.rules.ownership import OUR_TABLES
 from agent.rules.probe import NetnsProbe
 from agent.rules.probe import probe as probe_netns
+from agent.rules.sidecar import hostfacts, routes
+from agent.rules.sidecar.builder import build
+from agent.rules.sidecar.capture import CaptureConfig
 
 log = logging.getLogger(__name__)
 

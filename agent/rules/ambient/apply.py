@@ -1,11 +1,11 @@
 """Program ambient mode's rules: `InpodRules` in a pod's namespace, `HostProbeRules` on the node.
 
-Both use sidecar mode's backends (agent.rules.apply): python-iptables, iptables-restore legacy
-or nft, and `nftables`: Istio's native nftables form for ambient (agent.rules.ambient_nft, its
-`inet istio-ambient-*` tables and nft sets instead of ipsets); `auto` picks as for sidecar mode.
-Each table changes in one restore and only ambient's own chains and jumps are touched
-(agent.rules.ambient's ownership), so applying twice leaves one set and other software's rules
-stay.
+Both use sidecar mode's backends (agent.rules.sidecar.apply): python-iptables, iptables-restore
+legacy or nft, and `nftables`: Istio's native nftables form for ambient (agent.rules.ambient.nft,
+its `inet istio-ambient-*` tables and nft sets instead of ipsets); `auto` picks as for sidecar
+mode. Each table changes in one restore and only ambient's own chains and jumps are touched
+(agent.rules.ambient.builder's ownership), so applying twice leaves one set and other software's
+rules stay.
 """
 
 from __future__ import annotations
@@ -18,14 +18,9 @@ from agent import constants
 from agent.ambient.dataplane import PodRuleOptions
 from agent.errors import RedirectError
 from agent.podinput.tokens import Address
-from agent.rules import (
-    ambient_nft_apply,
-    ambient_routes,
-    backend_iptc,
-    backend_restore,
-    footprint,
-)
-from agent.rules.ambient import (
+from agent.rules import backend_iptc, backend_restore, footprint
+from agent.rules.ambient import nft_apply, routes
+from agent.rules.ambient.builder import (
     HOST_OWNERSHIP,
     POD_OWNERSHIP,
     PROBE_IPSET_V4,
@@ -33,14 +28,14 @@ from agent.rules.ambient import (
     host_rules,
     pod_rules,
 )
-from agent.rules.ambient_ipset import AddressSets
-from agent.rules.ambient_nft_apply import HostTable
-from agent.rules.ambient_nft_kubelet import kubelet_uid
-from agent.rules.ambient_nft_sets import NftAddressSets
-from agent.rules.apply import _empty, _variant, choose_backend
+from agent.rules.ambient.ipset import AddressSets
+from agent.rules.ambient.kubelet import kubelet_uid
+from agent.rules.ambient.nft_apply import HostTable
+from agent.rules.ambient.nft_sets import NftAddressSets
 from agent.rules.model import RuleSet
 from agent.rules.ownership import Ownership
 from agent.rules.probe import probe as probe_netns
+from agent.rules.sidecar.apply import _empty, _variant, choose_backend
 
 log = logging.getLogger(__name__)
 
@@ -94,13 +89,13 @@ class InpodRules:
 
     def apply(self, netns_path: str, options: PodRuleOptions) -> str:
         # Routes first, as Istio does: the rules only work with them in place.
-        ambient_routes.apply_routes(netns_path, ipv6=options.ipv6)
+        routes.apply_routes(netns_path, ipv6=options.ipv6)
         chosen = _program(
             netns_path,
             pod_rules(options),
             backend=self.backend,
             owner=POD_OWNERSHIP,
-            native=lambda: ambient_nft_apply.apply_pod(netns_path, options),
+            native=lambda: nft_apply.apply_pod(netns_path, options),
         )
         log.info(
             "applied ambient in-pod rules",
@@ -114,9 +109,9 @@ class InpodRules:
             None,
             backend=self.backend,
             owner=POD_OWNERSHIP,
-            native=lambda: ambient_nft_apply.apply_pod(netns_path, None),
+            native=lambda: nft_apply.apply_pod(netns_path, None),
         )
-        ambient_routes.remove_routes(netns_path)
+        routes.remove_routes(netns_path)
         log.info("removed ambient in-pod rules", extra={"fields": {"netns": netns_path}})
 
     def present(self, netns_path: str, options: PodRuleOptions) -> bool:
@@ -125,8 +120,8 @@ class InpodRules:
             pod_rules(options),
             backend=self.backend,
             owner=POD_OWNERSHIP,
-            native=lambda: ambient_nft_apply.pod_present(netns_path, options),
-        ) and ambient_routes.routes_present(netns_path, ipv6=options.ipv6)
+            native=lambda: nft_apply.pod_present(netns_path, options),
+        ) and routes.routes_present(netns_path, ipv6=options.ipv6)
 
     def installed(self, netns_path: str) -> bool:
         """Any chain or table of ours in the namespace (the pod was enrolled), in any backend."""

@@ -15,8 +15,8 @@ from typing import Literal
 
 from agent import constants
 from agent.podinput.tokens import Cidr
-from agent.rules.config import WILDCARD, CaptureConfig, cidr_is_loopback, is_ipv4_cidr
 from agent.rules.model import check_nft_rule
+from agent.rules.sidecar.capture import WILDCARD, CaptureConfig, cidr_is_loopback, is_ipv4_cidr
 
 NftTable = Literal["nat", "mangle", "raw"]
 TABLE_ORDER: tuple[NftTable, ...] = ("nat", "mangle", "raw")

@@ -17,7 +17,7 @@ from typing import Literal
 from agent import constants
 from agent.ambient.dataplane import PodRuleOptions
 from agent.podinput.tokens import Address, Id
-from agent.rules.ambient import PROBE_IPSET_V4, PROBE_IPSET_V6, redirect_dns
+from agent.rules.ambient.builder import PROBE_IPSET_V4, PROBE_IPSET_V6, redirect_dns
 from agent.rules.model import check_nft_rule
 
 AmbientTable = Literal["nat", "mangle", "raw"]

@@ -9,10 +9,11 @@ from typing import Any
 
 from agent.config import DEFAULT_CONFIG_PATH, load_settings
 from agent.errors import ConfigError, InvalidPodInputError
-from agent.rules import hostfacts
-from agent.rules.builder import build
-from agent.rules.config import CaptureConfig
-from agent.rules.flags import (
+from agent.rules.render_restore import render
+from agent.rules.sidecar import hostfacts
+from agent.rules.sidecar.builder import build
+from agent.rules.sidecar.capture import CaptureConfig
+from agent.rules.sidecar.flags import (
     FLAGS,
     HOST_FLAGS,
     Flag,
@@ -21,14 +22,13 @@ from agent.rules.flags import (
     parse_flags,
     request_from_flags,
 )
-from agent.rules.pod import (
+from agent.rules.sidecar.pod import (
     capture_config_for_pod,
     decide,
     ipv6_for_pod,
     load_pod_manifest,
     pod_ips,
 )
-from agent.rules.render_restore import render
 
 CLI_FLAGS: tuple[Flag, ...] = (
     Flag("config", None, (), "str", DEFAULT_CONFIG_PATH),
@@ -54,7 +54,7 @@ stderr.
 
 def main(command: str, argv: list[str], environ: Mapping[str, str] | None = None) -> int:
     env = os.environ if environ is None else environ
-    from agent.rules import ambient_cli  # ambient mode has its own flags
+    from agent.rules.ambient import cli as ambient_cli  # ambient mode has its own flags
 
     if ambient_cli.wants_ambient(argv):
         return ambient_cli.main(command, argv)

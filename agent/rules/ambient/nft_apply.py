@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from agent.ambient.dataplane import PodRuleOptions
 from agent.podinput.tokens import Address, Id
-from agent.rules import ambient_nft
+from agent.rules.ambient import nft as ambient_nft
 from agent.rules.backend_nft import (
     COUNTERS,
     drop_tables,
