@@ -15,7 +15,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("agent.lifecycle", "Install, watch, serve pods and repair until SIGTERM."),
     "install": ("agent.install.commands", "Install the plugin and its config entry once."),
     "uninstall": ("agent.install.commands", "Remove what install put on the node."),
-    "rules": ("agent.rules.sidecar.cli", "Print the redirect rules for a configuration or a pod."),
+    "rules": ("agent.rules.cli", "Print the redirect rules for a configuration or a pod."),
 }
 
 USAGE = "usage: istio-cni-agent {" + ",".join(SUBCOMMANDS) + "} [--config FILE] [FLAGS]\n"

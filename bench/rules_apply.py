@@ -17,7 +17,8 @@ import sys
 import time
 import uuid
 
-from agent.rules.sidecar.apply import BACKENDS, apply_rules
+from agent.rules.backends import BACKENDS
+from agent.rules.sidecar.apply import apply_rules
 from agent.rules.sidecar.pod import capture_config_for_pod
 
 POD = {

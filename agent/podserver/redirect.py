@@ -12,6 +12,7 @@ from typing import Any
 from agent import metrics
 from agent.errors import RedirectError
 from agent.netns import run_in_netns
+from agent.rules import backends
 from agent.rules.probe import NetnsProbe, probe_here
 from agent.rules.sidecar import apply as rules_apply
 from agent.rules.sidecar import pod as rules_pod
@@ -60,7 +61,7 @@ class RulesRedirector:
     def _chosen(self, netns: str, look: NetnsLook) -> str:
         """The backend an apply used (the metric's label): a bounded name, `auto` if unknown."""
         try:
-            return rules_apply.choose_backend(netns, self._backend, probe=look.probe)
+            return backends.choose_backend(netns, self._backend, probe=look.probe)
         except Exception:  # an unknown configured backend, a namespace gone meanwhile
             return "auto"
 

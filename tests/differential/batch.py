@@ -21,7 +21,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
-from agent.rules.sidecar.cli import main as rules_main
+from agent.rules.cli import main as rules_main
 
 ISTIO_COMMANDS = {"iptables-save", "ip6tables-save", "iptables", "ip6tables"}
 """Lines of Istio's dry-run file that log a command instead of iptables-restore input."""

@@ -9,7 +9,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.rules.sidecar.cli import main
+from agent.rules.cli import main
 from tests.conformance_data import CONFORMANCE_DIR
 from tests.rules.podnet import podnet  # noqa: F401  (fixture of the netns-tier tests here)
 

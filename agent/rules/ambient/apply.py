@@ -1,6 +1,6 @@
 """Program ambient mode's rules: `InpodRules` in a pod's namespace, `HostProbeRules` on the node.
 
-Both use sidecar mode's backends (agent.rules.sidecar.apply): python-iptables, iptables-restore
+Both use the backends both modes share (agent.rules.backends): python-iptables, iptables-restore
 legacy or nft, and `nftables`: Istio's native nftables form for ambient (agent.rules.ambient.nft,
 its `inet istio-ambient-*` tables and nft sets instead of ipsets); `auto` picks as for sidecar
 mode. Each table changes in one restore and only ambient's own chains and jumps are touched
@@ -18,7 +18,7 @@ from agent import constants
 from agent.ambient.dataplane import PodRuleOptions
 from agent.errors import RedirectError
 from agent.podinput.tokens import Address
-from agent.rules import backend_iptc, backend_restore, footprint
+from agent.rules import backends, footprint
 from agent.rules.ambient import nft_apply, routes
 from agent.rules.ambient.builder import (
     HOST_OWNERSHIP,
@@ -35,49 +35,45 @@ from agent.rules.ambient.nft_sets import NftAddressSets
 from agent.rules.model import RuleSet
 from agent.rules.ownership import Ownership
 from agent.rules.probe import probe as probe_netns
-from agent.rules.sidecar.apply import _empty, _variant, choose_backend
 
 log = logging.getLogger(__name__)
 
 
 def _program(
     netns_path: str,
-    ruleset: RuleSet | None,
+    model: Callable[[], RuleSet | None],
     *,
     backend: str,
     owner: Ownership,
     native: Callable[[], None],
 ) -> str:
-    """Replace (or, with None, remove) our rules there; returns the backend used. `native`
-    does the same in Istio's native nftables form."""
-    seen = probe_netns(netns_path)
-    chosen = choose_backend(netns_path, backend, probe=seen)
-    if chosen == "python-iptables":
-        backend_iptc.apply(netns_path, ruleset, owner)
-    elif chosen == "nftables":
-        native()
-    else:
-        variant = _variant(chosen)
-        empty = _empty(seen, variant)
-        backend_restore.apply(netns_path, ruleset, variant, empty=empty, owner=owner)
-    return chosen
+    """Replace our rules there with `model()` (None removes them); returns the backend used.
+    `native` does the same in Istio's native nftables form."""
+    return backends.program(
+        netns_path,
+        model,
+        backend=backend,
+        owner=owner,
+        native=native,
+        seen=probe_netns(netns_path),
+    )
 
 
 def _present(
     netns_path: str,
-    ruleset: RuleSet,
+    model: Callable[[], RuleSet],
     *,
     backend: str,
     owner: Ownership,
     native: Callable[[], bool],
 ) -> bool:
-    seen = probe_netns(netns_path)
-    chosen = choose_backend(netns_path, backend, probe=seen)
-    if chosen == "nftables":
-        return native()
-    variant = "legacy" if chosen == "python-iptables" else _variant(chosen)
-    return backend_restore.present(
-        netns_path, ruleset, variant, empty=_empty(seen, variant), owner=owner
+    return backends.present(
+        netns_path,
+        model,
+        backend=backend,
+        owner=owner,
+        native=native,
+        seen=probe_netns(netns_path),
     )
 
 
@@ -92,7 +88,7 @@ class InpodRules:
         routes.apply_routes(netns_path, ipv6=options.ipv6)
         chosen = _program(
             netns_path,
-            pod_rules(options),
+            lambda: pod_rules(options),
             backend=self.backend,
             owner=POD_OWNERSHIP,
             native=lambda: nft_apply.apply_pod(netns_path, options),
@@ -106,7 +102,7 @@ class InpodRules:
     def remove(self, netns_path: str) -> None:
         _program(
             netns_path,
-            None,
+            lambda: None,
             backend=self.backend,
             owner=POD_OWNERSHIP,
             native=lambda: nft_apply.apply_pod(netns_path, None),
@@ -117,7 +113,7 @@ class InpodRules:
     def present(self, netns_path: str, options: PodRuleOptions) -> bool:
         return _present(
             netns_path,
-            pod_rules(options),
+            lambda: pod_rules(options),
             backend=self.backend,
             owner=POD_OWNERSHIP,
             native=lambda: nft_apply.pod_present(netns_path, options),
@@ -180,7 +176,7 @@ class HostProbeRules:
         self.sets.create()  # the rules name the sets: they must exist first
         chosen = _program(
             self.netns_path,
-            self.ruleset,
+            lambda: self.ruleset,
             backend=self.backend,
             owner=HOST_OWNERSHIP,
             native=lambda: self._native().ensure(),
@@ -193,7 +189,7 @@ class HostProbeRules:
     def present(self) -> bool:
         return _present(
             self.netns_path,
-            self.ruleset,
+            lambda: self.ruleset,
             backend=self.backend,
             owner=HOST_OWNERSHIP,
             native=lambda: self._native().present(),
@@ -232,7 +228,7 @@ class HostProbeRules:
     def remove_all(self) -> None:
         _program(
             self.netns_path,
-            None,
+            lambda: None,
             backend=self.backend,
             owner=HOST_OWNERSHIP,
             native=self.sets.destroy,  # the nft sets and rules share one table

@@ -14,9 +14,9 @@ from __future__ import annotations
 from agent import constants
 from agent.ambient.dataplane import PodRuleOptions
 from agent.podinput.tokens import Address, Cidr, InterfaceName, Mark, Port, SetName, Word, Zone
+from agent.rules.collector import RETURN, AddressSlot, RuleCollector, jump
 from agent.rules.model import Family, Match, RuleSet, Target
 from agent.rules.ownership import Ownership, jumps_into
-from agent.rules.sidecar.builder import RETURN, AddressSlot, RuleCollector, jump
 
 CHAIN_OUTPUT = "ISTIO_OUTPUT"
 CHAIN_PREROUTING = "ISTIO_PRERT"

@@ -1,4 +1,4 @@
-"""`istio-cni-agent rules`: print, without applying, the redirect rules for flags or a pod."""
+"""`istio-cni-agent rules` in sidecar mode: print, not apply, the rules for flags or a pod."""
 
 from __future__ import annotations
 
@@ -54,10 +54,6 @@ stderr.
 
 def main(command: str, argv: list[str], environ: Mapping[str, str] | None = None) -> int:
     env = os.environ if environ is None else environ
-    from agent.rules.ambient import cli as ambient_cli  # ambient mode has its own flags
-
-    if ambient_cli.wants_ambient(argv):
-        return ambient_cli.main(command, argv)
     if any(arg in ("-h", "--help") for arg in argv):
         sys.stdout.write(USAGE)
         return 0
