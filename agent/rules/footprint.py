@@ -10,10 +10,9 @@ from __future__ import annotations
 import shutil
 
 from agent.rules import backend_nft, backend_restore
-from agent.rules.ambient.nft import TABLE_PREFIX as AMBIENT_NFT_PREFIX
 from agent.rules.model import Family, is_our_chain
+from agent.rules.nft import AMBIENT_PREFIX, SIDECAR_PREFIX
 from agent.rules.probe import probe
-from agent.rules.render_nft import TABLE_PREFIX as SIDECAR_NFT_PREFIX
 
 _FAMILIES: tuple[Family, ...] = (4, 6)
 
@@ -37,4 +36,4 @@ def _nft_tables_present(netns_path: str) -> bool:
         return False
     listed = backend_nft.nft(netns_path, ["list", "tables"])
     names = [line.split()[-1] for line in listed.splitlines() if line.startswith("table ")]
-    return any(n.startswith((SIDECAR_NFT_PREFIX, AMBIENT_NFT_PREFIX)) for n in names)
+    return any(n.startswith((SIDECAR_PREFIX, AMBIENT_PREFIX)) for n in names)

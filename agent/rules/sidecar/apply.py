@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import logging
 
-from agent.rules import backend_nft, backends
+from agent.rules import backends
 from agent.rules.ownership import SIDECAR
 from agent.rules.probe import NetnsProbe
 from agent.rules.probe import probe as probe_netns
-from agent.rules.sidecar import hostfacts, routes
+from agent.rules.sidecar import hostfacts, nft_apply, routes
 from agent.rules.sidecar.builder import build
 from agent.rules.sidecar.capture import CaptureConfig
 
@@ -38,7 +38,7 @@ def apply_rules(
         lambda: build(config),
         backend=backend,
         owner=SIDECAR,
-        native=lambda: backend_nft.apply_native(netns_path, config),  # Istio's native rules
+        native=lambda: nft_apply.apply_native(netns_path, config),  # Istio's native rules
         seen=probe or probe_netns(netns_path),
     )
     routes.apply_routes(netns_path, config)
@@ -53,7 +53,7 @@ def remove_rules(netns_path: str, *, backend: str = "auto") -> None:
         lambda: None,
         backend=backend,
         owner=SIDECAR,
-        native=lambda: backend_nft.remove_all(netns_path),
+        native=lambda: nft_apply.remove_all(netns_path),
         seen=None,
     )
     routes.remove_routes(netns_path)
@@ -72,7 +72,7 @@ def rules_present(
         lambda: build(config),
         backend=backend,
         owner=SIDECAR,
-        native=lambda: backend_nft.present_native(netns_path, config),
+        native=lambda: nft_apply.present_native(netns_path, config),
         seen=probe or probe_netns(netns_path),
     )
 

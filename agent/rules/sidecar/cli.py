@@ -93,14 +93,14 @@ def _run(argv: list[str], environ: Mapping[str, str]) -> int:
     nft = fmt == "nft" or (fmt == "" and native)
     if config is None:
         if nft and _cleanup_only(parsed):
-            from agent.rules.render_nft import native_cleanup
+            from agent.rules.sidecar.nft import native_cleanup
 
             sys.stdout.write(native_cleanup())  # Istio's native mode deletes its tables
             return 0
         sys.stderr.write("no rules: rule generation is switched off by the flags\n")
         return 0
     if nft:
-        from agent.rules.render_nft import render_native
+        from agent.rules.sidecar.nft import render_native
 
         sys.stdout.write(render_native(config))
     else:
