@@ -36,13 +36,16 @@ RepairMode = Literal["repair-in-place", "delete", "label"]
 RuleBackend = Literal["auto", "python-iptables", "iptables-legacy", "iptables-nft", "nftables"]
 UninstallOnStop = Literal["auto", "always", "never"]
 
-Check = Literal["abs_path", "file_name", "port", "ipv4", "ipv6", "namespace", "log_level"]
+Check = Literal[
+    "abs_path", "file_name", "port", "ipv4", "ipv6", "address", "namespace", "log_level"
+]
 """A check beyond the field's type, named in the field's metadata (`{"check": ...}`)."""
 ABS_PATH: Mapping[str, Check] = {"check": "abs_path"}
 FILE_NAME: Mapping[str, Check] = {"check": "file_name"}
 PORT: Mapping[str, Check] = {"check": "port"}
 IPV4: Mapping[str, Check] = {"check": "ipv4"}
 IPV6: Mapping[str, Check] = {"check": "ipv6"}
+ADDRESS: Mapping[str, Check] = {"check": "address"}
 NAMESPACE: Mapping[str, Check] = {"check": "namespace"}
 LOG_LEVEL: Mapping[str, Check] = {"check": "log_level"}
 
@@ -143,8 +146,9 @@ class Settings:
     """Where the node's netns dir (runtime-named pod namespaces) is mounted, for repair."""
     metricsPort: int = field(default=15014, metadata=PORT)
     """Port of /healthz, /readyz and /metrics (on the host network)."""
-    metricsAddress: str = ""
-    """Address that port listens on; empty = every address (probes hit the node IP)."""
+    metricsAddress: str = field(default="", metadata=ADDRESS)
+    """Address that port listens on: one IPv4 or IPv6 address of the node (127.0.0.1: the node
+    itself only); empty = every address (kubelet's probes and Prometheus reach the node IP)."""
     ruleBackend: RuleBackend = "auto"
     """How rules are applied: auto picks what the node already uses, as Istio does."""
     uninstallOnStop: UninstallOnStop = "auto"
@@ -297,6 +301,11 @@ def _check(check: Check, value: Any, *, source: str, name: str) -> None:
                 address = None
             if address is None or address.version != family:
                 raise wrong(f"an IPv{family} address")
+        case "address":
+            try:
+                ipaddress.ip_address(value or "0.0.0.0")
+            except ValueError:
+                raise wrong("an IP address, or empty for every address") from None
         case "namespace":
             if not _DNS1123_LABEL.match(value):
                 raise wrong("a namespace name")

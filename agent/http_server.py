@@ -1,61 +1,55 @@
 """/healthz, /readyz and /metrics on the chart's port (the DaemonSet is hostNetwork, probes hit
-the node IP, so by default every address is listened on)."""
+the node IP, so by default every address is listened on; `metricsAddress` narrows it).
+
+Anyone who reaches the node can connect here, so the server is agent.serving's event loop: one
+thread whatever the number of connections, at most `limits.HTTP.max_connections` of them, GET
+and HEAD only, no request bodies, a request complete within 5 s and a head within 8 KiB.
+"""
 
 from __future__ import annotations
 
 import logging
 import socket
-import threading
 from collections.abc import Callable, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+from agent.serving import limits
+from agent.serving.http import Request, Response
+from agent.serving.loop import Server
 
 log = logging.getLogger(__name__)
 
 ReadyCheck = Callable[[], bool]
+TEXT = "text/plain; charset=utf-8"
+LISTEN_BACKLOG = 1024
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
+class _Endpoints:
+    """The app: what each path answers."""
 
-    def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0]
+    def __init__(self, checks: Sequence[tuple[str, ReadyCheck]]) -> None:
+        self.checks = checks
+
+    def handle(self, request: Request) -> Response:
+        if request.method not in ("GET", "HEAD"):
+            return Response(
+                405, b"method not allowed\n", TEXT, close=True, headers=(("Allow", "GET, HEAD"),)
+            )
+        path = request.path
         if path == "/healthz":
-            self._reply(200, b"ok\n", "text/plain; charset=utf-8")
-        elif path == "/readyz":
-            failing = self.server.failing_checks()
+            return Response(200, b"ok\n", TEXT)
+        if path == "/readyz":
+            failing = self.failing_checks()
             if failing:
-                body = ("not ready: " + ", ".join(failing) + "\n").encode()
-                self._reply(503, body, "text/plain; charset=utf-8")
-            else:
-                self._reply(200, b"ready\n", "text/plain; charset=utf-8")
-        elif path == "/metrics":
-            self._reply(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
-        else:
-            self._reply(404, b"not found\n", "text/plain; charset=utf-8")
+                return Response(503, ("not ready: " + ", ".join(failing) + "\n").encode(), TEXT)
+            return Response(200, b"ready\n", TEXT)
+        if path == "/metrics":
+            return Response(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
+        return Response(404, b"not found\n", TEXT)
 
-    def _reply(self, code: int, body: bytes, content_type: str) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        log.debug("http " + format, *args)
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def server_bind(self) -> None:
-        if self.address_family == socket.AF_INET6:
-            # One socket for IPv4 and IPv6 node addresses.
-            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        super().server_bind()
-
-    checks: Sequence[tuple[str, ReadyCheck]] = ()
+    def refuse(self, status: int, message: str) -> Response:
+        return Response(status, (message + "\n").encode(), TEXT, close=True)
 
     def failing_checks(self) -> list[str]:
         failing = []
@@ -79,45 +73,48 @@ class HttpServer:
         self.host = host
         self.port = port
         self.checks = list(checks)
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
+        self._server: Server | None = None
+        self._port = 0
 
     def start(self) -> None:
-        server = _bind(self.host, self.port)
-        server.checks = self.checks
-        self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, name="http", daemon=True)
-        self._thread.start()
+        listener = _bind(self.host, self.port)
+        self._port = int(listener.getsockname()[1])
+        self._server = Server(listener, _Endpoints(self.checks), limits.HTTP, name="http")
+        self._server.start()
         log.info(
             "serving /healthz /readyz /metrics",
-            extra={"fields": {"address": self.host or "*", "port": server.server_address[1]}},
+            extra={"fields": {"address": self.host or "*", "port": self._port}},
         )
 
     @property
     def bound_port(self) -> int:
         assert self._server is not None
-        return int(self._server.server_address[1])
+        return self._port
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop()
 
 
-def _bind(host: str, port: int) -> _Server:
+def _bind(host: str, port: int) -> socket.socket:
     if host:
-        if ":" in host:
-            return _V6Server((host, port), _Handler)
-        return _Server((host, port), _Handler)
+        return _listen(socket.AF_INET6 if ":" in host else socket.AF_INET, host, port)
     try:
-        return _V6Server(("::", port), _Handler)
+        return _listen(socket.AF_INET6, "::", port)  # with IPV6_V6ONLY off: IPv4 too
     except OSError:  # IPv6 disabled on this node
-        return _Server(("0.0.0.0", port), _Handler)
+        return _listen(socket.AF_INET, "0.0.0.0", port)
 
 
-class _V6Server(_Server):
-    address_family = socket.AF_INET6
+def _listen(family: socket.AddressFamily, host: str, port: int) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind((host, port))
+        sock.listen(LISTEN_BACKLOG)
+    except BaseException:
+        sock.close()
+        raise
+    return sock

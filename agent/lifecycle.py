@@ -42,6 +42,7 @@ from agent.podserver.sandboxes import SandboxStore
 from agent.podserver.service import PodService
 from agent.repair.service import RepairService
 from agent.rules.footprint import ours_present
+from agent.serving.limits import raise_descriptor_limit
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +177,8 @@ def run(settings: Settings, *, config_path: str, decide_on_stop: StopDecider | N
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
+    # The servers' caps decide who is refused, never the descriptor limit (1024 by default).
+    raise_descriptor_limit()
     pod = AgentPod.from_env()
     try:
         node_name = pod.require_node()

@@ -13,6 +13,12 @@ snapshot, then each new pod (AddWorkload, netns as SCM_RIGHTS) and each removal 
   a fresh snapshot. The `ztunnel_connected` gauge counts connections, as Istio's does.
 - One difference: a hello whose version is not V1 closes the connection (Istio logs it and goes
   on); this agent speaks only V1 and says so rather than guessing at a newer protocol.
+- Bounds (Istio has none but a pace of 5 accepts a second, which lets a flood hold the listen
+  backlog against ztunnel's reconnect): at most MAX_CONNECTIONS connections; for a newcomer over
+  that, the oldest one that has not said hello is closed (ztunnel says hello at once, so a
+  connection that has not is not a working ztunnel), and when every one has, the newcomer is.
+  Accepts are not paced, so the backlog stays free for ztunnel. A peer that is neither root nor
+  the agent's user (SO_PEERCRED) is refused at accept.
 
 The socket is created as the pod server's is (agent.podserver.server): bound under a temporary
 name, mode 0600, renamed over a stale one, then listening. 0600 is enough for ztunnel: it runs as
@@ -51,15 +57,18 @@ from agent.ambient.zds_conn import (
     delete_request,
 )
 from agent.errors import AgentError
+from agent.serving.peer import untrusted_peer
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SOCKET = "/var/run/ztunnel/ztunnel.sock"
 """Istio's ztunnel-uds-address default."""
 ACCEPT_INTERVAL = 0.2
-"""Istio accepts at most 5 connections a second, so a ztunnel in a reconnect loop cannot
-exhaust the agent."""
-LISTEN_BACKLOG = 8
+"""How often the accept loop looks for stop(); the pause after a failed accept."""
+MAX_CONNECTIONS = 16
+"""A node runs one ztunnel; a rollout briefly two. Each connection holds a thread."""
+LISTEN_BACKLOG = 64
+REPORT_INTERVAL = 10.0
 
 
 class ZdsServerError(AgentError):
@@ -115,6 +124,8 @@ class ZdsServer:
         self._inode: int | None = None
         self._stopping = threading.Event()
         self._accept_thread: threading.Thread | None = None
+        self._unreported: dict[str, int] = {}
+        self._next_report = 0.0
 
     # --- lifecycle
 
@@ -287,8 +298,41 @@ class ZdsServer:
                 log.error("accept a ztunnel connection: %s", e)
                 time.sleep(ACCEPT_INTERVAL)
                 continue
-            self._open(sock)
-            time.sleep(ACCEPT_INTERVAL)
+            self._admit(sock)
+
+    def _admit(self, sock: socket.socket) -> None:
+        refused = untrusted_peer(sock)
+        if refused is None:
+            refused = self._make_room()
+        if refused is not None:
+            self._report(f"refused: {refused}")
+            sock.close()
+            return
+        self._open(sock)
+
+    def _report(self, what: str) -> None:
+        """Count connections closed or refused by the bounds; a warning at most every
+        REPORT_INTERVAL (a flood must not become a flood of log lines)."""
+        self._unreported[what] = self._unreported.get(what, 0) + 1
+        now = time.monotonic()
+        if now >= self._next_report:
+            self._next_report = now + REPORT_INTERVAL
+            log.warning("ZDS connections closed or refused", extra={"fields": self._unreported})
+            self._unreported = {}
+
+    def _make_room(self) -> str | None:
+        """Close the oldest connection that has not said hello when at the cap; None when
+        there is room now, else why the newcomer is refused."""
+        with self._lock:
+            live = [c for c in self._conns if not c.closed]
+        if len(live) < MAX_CONNECTIONS:
+            return None
+        silent = next((c for c in live if not c.greeted.is_set()), None)
+        if silent is None:
+            return f"{MAX_CONNECTIONS} ztunnel connections are open, each has said hello"
+        self._report(f"closed without hello, over the cap of {MAX_CONNECTIONS}")
+        silent.close()
+        return None
 
     def _open(self, sock: socket.socket) -> None:
         conn = Connection(

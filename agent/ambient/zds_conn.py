@@ -236,6 +236,9 @@ class Connection:
         except (ConnectionClosed, AckTimeout, ProtocolError, OSError) as e:
             if self._closed:
                 log.info("ztunnel connection closed", extra={"fields": fields})
+            elif isinstance(e, ConnectionClosed) and not self.greeted.is_set():
+                # Not a ztunnel that failed: a peer that left without a word (or a flood).
+                log.info("ZDS peer left before its hello", extra={"fields": fields})
             else:
                 log.error("ztunnel connection dropped: %s", e, extra={"fields": fields})
         except Exception:  # a bug or a failed snapshot source: never a half-sent snapshot

@@ -11,28 +11,31 @@ root needs no permission bit; anyone else able to connect could send ADD request
 agent program redirect rules in a network namespace of its choice, so no one else may. The run
 dir is created 0700 when the agent creates it (Istio: 0750); an existing one (the DaemonSet's
 hostPath) keeps its mode, the socket's own mode guards it.
+
+Served by agent.serving's event loop on a thread of its own, apart from the HTTP port and the ZDS
+socket: the loop reads every connection, a pool of `limits.POD_WORKERS` threads answers complete
+requests side by side. At most `limits.POD_SOCKET.max_connections` connections (the longest
+waiting idle one is closed for a newcomer), a request complete within 10 s, bodies up to 1 MiB,
+and a peer that is neither root nor the agent's user (SO_PEERCRED) is refused at accept.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import socket
-import socketserver
-import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler
-from typing import Any
 
 from agent import unix_socket
 from agent.errors import AgentError
 from agent.podserver.handlers import CODE_DECODE, CODE_UNKNOWN, PodHandlers, Reply, failure
+from agent.serving import limits
+from agent.serving.http import Request, Response
+from agent.serving.loop import Server
+from agent.serving.peer import untrusted_peer
 from plugin import wire
 
 log = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = wire.MAX_BODY
-IDLE_TIMEOUT_SECONDS = 60.0
 # 110 pods may start at once; a full backlog makes a non-blocking connect fail at once.
 LISTEN_BACKLOG = 1024
 
@@ -53,112 +56,29 @@ ROUTES: dict[tuple[str, str], Route] = {
 }
 
 
-class _RequestHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive, and what curl --unix-socket speaks
-    server_version = "istio-cni-agent"
-    timeout = IDLE_TIMEOUT_SECONDS
-    server: _UnixHTTPServer
-
-    def do_GET(self) -> None:
-        self._dispatch("GET")
-
-    def do_POST(self) -> None:
-        self._dispatch("POST")
-
-    def do_PUT(self) -> None:
-        self._dispatch("PUT")
-
-    def do_DELETE(self) -> None:
-        self._dispatch("DELETE")
-
-    def _dispatch(self, method: str) -> None:
-        path = self.path.split("?", 1)[0]
-        route = ROUTES.get((method, path))
-        if route is None:
-            allowed = [m for (m, p) in ROUTES if p == path]
-            self._discard_body()
-            if allowed:
-                self._send(failure(405, CODE_UNKNOWN, f"{method} {path}: use {allowed[0]}"))
-            else:
-                self._send(failure(404, CODE_UNKNOWN, f"{method} {path}: no such endpoint"))
-            return
-        body = self._read_body() if method == "POST" else b""
-        if isinstance(body, Reply):
-            self._send(body)
-            return
-        self._send(route(self.server.handlers, body))
-
-    def _read_body(self) -> bytes | Reply:
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            self.close_connection = True
-            return failure(411, CODE_DECODE, "chunked request bodies are not accepted")
-        try:
-            length = int(self.headers.get("Content-Length", "0"))
-        except ValueError:
-            self.close_connection = True
-            return failure(400, CODE_DECODE, "Content-Length is not a number")
-        if length < 0 or length > MAX_BODY_BYTES:
-            self.close_connection = True  # the body is not read: the connection is unusable
-            return failure(413, CODE_DECODE, f"request body of {length} bytes is over 1 MiB")
-        return self.rfile.read(length)
-
-    def _discard_body(self) -> None:
-        try:
-            length = int(self.headers.get("Content-Length", "0"))
-        except ValueError:
-            length = -1
-        if 0 <= length <= MAX_BODY_BYTES:
-            self.rfile.read(length)
-        else:
-            self.close_connection = True
-
-    def _send(self, reply: Reply) -> None:
-        payload = wire.encode(reply.body)
-        self.send_response(reply.status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def address_string(self) -> str:
-        return "unix"  # AF_UNIX peers have no address; the default indexes an empty string
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("http " + format, *args)
-
-
-class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = False
-    block_on_close = True  # server_close() joins the request threads
-    request_queue_size = LISTEN_BACKLOG
+class _Routes:
+    """The app: a request to its handler, a Reply to a JSON response."""
 
     def __init__(self, handlers: PodHandlers) -> None:
-        super().__init__("", _RequestHandler, bind_and_activate=False)
         self.handlers = handlers
-        self._open: set[socket.socket] = set()
-        self._open_lock = threading.Lock()
 
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self._open_lock:
-            self._open.add(request)
-        super().process_request(request, client_address)
+    def handle(self, request: Request) -> Response:
+        method, path = request.method, request.path
+        route = ROUTES.get((method, path))
+        if route is not None:
+            return _response(route(self.handlers, request.body))
+        allowed = [m for (m, p) in ROUTES if p == path]
+        if allowed:
+            return _response(failure(405, CODE_UNKNOWN, f"{method} {path}: use {allowed[0]}"))
+        return _response(failure(404, CODE_UNKNOWN, f"{method} {path}: no such endpoint"))
 
-    def shutdown_request(self, request: Any) -> None:
-        with self._open_lock:
-            self._open.discard(request)
-        super().shutdown_request(request)
+    def refuse(self, status: int, message: str) -> Response:
+        code = CODE_UNKNOWN if status >= 500 else CODE_DECODE
+        return _response(failure(status, code, message), close=True)
 
-    def end_reads(self) -> None:
-        """Make idle keep-alive connections see EOF; in-flight replies are still written."""
-        with self._open_lock:
-            for conn in self._open:
-                with contextlib.suppress(OSError):  # already closed by the peer
-                    conn.shutdown(socket.SHUT_RD)
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        log.warning("pod server connection failed", exc_info=True)
+def _response(reply: Reply, *, close: bool = False) -> Response:
+    return Response(reply.status, wire.encode(reply.body), "application/json", close=close)
 
 
 class PodServer:
@@ -167,42 +87,37 @@ class PodServer:
     def __init__(self, socket_path: str, handlers: PodHandlers) -> None:
         self.socket_path = socket_path
         self._handlers = handlers
-        self._server: _UnixHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        self._server: Server | None = None
         self._inode: int | None = None
 
     def start(self) -> None:
         if self._server is not None:
             return
-        server = _UnixHTTPServer(self._handlers)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self._inode = _bind(server.socket, self.socket_path)
-            server.server_address = self.socket_path
-            server.server_activate()
+            self._inode = _bind(sock, self.socket_path)
+            sock.listen(LISTEN_BACKLOG)
         except BaseException:
-            server.server_close()
+            sock.close()
             raise
-        self._server = server
-        self._thread = threading.Thread(
-            target=server.serve_forever,
-            kwargs={"poll_interval": 0.2},
+        # Its own thread and workers: nothing on the HTTP port or the ZDS socket waits with it.
+        self._server = Server(
+            sock,
+            _Routes(self._handlers),
+            limits.POD_SOCKET,
             name="pod-server",
-            daemon=True,
+            workers=limits.POD_WORKERS,
+            check_peer=untrusted_peer,
         )
-        self._thread.start()
+        self._server.start()
         log.info("pod server listening", extra={"fields": {"socket": self.socket_path}})
 
     def stop(self) -> None:
         server, self._server = self._server, None
         if server is None:
             return
-        server.shutdown()
+        server.stop()
         self._remove_socket()
-        server.end_reads()
-        server.server_close()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
         log.info("pod server stopped", extra={"fields": {"socket": self.socket_path}})
 
     def listening(self) -> bool:

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from agent.ambient import zds_pb2
 from agent.ambient.dataplane import AmbientPod, ZtunnelError, ZtunnelNotConnected
+from agent.ambient.zds import MAX_CONNECTIONS as ZDS_CAP
 from agent.ambient.zds import ZdsMetrics, ZdsServer, ZdsServerError
 from agent.netns import run_in_netns
 from testbed import netns
@@ -465,3 +466,48 @@ def test_no_descriptor_outlives_its_pod(tmp_path: Path) -> None:
         )
     finally:
         bed.close()
+
+
+def silent_connection(path: str) -> socket.socket:
+    """A peer that connects to the ZDS socket and never says hello."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock.connect(path)
+    return sock
+
+
+def closed_by_agent(sock: socket.socket, timeout: float = 5.0) -> bool:
+    sock.settimeout(timeout)
+    try:
+        return sock.recv(64) == b""
+    except TimeoutError:
+        return False
+
+
+def test_over_the_cap_silent_connections_go_first_and_ztunnel_stays(bed: Bed) -> None:
+    double = bed.connected_ztunnel()
+    silent = [silent_connection(bed.socket_path) for _ in range(ZDS_CAP - 1)]
+    try:
+        bed.wait_gauge(ZDS_CAP)
+        newcomer = silent_connection(bed.socket_path)
+        silent.append(newcomer)
+        assert closed_by_agent(silent[0])  # the oldest without a hello made room
+        bed.wait_gauge(ZDS_CAP)
+        assert double.connected and bed.server.connected
+        pod = bed.pod("after-flood")
+        bed.server.add(pod)  # the working ztunnel still gets pods
+        double.wait_for("the pod", lambda z: pod.uid in z.workloads())
+        assert not closed_by_agent(newcomer, timeout=0.2)
+    finally:
+        for sock in silent:
+            sock.close()
+
+
+def test_a_newcomer_is_refused_when_every_connection_said_hello(bed: Bed) -> None:
+    doubles = [bed.connected_ztunnel() for _ in range(ZDS_CAP)]
+    extra = silent_connection(bed.socket_path)
+    try:
+        assert closed_by_agent(extra)
+        bed.wait_gauge(ZDS_CAP)
+        assert all(d.connected for d in doubles)
+    finally:
+        extra.close()

@@ -55,6 +55,24 @@ def test_host_network_probes_and_ports_follow_metrics_port(helm: Helm) -> None:
     assert c["ports"] == [{"name": "metrics", "containerPort": 15999, "protocol": "TCP"}]
 
 
+@pytest.mark.parametrize(
+    ("address", "host"),
+    [
+        ("", None),
+        ("0.0.0.0", None),
+        ("::", None),
+        ("127.0.0.1", "127.0.0.1"),
+        ("fd00::7", "fd00::7"),
+    ],
+    ids=["every-address", "every-ipv4", "every-ipv6", "loopback", "one-ipv6"],
+)
+def test_probes_ask_the_metrics_address(helm: Helm, address: str, host: str | None) -> None:
+    c = agent_container(helm.render(sets=[f"metricsAddress={address}"] if address else []))
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+        expected = {"path": path, "port": 15014, **({"host": host} if host else {})}
+        assert c[probe]["httpGet"] == expected
+
+
 def test_downward_api_environment(helm: Helm) -> None:
     env = {
         e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]

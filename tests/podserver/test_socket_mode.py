@@ -144,3 +144,44 @@ def test_too_long_path_is_refused_by_name(tmp_path: Path) -> None:
             str(path), build_rig(InMemoryPods(make_pod()), ScriptedRedirector()).handlers
         ).start()
     assert not path.parent.exists()
+
+
+def status_as(uid: int, path: str) -> bytes:
+    """GET /v1/status from a child process running as `uid`: the first bytes it got back."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.close(read)
+        got = b""
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(5)
+                s.connect(path)
+                s.sendall(b"GET /v1/status HTTP/1.1\r\nHost: x\r\n\r\n")
+                got = s.recv(64)
+        except (ConnectionResetError, BrokenPipeError):  # closed before or after the request
+            got = b""
+        except OSError as e:
+            got = f"error {e.errno}".encode()
+        os.write(write, got)
+        os._exit(0)
+    os.close(write)
+    try:
+        os.waitpid(pid, 0)
+        return os.read(read, 64)
+    finally:
+        os.close(read)
+
+
+@pytest.mark.netns  # the root tier: it runs a client as another user
+def test_a_peer_other_than_root_is_refused_where_the_mode_would_let_it_in(run_dir: Path) -> None:
+    run_dir.mkdir(parents=True)
+    os.chmod(run_dir, 0o755)  # the DaemonSet's hostPath
+    path = run_dir / wire.SOCKET_NAME
+    with serving(path):
+        os.chmod(path, 0o666)  # a socket made reachable by mistake
+        assert status_as(NOBODY, str(path)) == b""  # connected, then closed unanswered
+        assert status_as(0, str(path)).startswith(b"HTTP/1.1 200 ")
