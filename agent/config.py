@@ -20,13 +20,13 @@ from typing import Any, Literal, assert_never, get_args, get_origin, get_type_hi
 import yaml
 
 from agent import constants
-from agent.ambient.selectors import (
+from agent.errors import ConfigError
+from agent.label_selectors import (
     DEFAULT_ENABLEMENT_SELECTORS,
     EnablementSelector,
     SelectorError,
     parse_enablement_selectors,
 )
-from agent.errors import ConfigError
 from agent.log_levels import LogLevels, parse_log_levels
 
 DEFAULT_CONFIG_PATH = "/etc/istio-cni/config.yaml"

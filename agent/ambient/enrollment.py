@@ -28,7 +28,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from agent.ambient.selectors import DATAPLANE_MODE_LABEL, EnablementSelector, selector_matches
+from agent.label_selectors import DATAPLANE_MODE_LABEL, EnablementSelector, selector_matches
 
 REDIRECTION_ANNOTATION = "ambient.istio.io/redirection"
 """Set by the agent (never by users) to the pod's actual redirection state."""

@@ -45,9 +45,9 @@ from agent.ambient.enrollment import (
     annotation_patch,
     pod_ips,
 )
-from agent.ambient.overrides import OptionsFor, rule_options_for
 from agent.errors import AgentError, InvalidPodInputError
 from agent.podinput import pod as podinput
+from agent.rules.ambient.overrides import OptionsFor, rule_options_for
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from agent.ambient.enrollment import (
     release_on_delete,
 )
 from agent.ambient.mesh import NonRetryableAdd
-from agent.ambient.selectors import EnablementSelector
+from agent.label_selectors import EnablementSelector
 
 log = logging.getLogger(__name__)
 

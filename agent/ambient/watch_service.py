@@ -19,7 +19,8 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any, Protocol
 
 from agent import metrics
-from agent.ambient.dataplane import PodRuleOptions, ZtunnelLink
+from agent.ambient.dataplane import ZtunnelLink
+from agent.ambient.enroller import AmbientEnroller
 from agent.ambient.enrollment import (
     is_terminated,
     is_ztunnel_pod,
@@ -39,7 +40,7 @@ from agent.podinput.tokens import Address
 from agent.podnetns.addresses import netns_addresses
 from agent.podnetns.finder import PodNetnsFinder
 from agent.pods.namespaces import NamespaceCache
-from agent.podserver.ambient import AmbientEnroller
+from agent.rules.ambient.options import PodRuleOptions
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,6 @@ import logging
 from collections.abc import Callable, Collection, Iterable
 
 from agent import constants
-from agent.ambient.dataplane import PodRuleOptions
 from agent.errors import RedirectError
 from agent.podinput.tokens import Address
 from agent.rules import backends, footprint
@@ -32,6 +31,7 @@ from agent.rules.ambient.ipset import AddressSets
 from agent.rules.ambient.kubelet import kubelet_uid
 from agent.rules.ambient.nft_apply import HostTable
 from agent.rules.ambient.nft_sets import NftAddressSets
+from agent.rules.ambient.options import PodRuleOptions
 from agent.rules.model import RuleSet
 from agent.rules.ownership import Ownership
 from agent.rules.probe import probe as probe_netns

@@ -12,8 +12,6 @@ from __future__ import annotations
 import sys
 from typing import Final
 
-from agent.ambient.dataplane import PodRuleOptions
-from agent.ambient.overrides import rule_options_for
 from agent.config import DEFAULT_CONFIG_PATH, load_settings
 from agent.errors import ConfigError, InvalidPodInputError, RedirectError
 from agent.podinput import pod as podinput
@@ -21,6 +19,8 @@ from agent.podinput.tokens import Address, Id, InterfaceName, TokenError
 from agent.rules.ambient import nft
 from agent.rules.ambient.builder import host_rules, pod_rules
 from agent.rules.ambient.kubelet import kubelet_uid
+from agent.rules.ambient.options import PodRuleOptions
+from agent.rules.ambient.overrides import rule_options_for
 from agent.rules.render_restore import render
 from agent.rules.sidecar.flags import parse_bool
 from agent.rules.sidecar.pod import load_pod_manifest

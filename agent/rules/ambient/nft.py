@@ -14,11 +14,11 @@ from __future__ import annotations
 from typing import Final
 
 from agent import constants
-from agent.ambient.dataplane import PodRuleOptions
 from agent.podinput.tokens import Address, Id
 from agent.rules import nft
 from agent.rules.ambient.builder import PROBE_IPSET_V4, PROBE_IPSET_V6, redirect_dns
 from agent.rules.ambient.nft_rules import RULES
+from agent.rules.ambient.options import PodRuleOptions
 from agent.rules.nft import OUTPUT, POSTROUTING, PREROUTING, NftRule, NftRules, NftTable
 
 HOST_TABLE = f"inet {nft.AMBIENT_PREFIX}nat"

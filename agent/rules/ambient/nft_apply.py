@@ -10,10 +10,10 @@ Tables of other software are never named.
 
 from __future__ import annotations
 
-from agent.ambient.dataplane import PodRuleOptions
 from agent.podinput.tokens import Address, Id
 from agent.rules import nft as engine
 from agent.rules.ambient.nft import HOST_TABLE, render_host, render_pod, set_commands
+from agent.rules.ambient.options import PodRuleOptions
 from agent.rules.backend_nft import (
     drop_tables,
     expected_listing,

@@ -18,8 +18,8 @@ from typing import Any, Protocol
 
 from agent.ambient.enrollment import should_enroll
 from agent.ambient.mesh import NonRetryableAdd, ZtunnelPending
-from agent.ambient.selectors import EnablementSelector
 from agent.errors import AgentError
+from agent.label_selectors import EnablementSelector
 
 log = logging.getLogger(__name__)
 
