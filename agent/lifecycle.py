@@ -23,7 +23,7 @@ from types import FrameType
 from typing import Protocol
 
 from agent import plugin_log_file
-from agent.ambient.watch_service import AmbientParts
+from agent.ambient.service import AmbientParts
 from agent.config import DEFAULT_CONFIG_PATH, Settings, load_settings
 from agent.downward import AgentPod
 from agent.errors import AgentError, ConfigError, InstallError

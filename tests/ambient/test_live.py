@@ -20,8 +20,8 @@ import pytest
 
 from agent.ambient.enroller import AmbientEnroller
 from agent.ambient.mesh import MeshDataplane, StatusAnnotator, rule_options_for
+from agent.ambient.service import AmbientService
 from agent.ambient.watch import AmbientWatch
-from agent.ambient.watch_service import AmbientService
 from agent.ambient.zds import ZdsServer
 from agent.config import AmbientSettings, Settings
 from agent.label_selectors import DEFAULT_ENABLEMENT_SELECTORS
