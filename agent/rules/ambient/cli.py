@@ -15,6 +15,8 @@ from typing import Final
 from agent.config import DEFAULT_CONFIG_PATH, load_settings
 from agent.errors import ConfigError, InvalidPodInputError, RedirectError
 from agent.podinput import pod as podinput
+from agent.podinput.grammar import parse_bool
+from agent.podinput.manifest import load_pod_manifest
 from agent.podinput.tokens import Address, Id, InterfaceName, TokenError
 from agent.rules.ambient import nft
 from agent.rules.ambient.builder import host_rules, pod_rules
@@ -22,8 +24,6 @@ from agent.rules.ambient.kubelet import kubelet_uid
 from agent.rules.ambient.options import PodRuleOptions
 from agent.rules.ambient.overrides import rule_options_for
 from agent.rules.render_restore import render
-from agent.rules.sidecar.flags import parse_bool
-from agent.rules.sidecar.pod import load_pod_manifest
 
 USAGE: Final = """\
 usage: istio-cni-agent rules --ambient pod|host [--ipv6=true|false] [--redirect-dns=true|false]

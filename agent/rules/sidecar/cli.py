@@ -9,6 +9,8 @@ from typing import Any
 
 from agent.config import DEFAULT_CONFIG_PATH, load_settings
 from agent.errors import ConfigError, InvalidPodInputError
+from agent.podinput.grammar import parse_bool
+from agent.podinput.manifest import load_pod_manifest
 from agent.rules.render_restore import render
 from agent.rules.sidecar import hostfacts
 from agent.rules.sidecar.builder import build
@@ -18,7 +20,6 @@ from agent.rules.sidecar.flags import (
     HOST_FLAGS,
     Flag,
     ParsedFlags,
-    parse_bool,
     parse_flags,
     request_from_flags,
 )
@@ -26,7 +27,6 @@ from agent.rules.sidecar.pod import (
     capture_config_for_pod,
     decide,
     ipv6_for_pod,
-    load_pod_manifest,
     pod_ips,
 )
 
