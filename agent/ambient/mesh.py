@@ -45,7 +45,12 @@ from agent.ambient.enrollment import (
     annotation_patch,
     pod_ips,
 )
-from agent.errors import AgentError, InvalidPodInputError
+from agent.errors import (
+    InvalidPodInputError,
+    MeshError,
+    NonRetryableAdd,
+    ZtunnelPending,
+)
 from agent.podinput import pod as podinput
 from agent.rules.ambient.overrides import OptionsFor, rule_options_for
 
@@ -53,19 +58,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["MeshDataplane", "MeshError", "NonRetryableAdd", "ZtunnelPending", "rule_options_for"]
 HTTP_NOT_FOUND = 404
-
-
-class MeshError(AgentError):
-    """A step of enrolling or releasing a pod failed; the message names the step and the pod."""
-
-
-class NonRetryableAdd(MeshError):
-    """Istio's ErrNonRetryableAdd: the netns or the rules failed; retrying the same add is
-    pointless (the CNI ADD fails, the runtime makes a new sandbox)."""
-
-
-class ZtunnelPending(MeshError):
-    """Rules are in, ztunnel did not take the pod (away or refused): annotated `pending`."""
 
 
 class Annotator(Protocol):

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agent.ambient.enroller import AmbientLookupError, ZtunnelPending
+from agent.errors import AmbientLookupError, ZtunnelPending
 from agent.excerpt import bounded
 from agent.logs import LEVELS, PLUGIN_LOGGER
 from agent.podnetns.scan import netns_ident
