@@ -33,8 +33,11 @@ CONTROLLERS = "serviceaccount,namespace,garbagecollector"
 # daemonset: the chart's DaemonSet gets its pod; nodelifecycle: lifts the not-ready taint the API
 # server puts on a new Node once its kubelet reports Ready (its NoExecute evictions are a separate
 # controller, left off so a restarting node keeps its pods); root-ca-cert-publisher: every
-# namespace's kube-root-ca.crt, which the kubelet projects into each pod with its token.
-NODE_CONTROLLERS = CONTROLLERS + ",daemonset,nodelifecycle,root-ca-cert-publisher"
+# namespace's kube-root-ca.crt, which the kubelet projects into each pod with its token;
+# deployment, replicaset: a Deployment created plainly gets its pods (what istiod's injector sees).
+NODE_CONTROLLERS = (
+    CONTROLLERS + ",daemonset,nodelifecycle,root-ca-cert-publisher,deployment,replicaset"
+)
 PORT_ATTEMPTS = 3
 T = TypeVar("T")
 

@@ -1,8 +1,8 @@
-"""Istio's own binaries, the reference the differential tier compares our rules with.
+"""Istio's own binaries: the reference the differential tier compares our rules with, and istiod.
 
-ci/setup-testbed builds `pilot-agent` (whose `istio-iptables` subcommand writes Istio's rules) and
-the `istio-cni` plugin from the Go module proxy at the istio.io/istio version pinned in
-ci/go/istio/go.mod, into $ISTIO_CNI_CACHE/istio/<version>/.
+ci/setup-testbed builds `pilot-agent` (whose `istio-iptables` subcommand writes Istio's rules), the
+`istio-cni` plugin and `pilot-discovery` (istiod, testbed/istiod.py) from the Go module proxy at the
+istio.io/istio version pinned in ci/go/istio/go.mod, into $ISTIO_CNI_CACHE/istio/<version>/.
 """
 
 from __future__ import annotations
@@ -32,3 +32,9 @@ def pilot_agent() -> Part:
 def istio_cni() -> Part:
     """Istio's CNI plugin (sidecar and ambient modes), for the pod-level differential."""
     return Part("istio-cni", cache_dir() / "istio" / istio_version() / "istio-cni", SETUP_TESTBED)
+
+
+def pilot_discovery() -> Part:
+    """istiod (Istio's control plane, its sidecar injector): what testbed/istiod.py runs."""
+    path = cache_dir() / "istio" / istio_version() / "pilot-discovery"
+    return Part("pilot-discovery", path, SETUP_TESTBED)

@@ -7,7 +7,7 @@ import ctypes
 import os
 import signal
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -24,12 +24,23 @@ class PartFailedError(RuntimeError):
 
 
 class Daemon:
-    """One named process (etcd, kube-apiserver, ...) in its own process group."""
+    """One named process (etcd, kube-apiserver, ...) in its own process group. `env` replaces
+    the environment when given (else inherited); `cwd` is where it runs (else inherited)."""
 
-    def __init__(self, name: str, argv: Sequence[str], log_path: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log_path: Path,
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
         self.name = name
         self.argv = list(argv)
         self.log_path = log_path
+        self.env = dict(env) if env is not None else None
+        self.cwd = cwd
         self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -41,6 +52,8 @@ class Daemon:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own group, so stop() reaches any children too
                 preexec_fn=_die_with_parent,
+                env=self.env,
+                cwd=self.cwd,
             )
 
     def alive(self) -> bool:

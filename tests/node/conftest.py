@@ -1,6 +1,6 @@
 """Fixtures of the `node` tier: one real single-node cluster for the session (testbed/
-realnode.py), Helm bound to it, the chart's values for its node, and per-test namespaces whose
-pods are gone when the test ends."""
+realnode.py), Helm bound to it, the chart's values for its node, per-test namespaces whose
+pods are gone when the test ends, and Istio's control plane beside it (testbed/istiod.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pytest
 from testbed import images, kubepods
 from testbed.chart import wait_agent_gone
 from testbed.helm import Helm, uninstall_all
+from testbed.istiod import Istiod
 from testbed.parts import MissingPartError, helm_binaries
 from testbed.process import PartFailedError
 from testbed.realnode import RealCluster
@@ -91,6 +92,29 @@ def node_helm(
         errors.append("the node's conflist kept the agent's entry after the uninstall: restored")
     if errors:
         raise RuntimeError("helm uninstall at teardown: " + "; ".join(errors))
+
+
+@pytest.fixture(scope="module")
+def istiod(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Istiod]:
+    """One istiod for the test module (the `istiod` tier, testbed/istiod.py): the proxy image
+    on the node, Istio's charts installed, istiod Ready; all it made removed at the end."""
+    try:
+        proxy = images.image("proxy")
+        real_cluster.import_image(proxy)
+        workdir = tmp_path_factory.mktemp("istiod")
+        helm = Helm(
+            binary=helm_by_major("4"), kubeconfig=real_cluster.kubeconfig, home=workdir / "helm"
+        )
+        control = Istiod(real_cluster, helm, proxy, workdir)
+    except MissingPartError as e:
+        pytest.fail(str(e), pytrace=False)
+    try:
+        control.start()
+        yield control
+    except PartFailedError as e:
+        pytest.fail(str(e), pytrace=False)
+    finally:
+        control.stop()
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 // Builds Istio's own pilot-agent (its istio-iptables subcommand) and istio-cni plugin: the
-// reference the differential tier (tests/differential) compares our rules with.
+// reference the differential tier (tests/differential) compares our rules with; and pilot-discovery
+// (istiod), which testbed/istiod.py runs beside the real node.
 module istio-cni.test/testbed/istio
 
 go 1.26.0
