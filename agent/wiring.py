@@ -25,9 +25,9 @@ from agent.http_server import HttpServer
 from agent.install.installer import Installer
 from agent.install.watcher import InstallWatcher
 from agent.kube import KubeClients
+from agent.netns.look import netns_addresses
 from agent.node_taint import NodeTaintRemover
 from agent.podinput.tokens import Address
-from agent.podnetns.addresses import netns_addresses
 from agent.podnetns.finder import PodNetnsFinder
 from agent.pods.cache import PodCache
 from agent.pods.namespaces import NamespaceCache

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from agent.errors import AmbientLookupError, ZtunnelPending
 from agent.excerpt import bounded
 from agent.logs import LEVELS, PLUGIN_LOGGER
-from agent.podnetns.scan import netns_ident
+from agent.netns.look import ident as netns_ident
 from agent.podserver.metrics import PluginMetrics
 from agent.podserver.sandboxes import Sandbox, SandboxStore
 from plugin import wire

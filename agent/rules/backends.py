@@ -8,7 +8,7 @@ already holds legacy rules, else nft. Both modes program through `program` and c
 nftables step, which they pass in.
 
 Speed (every pod start waits for this): the host's answer is read once per process, the pod's
-from a look into its namespace (agent.rules.probe), and the `-save` programs run only where that
+from a look into its namespace (agent.netns.look), and the `-save` programs run only where that
 look saw tables. The model is built only for the backends that use it.
 """
 
@@ -21,11 +21,10 @@ from typing import Final
 
 from agent.errors import RedirectError
 from agent.netns import run_command
+from agent.netns.look import NetnsLook, look
 from agent.rules import backend_iptc, backend_restore
 from agent.rules.model import Family, RuleSet
 from agent.rules.ownership import OUR_TABLES, Ownership
-from agent.rules.probe import NetnsProbe
-from agent.rules.probe import probe as probe_netns
 
 BACKENDS: Final = ("python-iptables", "iptables-legacy", "iptables-nft", "nftables")
 HOST_NETNS = "/proc/self/ns/net"
@@ -38,12 +37,12 @@ def program(
     backend: str,
     owner: Ownership,
     native: Callable[[], None],
-    seen: NetnsProbe | None,
+    seen: NetnsLook | None,
 ) -> str:
     """Replace our rules there with `model()` (None removes them); returns the backend used.
     `native` does the same in the mode's native nftables form. `seen`: a look into that
     namespace taken just before (None: look only if the choice needs it, read every family)."""
-    chosen = choose_backend(netns_path, backend, probe=seen)
+    chosen = choose_backend(netns_path, backend, seen=seen)
     if chosen == "python-iptables":
         backend_iptc.apply(netns_path, model(), owner)
     elif chosen == "nftables":
@@ -62,11 +61,11 @@ def present(
     backend: str,
     owner: Ownership,
     native: Callable[[], bool],
-    seen: NetnsProbe,
+    seen: NetnsLook,
 ) -> bool:
     """Are exactly the rules of `model()` ours there? python-iptables' rules are read back
     through iptables-legacy-save (python-iptables cannot print rules)."""
-    chosen = choose_backend(netns_path, backend, probe=seen)
+    chosen = choose_backend(netns_path, backend, seen=seen)
     if chosen == "nftables":
         return native()
     variant = "legacy" if chosen == "python-iptables" else _variant(chosen)
@@ -75,13 +74,13 @@ def present(
     )
 
 
-def choose_backend(netns_path: str, backend: str, *, probe: NetnsProbe | None = None) -> str:
+def choose_backend(netns_path: str, backend: str, *, seen: NetnsLook | None = None) -> str:
     if backend in BACKENDS:
         return backend
     if backend != "auto":
         known = ", ".join(BACKENDS)
         raise RedirectError(f"unknown rule backend {backend!r} (want auto or {known})")
-    if _host_uses_legacy() or _pod_uses_legacy(netns_path, probe):
+    if _host_uses_legacy() or _pod_uses_legacy(netns_path, seen):
         return "iptables-legacy"
     return "iptables-nft"
 
@@ -93,8 +92,8 @@ def _host_uses_legacy() -> bool:
     return _legacy_in_use(HOST_NETNS)
 
 
-def _pod_uses_legacy(netns_path: str, probe: NetnsProbe | None) -> bool:
-    loaded = (probe or probe_netns(netns_path)).legacy_loaded
+def _pod_uses_legacy(netns_path: str, seen: NetnsLook | None) -> bool:
+    loaded = (seen or look(netns_path)).legacy_loaded
     # No legacy table was ever used there (a fresh sandbox): nothing to read.
     return loaded is not False and _legacy_in_use(netns_path)
 
@@ -117,7 +116,7 @@ def _variant(backend: str) -> str:
     return "legacy" if backend == "iptables-legacy" else "nft"
 
 
-def _empty(seen: NetnsProbe, variant: str) -> frozenset[Family]:
+def _empty(seen: NetnsLook, variant: str) -> frozenset[Family]:
     """Families in which the look saw none of our tables: there is nothing of ours to read."""
     families: tuple[Family, ...] = (4, 6)
     return frozenset(f for f in families if seen.tables_absent(variant, f, OUR_TABLES))

@@ -25,7 +25,7 @@ from agent.ambient.watch import AmbientWatch
 from agent.ambient.zds import ZdsServer
 from agent.config import AmbientSettings, Settings
 from agent.label_selectors import DEFAULT_ENABLEMENT_SELECTORS
-from agent.podnetns.addresses import netns_addresses
+from agent.netns.look import netns_addresses
 from agent.podnetns.finder import PodNetnsFinder
 from agent.pods.cache import PodCache
 from agent.pods.namespaces import NamespaceCache

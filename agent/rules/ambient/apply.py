@@ -16,6 +16,7 @@ from collections.abc import Callable, Collection, Iterable
 
 from agent import constants
 from agent.errors import RedirectError
+from agent.netns.look import look
 from agent.podinput.tokens import Address
 from agent.rules import backends, footprint
 from agent.rules.ambient import nft_apply, routes
@@ -34,7 +35,6 @@ from agent.rules.ambient.nft_sets import NftAddressSets
 from agent.rules.ambient.options import PodRuleOptions
 from agent.rules.model import RuleSet
 from agent.rules.ownership import Ownership
-from agent.rules.probe import probe as probe_netns
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ def _program(
         backend=backend,
         owner=owner,
         native=native,
-        seen=probe_netns(netns_path),
+        seen=look(netns_path),
     )
 
 
@@ -73,7 +73,7 @@ def _present(
         backend=backend,
         owner=owner,
         native=native,
-        seen=probe_netns(netns_path),
+        seen=look(netns_path),
     )
 
 

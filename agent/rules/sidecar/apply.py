@@ -3,17 +3,17 @@
 The backend (python-iptables, iptables-legacy, iptables-nft, nftables, or `auto`) is chosen and
 called by agent.rules.backends; this module gives it sidecar mode's model (agent.rules.sidecar
 .builder), its native nftables rules (agent.rules.sidecar.nft_apply) and the TPROXY routes.
-Callers that look into the namespace anyway pass `probe=` so one look serves every step.
+Callers that look into the namespace anyway pass `seen=` so one look serves every step.
 """
 
 from __future__ import annotations
 
 import logging
 
+from agent.netns import look as netns_look
+from agent.netns.look import NetnsLook
 from agent.rules import backends
 from agent.rules.ownership import SIDECAR
-from agent.rules.probe import NetnsProbe
-from agent.rules.probe import probe as probe_netns
 from agent.rules.sidecar import hostfacts, nft_apply, routes
 from agent.rules.sidecar.builder import build
 from agent.rules.sidecar.capture import CaptureConfig
@@ -26,12 +26,12 @@ def apply_rules(
     config: CaptureConfig,
     *,
     backend: str = "auto",
-    probe: NetnsProbe | None = None,
+    seen: NetnsLook | None = None,
 ) -> str:
     """Program `config` into the namespace; returns the backend used.
 
-    Atomic per table, idempotent (our old rules are replaced), other rules are kept. `probe`:
-    a probe of that namespace taken just before (saves taking another).
+    Atomic per table, idempotent (our old rules are replaced), other rules are kept. `seen`:
+    a look into that namespace taken just before (saves taking another).
     """
     chosen = backends.program(
         netns_path,
@@ -39,7 +39,7 @@ def apply_rules(
         backend=backend,
         owner=SIDECAR,
         native=lambda: nft_apply.apply_native(netns_path, config),  # Istio's native rules
-        seen=probe or probe_netns(netns_path),
+        seen=seen or netns_look.look(netns_path),
     )
     routes.apply_routes(netns_path, config)
     log.info("applied redirect rules", extra={"fields": {"netns": netns_path, "backend": chosen}})
@@ -64,7 +64,7 @@ def rules_present(
     config: CaptureConfig,
     *,
     backend: str = "auto",
-    probe: NetnsProbe | None = None,
+    seen: NetnsLook | None = None,
 ) -> bool:
     """Are exactly our rules for `config` in place (CNI CHECK)?"""
     return backends.present(
@@ -73,22 +73,22 @@ def rules_present(
         backend=backend,
         owner=SIDECAR,
         native=lambda: nft_apply.present_native(netns_path, config),
-        seen=probe or probe_netns(netns_path),
+        seen=seen or netns_look.look(netns_path),
     )
 
 
 def host_facts(
-    netns_path: str, *, resolv_conf: str = "/etc/resolv.conf", probe: NetnsProbe | None = None
+    netns_path: str, *, resolv_conf: str = "/etc/resolv.conf", seen: NetnsLook | None = None
 ) -> tuple[bool, list[str]]:
     """(IPv6 on?, DNS servers) for the pod: IPv6 when the pod has a global IPv6 address,
     resolvers from the node's resolv.conf."""
     # Istio's dual-stack rule needs only the IPv6 addresses: any usable one turns IPv6 on.
-    addresses = (probe or probe_netns(netns_path)).ipv6_addresses
+    addresses = (seen or netns_look.look(netns_path)).ipv6_addresses
     return hostfacts.ipv6_enabled(addresses, dual_stack=True), hostfacts.resolv_conf_servers(
         resolv_conf
     )
 
 
-def probe(netns_path: str) -> NetnsProbe:
+def look(netns_path: str) -> NetnsLook:
     """One look into the namespace, for passing to host_facts, apply_rules and rules_present."""
-    return probe_netns(netns_path)
+    return netns_look.look(netns_path)

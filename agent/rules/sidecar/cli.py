@@ -9,6 +9,7 @@ from typing import Any
 
 from agent.config import DEFAULT_CONFIG_PATH, load_settings
 from agent.errors import ConfigError, InvalidPodInputError
+from agent.netns.look import local_addresses
 from agent.podinput.grammar import parse_bool
 from agent.podinput.manifest import load_pod_manifest
 from agent.rules.render_restore import render
@@ -128,7 +129,7 @@ def _pod_config(pod: Mapping[str, Any], parsed: ParsedFlags) -> CaptureConfig:
     if "ipv6" in parsed.given:
         ipv6 = _ipv6(parsed.values["ipv6"], dual_stack=False)
     else:
-        addresses = pod_ips(pod) or hostfacts.local_addresses()
+        addresses = pod_ips(pod) or local_addresses()
         ipv6 = ipv6_for_pod(pod, addresses)
     return capture_config_for_pod(pod, ipv6=ipv6)
 
@@ -143,7 +144,7 @@ def _refuse_istio_flags(parsed: ParsedFlags) -> None:
 
 def _ipv6(value: str, *, dual_stack: bool) -> bool:
     if value == "":
-        return hostfacts.detect_ipv6(hostfacts.local_addresses(), dual_stack=dual_stack)
+        return hostfacts.detect_ipv6(local_addresses(), dual_stack=dual_stack)
     try:
         return parse_bool(value)
     except ValueError as e:
