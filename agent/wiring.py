@@ -31,13 +31,13 @@ from agent.podinput.tokens import Address
 from agent.podnetns.finder import PodNetnsFinder
 from agent.pods.cache import PodCache
 from agent.pods.namespaces import NamespaceCache
-from agent.podserver.redirect import RulesRedirector
 from agent.podserver.sandboxes import SandboxStore
 from agent.podserver.service import PodService
 from agent.repair.service import RepairService
 from agent.rules.ambient.options import PodRuleOptions
 from agent.rules.ambient.overrides import rule_options_for
 from agent.rules.footprint import ours_present
+from agent.rules.sidecar.redirector import RulesRedirector
 
 
 class Service(Protocol):

@@ -124,7 +124,7 @@ class Ambient(Protocol):
 
 
 class Redirector(Protocol):
-    """The redirect operations on one pod (agent.podserver.redirect.RulesRedirector)."""
+    """The redirect operations on one pod (agent.rules.sidecar.redirector.RulesRedirector)."""
 
     def decide(self, pod: Mapping[str, Any]) -> Decision: ...
 

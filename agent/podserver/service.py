@@ -10,9 +10,9 @@ from agent.kube import KubeClients
 from agent.pods.cache import PodCache
 from agent.podserver.handlers import Ambient, PodHandlers, Redirector
 from agent.podserver.metrics import PluginMetrics, default_metrics
-from agent.podserver.redirect import RulesRedirector
 from agent.podserver.sandboxes import SandboxStore
 from agent.podserver.server import PodServer
+from agent.rules.sidecar.redirector import RulesRedirector
 
 log = logging.getLogger(__name__)
 

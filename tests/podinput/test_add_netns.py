@@ -26,10 +26,10 @@ from agent.config import Settings
 from agent.label_selectors import DEFAULT_ENABLEMENT_SELECTORS
 from agent.podserver.handlers import PodHandlers, Reply
 from agent.podserver.metrics import PluginMetrics
-from agent.podserver.redirect import RulesRedirector
 from agent.podserver.sandboxes import SandboxStore
 from agent.rules.ambient.apply import InpodRules
 from agent.rules.ambient.options import PodRuleOptions
+from agent.rules.sidecar.redirector import RulesRedirector
 from plugin import wire
 from testbed import netns
 from tests.ambient.fakes import (

@@ -13,7 +13,7 @@ import pytest
 
 from agent.netns import run_in_netns
 from agent.netns.look import look_here
-from agent.podserver.redirect import RulesRedirector
+from agent.rules.sidecar.redirector import RulesRedirector
 from testbed import netns
 from tests.podserver.helpers import make_pod
 

@@ -1,4 +1,5 @@
-"""The redirect operations the pod server runs for a pod, composed from agent.rules."""
+"""A sidecar pod's redirect as the pod server and repair run it: decide, then look into its
+netns once, decide IPv6 and apply (or check) the rules (agent.rules.sidecar.apply)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from agent.errors import RedirectError
 from agent.netns import look as netns_look
 from agent.netns.look import NetnsLook
 from agent.rules import backends
-from agent.rules.sidecar import apply as rules_apply
-from agent.rules.sidecar import pod as rules_pod
+from agent.rules.sidecar import apply as sidecar_apply
+from agent.rules.sidecar import pod as pod_rules
 from agent.rules.sidecar.capture import CaptureConfig
 
 
@@ -22,14 +23,14 @@ class RulesRedirector:
         self._exclude = tuple(exclude_namespaces)
         self._backend = backend
 
-    def decide(self, pod: Mapping[str, Any]) -> rules_pod.Decision:
-        return rules_pod.decide(pod, exclude_namespaces=self._exclude)
+    def decide(self, pod: Mapping[str, Any]) -> pod_rules.Decision:
+        return pod_rules.decide(pod, exclude_namespaces=self._exclude)
 
     def apply(self, netns: str, pod: Mapping[str, Any]) -> str:
         look = self._look(netns)
         config = self._config(pod, look)
         try:
-            return rules_apply.apply_rules(netns, config, backend=self._backend, seen=look)
+            return sidecar_apply.apply_rules(netns, config, backend=self._backend, seen=look)
         except Exception as e:
             metrics.RULES_APPLY_FAILURES.labels(backend=self._chosen(netns, look)).inc()
             if isinstance(e, RedirectError):
@@ -46,7 +47,7 @@ class RulesRedirector:
     def present(self, netns: str, pod: Mapping[str, Any]) -> bool:
         look = self._look(netns)
         config = self._config(pod, look)
-        return rules_apply.rules_present(netns, config, backend=self._backend, seen=look)
+        return sidecar_apply.rules_present(netns, config, backend=self._backend, seen=look)
 
     @staticmethod
     def _look(netns: str) -> NetnsLook:
@@ -63,7 +64,7 @@ class RulesRedirector:
     def _config(pod: Mapping[str, Any], look: NetnsLook) -> CaptureConfig:
         # Istio's plugin: IPv6 rules from the pod's addresses and its ISTIO_DUAL_STACK; with DNS
         # capture it takes all port-53 traffic, so the resolvers are not read.
-        ipv6 = rules_pod.ipv6_for_pod(pod, look.addresses)
+        ipv6 = pod_rules.ipv6_for_pod(pod, look.addresses)
         # InvalidPodInputError names the input and an excerpt of its value: let it through.
-        rules_pod.pod_ips(pod)  # not read here, but a pod whose IPs are not IPs is refused
-        return rules_pod.capture_config_for_pod(pod, ipv6=ipv6)
+        pod_rules.pod_ips(pod)  # not read here, but a pod whose IPs are not IPs is refused
+        return pod_rules.capture_config_for_pod(pod, ipv6=ipv6)
