@@ -144,6 +144,9 @@ class Settings:
     """Where the node's /proc is mounted, to find pod network namespaces for repair."""
     mountedNetnsDir: str = field(default="/host/var/run/netns", metadata=ABS_PATH)
     """Where the node's netns dir (runtime-named pod namespaces) is mounted, for repair."""
+    cniNetnsDir: str = field(default="/var/run/netns", metadata=ABS_PATH)
+    """Node path of that dir, mounted at the same path (the runtime names namespaces by it):
+    readiness checks that it holds the runtime's pod namespaces."""
     metricsPort: int = field(default=15014, metadata=PORT)
     """Port of /healthz, /readyz and /metrics (on the host network)."""
     metricsAddress: str = field(default="", metadata=ADDRESS)

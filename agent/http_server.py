@@ -20,7 +20,8 @@ from agent.serving.loop import Server
 
 log = logging.getLogger(__name__)
 
-ReadyCheck = Callable[[], bool]
+Failing = Callable[[], Sequence[tuple[str, str]]]
+"""(check, why) of each failing readiness check (agent.readiness); empty when ready."""
 TEXT = "text/plain; charset=utf-8"
 LISTEN_BACKLOG = 1024
 
@@ -28,8 +29,8 @@ LISTEN_BACKLOG = 1024
 class _Endpoints:
     """The app: what each path answers."""
 
-    def __init__(self, checks: Sequence[tuple[str, ReadyCheck]]) -> None:
-        self.checks = checks
+    def __init__(self, readiness: Failing) -> None:
+        self.readiness = readiness
 
     def handle(self, request: Request) -> Response:
         if request.method not in ("GET", "HEAD"):
@@ -42,7 +43,9 @@ class _Endpoints:
         if path == "/readyz":
             failing = self.failing_checks()
             if failing:
-                return Response(503, ("not ready: " + ", ".join(failing) + "\n").encode(), TEXT)
+                lines = ["not ready: " + ", ".join(name for name, _ in failing)]
+                lines += [f"{name}: {why}" for name, why in failing]
+                return Response(503, ("\n".join(lines) + "\n").encode(), TEXT)
             return Response(200, b"ready\n", TEXT)
         if path == "/metrics":
             return Response(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
@@ -51,35 +54,29 @@ class _Endpoints:
     def refuse(self, status: int, message: str) -> Response:
         return Response(status, (message + "\n").encode(), TEXT, close=True)
 
-    def failing_checks(self) -> list[str]:
-        failing = []
-        for name, check in self.checks:
-            try:
-                ok = check()
-            except Exception:  # a broken check is a failing one, not a crashed server
-                log.exception("readiness check %s raised", name)
-                ok = False
-            if not ok:
-                failing.append(name)
-        return failing
+    def failing_checks(self) -> Sequence[tuple[str, str]]:
+        try:
+            return self.readiness()
+        except Exception as e:  # a broken readiness is not ready, not a crashed server
+            log.exception("readiness raised")
+            return [("readiness", f"raised {type(e).__name__}: {e}")]
 
 
 class HttpServer:
-    """Service: serves health, readiness (every registered check true) and metrics."""
+    """Service: serves health, readiness (no check failing, each failing one named with why)
+    and metrics."""
 
-    def __init__(
-        self, *, port: int, host: str = "", checks: Sequence[tuple[str, ReadyCheck]] = ()
-    ) -> None:
+    def __init__(self, *, port: int, host: str = "", readiness: Failing = lambda: ()) -> None:
         self.host = host
         self.port = port
-        self.checks = list(checks)
+        self.readiness = readiness
         self._server: Server | None = None
         self._port = 0
 
     def start(self) -> None:
         listener = _bind(self.host, self.port)
         self._port = int(listener.getsockname()[1])
-        self._server = Server(listener, _Endpoints(self.checks), limits.HTTP, name="http")
+        self._server = Server(listener, _Endpoints(self.readiness), limits.HTTP, name="http")
         self._server.start()
         log.info(
             "serving /healthz /readyz /metrics",

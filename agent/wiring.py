@@ -1,13 +1,14 @@
 """The agent's services, built from the settings: the one module that knows every feature.
 
 Started in this order and stopped in reverse: the install watcher, the pod service (the CNI
-server and the node's pod cache), ambient (when on), repair (when on), /healthz /readyz
-/metrics, the node taint remover (when on) and the plugin-log forwarder. What each needs is
+server and the node's pod cache), ambient (when on), repair (when on), readiness, /healthz
+/readyz /metrics, the node taint remover (when on) and the plugin-log forwarder. What each needs is
 handed in here: one redirector for the pod server and repair, one netns finder that knows what
 each CNI ADD named, one pod cache for the pod server, ambient's watch and repair.
 
-What a service can do besides start and stop is typed (`GatesReadiness`, `Uninstalls`), and the
-wiring lists which services have it: the lifecycle asks the list, never the services.
+What a service can do besides start and stop is typed (`Uninstalls`), and the wiring lists which
+services have it: the lifecycle asks the list, never the services. Readiness is its own service
+(agent.readiness), handed the parts it checks here.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from agent.pods.cache import PodCache
 from agent.pods.namespaces import NamespaceCache
 from agent.podserver.sandboxes import SandboxStore
 from agent.podserver.service import PodService
+from agent.readiness.build import build_readiness
 from agent.repair.service import RepairService
 from agent.rules.ambient.options import PodRuleOptions
 from agent.rules.ambient.overrides import rule_options_for
@@ -46,12 +48,6 @@ class Service(Protocol):
     def start(self) -> None: ...
 
     def stop(self) -> None: ...
-
-
-class GatesReadiness(Protocol):
-    """A service /readyz (and the node taint) waits for."""
-
-    def ready(self) -> bool: ...
 
 
 class Uninstalls(Protocol):
@@ -105,6 +101,9 @@ def node_services(
         if settings.ambient.enabled
         else None
     )
+    readiness = build_readiness(
+        settings, watcher, redirector, node_name=node_name, core=clients.core
+    )
     pods = PodService(
         settings,
         node_name,
@@ -113,29 +112,33 @@ def node_services(
         redirector=redirector,
         ambient=ambient.enroller if ambient else None,
         sandboxes=sandboxes,
+        on_add_netns=readiness.netns_dir.saw_add,
     )
     built = Services([pods])
-    gates: list[GatesReadiness] = [watcher, pods]
+    readiness.watch_pods(pods)
     if ambient is not None:
         # After the pod service (its pod cache feeds the watch); ready once ZDS listens.
         zds = ambient.service(pods.pods)
         built.services.append(zds)
-        gates.append(zds)
         built.uninstallers.append(zds)  # the node-side probe rules and address set
+        readiness.watch_ambient(zds, settings.ambient.ztunnelSocketPath)
     if settings.repair.enabled:
-        repair = _repair_service(settings, node_name, pods, clients, redirector, find_netns)
-        built.services.append(repair)
-        gates.append(repair)
-    checks = [(type(gate).__name__, gate.ready) for gate in gates]
+        built.services.append(
+            _repair_service(settings, node_name, pods, clients, redirector, find_netns)
+        )
+    # After the parts it checks: its first round runs as it starts.
+    built.services.append(readiness.service())
     built.services.append(
-        HttpServer(port=settings.metricsPort, host=settings.metricsAddress, checks=checks)
+        HttpServer(
+            port=settings.metricsPort,
+            host=settings.metricsAddress,
+            readiness=readiness.service().failing,
+        )
     )
     if settings.removeNotReadyTaint:
-        # Ready as /readyz reports it: every check passes (plugin and config in place, socket).
+        # Ready as /readyz reports it: every readiness check passes.
         built.services.append(
-            NodeTaintRemover(
-                clients.core, node_name, is_ready=lambda: all(check() for _, check in checks)
-            )
+            NodeTaintRemover(clients.core, node_name, is_ready=readiness.service().ready)
         )
     built.services.append(plugin_log_file.Forwarding(settings.cniAgentRunDir))  # an absent agent's
     return built

@@ -52,7 +52,10 @@ class Node:
             "pluginSourceDir": str(self.src_dir),
             "metricsAddress": "127.0.0.1",
             "cniAgentRunDir": str(self.root / "run"),
+            # The node's netns dir: empty, as on a node with no pod yet.
+            "cniNetnsDir": str(self.root / "netns"),
         }
+        (self.root / "netns").mkdir(exist_ok=True)
         for key, value in vars(self.settings).items():
             if key in (
                 "cniConfFileName",
@@ -170,6 +173,41 @@ def wait_status(port: int, path: str, status: int, timeout: float = 10.0) -> str
         interval=0.05,
         on_timeout=lambda: f"last: {last[0]!r}",
     )[0]
+
+
+def check_passes(port: int, check: str) -> bool:
+    """Whether the agent's readiness check `check` passes (istio_cni_ready_check on /metrics)."""
+    return f'istio_cni_ready_check{{check="{check}"}} 1.0' in http_get(port, "/metrics")[1]
+
+
+def wait_checks(port: int, *checks: str, timeout: float = 10.0) -> None:
+    """Wait until each named readiness check passes: for agents whose other checks cannot pass
+    where they run (a host process has no reachable API server, and no root without `netns`)."""
+
+    def passed() -> bool:
+        try:
+            return all(check_passes(port, c) for c in checks)
+        except OSError:
+            return False
+
+    def last() -> str:
+        try:
+            return http_get(port, "/readyz")[1]
+        except OSError as e:
+            return str(e)
+
+    wait_for(
+        passed,
+        f"readiness checks {', '.join(checks)} on port {port}",
+        timeout,
+        interval=0.05,
+        on_timeout=last,
+    )
+
+
+def wait_installed(port: int, timeout: float = 10.0) -> None:
+    """The agent installed the plugin and its entry and serves the plugin's socket."""
+    wait_checks(port, "install", "pod-socket", timeout=timeout)
 
 
 class RunningAgent:

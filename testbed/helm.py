@@ -4,6 +4,7 @@ state is kept in a temp dir, never the user's home."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -20,6 +21,24 @@ from testbed.parts import REPO_ROOT
 CHART = REPO_ROOT / "charts" / "istio-cni"
 RELEASE = "istio-cni"
 NAMESPACE = "kube-system"
+
+
+_RENDERS: dict[tuple[str, ...], subprocess.CompletedProcess[str]] = {}
+"""`helm template` runs by their command line and the content of every file and dir it names:
+the chart tier renders the same values many times (each Helm major, several tests)."""
+
+
+def _content_digest(args: Sequence[str]) -> str:
+    """sha256 over the files (and files under the dirs) the arguments name, paths included."""
+    digest = hashlib.sha256()
+    for arg in args:
+        path = Path(arg)
+        if not path.is_absolute() or not path.exists():
+            continue
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        for f in files:
+            digest.update(str(f).encode() + b"\0" + f.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 class HelmError(RuntimeError):
@@ -56,11 +75,19 @@ class Helm:
     def call(
         self, *args: str, check: bool = True, timeout: float = 300.0
     ) -> subprocess.CompletedProcess[str]:
-        """Run `helm ARGS`; with `check`, a non-zero exit raises HelmError."""
+        """Run `helm ARGS`; with `check`, a non-zero exit raises HelmError. A `template` of
+        the same command line and the same inputs is answered from the last run's output."""
         argv = [str(self.binary), *args]
-        proc = subprocess.run(
-            argv, env=self.env(), capture_output=True, text=True, timeout=timeout, check=False
-        )
+        key: tuple[str, ...] = ()
+        if args and args[0] == "template":
+            key = (*argv, str(self.kubeconfig), _content_digest(args))
+        proc = _RENDERS.get(key) if key else None
+        if proc is None:
+            proc = subprocess.run(
+                argv, env=self.env(), capture_output=True, text=True, timeout=timeout, check=False
+            )
+            if key:
+                _RENDERS[key] = proc
         if check and proc.returncode != 0:
             raise HelmError(argv, proc.returncode, proc.stdout, proc.stderr)
         return proc

@@ -111,6 +111,7 @@ class NetnsAgentBed:
             uninstallOnStop="never",
             hostProcDir="/proc",
             mountedNetnsDir=str(netns.NETNS_DIR),
+            cniNetnsDir=str(netns.NETNS_DIR),  # where the pods' namespaces are (readiness)
             excludeNamespaces=["kube-system"],
             repair={"enabled": False},
             ambient={"enabled": True, "ipv6": False, "ztunnelSocketPath": self.zds_socket},

@@ -230,9 +230,12 @@ class PodHandlers:
         readiness: Callable[[], str | None],
         metrics: PluginMetrics | None = None,
         ambient: Ambient | None = None,
+        on_add_netns: Callable[[str], None] | None = None,
     ) -> None:
         """`readiness` returns None when the agent is ready, else the reason it is not;
-        `ambient` is set when ambient mode is on."""
+        `ambient` is set when ambient mode is on; `on_add_netns` sees the netns path of every
+        ADD (readiness learns from it where the runtime keeps namespaces)."""
+        self._on_add_netns = on_add_netns
         self._ambient = ambient
         self._pods = pods
         self._redirector = redirector
@@ -270,6 +273,8 @@ class PodHandlers:
 
     def _add(self, body: bytes) -> Reply:
         req = CniRequest.parse(body, "ADD")
+        if self._on_add_netns is not None:
+            self._on_add_netns(req.netns)
         if not req.has_pod:
             return ok(wire.RESULT_SKIPPED, "no Kubernetes pod arguments")
         pod = self._lookup(req)

@@ -32,10 +32,12 @@ class PodService:
         cache: PodCache | None = None,
         ambient: Ambient | None = None,
         sandboxes: SandboxStore | None = None,
+        on_add_netns: Callable[[str], None] | None = None,
     ) -> None:
         """`redirector`, `metrics` and `cache` default to the real ones; tests pass their own.
         `ambient` (ambient mode on) enrolls the pods ambient selects on CNI ADD. `sandboxes`:
         where each ADD's pod UID and netns are kept (shared with whoever finds pods' netns).
+        `on_add_netns`: sees each ADD's netns path (the readiness check of cniNetnsDir).
 
         The clients from `kube_client_factory` are not closed here: they may be shared.
         """
@@ -55,6 +57,7 @@ class PodService:
             readiness=self.not_ready_reason,
             metrics=metrics or default_metrics(),
             ambient=ambient,
+            on_add_netns=on_add_netns,
         )
         self._server = PodServer(settings.socket_path, self.handlers)
 

@@ -128,10 +128,17 @@ EACH_VALUE: dict[str, tuple[list[str], dict[str, Any]]] = {
     "env-snat-v6": (["env.HOST_PROBE_SNAT_IPV6=fd00::7"], {"hostProbeSnatAddressV6": "fd00::7"}),
     "compat-1.25": (["compatibilityVersion=1.25"], {"reconcileIptablesOnStartup": False}),
     "compat-1.25-overridden": (
-        ["compatibilityVersion=1.25", "ambient.reconcileIptablesOnStartup=true"],
+        ["compatibilityVersion=1.25", "cni.ambient.reconcileIptablesOnStartup=true"],
         {"reconcileIptablesOnStartup": True},
     ),
-    "profile-overridden": (["profile=ambient", "ambient.enabled=false"], {"enabled": False}),
+    # A value equal to its default counts as not given: the profile's wins over it.
+    "compat-1.25-over-a-default": (
+        ["compatibilityVersion=1.25", "ambient.reconcileIptablesOnStartup=true"],
+        {"reconcileIptablesOnStartup": False},
+    ),
+    "profile-overridden": (["profile=ambient", "cni.ambient.enabled=false"], {"enabled": False}),
+    # As Istio's chart: its profile's cni.ambient.enabled wins over an unprefixed false.
+    "profile-over-a-default": (["profile=ambient", "ambient.enabled=false"], {"enabled": True}),
 }
 
 
@@ -204,7 +211,7 @@ def test_enablement_selector_env_is_istios_yaml_text(helm: Helm, tmp_path: Path)
     ("sets", "first", "second"),
     [
         (
-            ["ambient.dnsCapture=true", "env.AMBIENT_DNS_CAPTURE=false"],
+            ["ambient.dnsCapture=false", "env.AMBIENT_DNS_CAPTURE=true"],
             "ambient.dnsCapture",
             "env.AMBIENT_DNS_CAPTURE",
         ),
@@ -213,7 +220,7 @@ def test_enablement_selector_env_is_istios_yaml_text(helm: Helm, tmp_path: Path)
             "ambient.enabled",
             "env.AMBIENT_ENABLED",
         ),
-        (["ambient.ipv6=true", "cni.ambient.ipv6=false"], "ambient.ipv6", "cni.ambient.ipv6"),
+        (["ambient.ipv6=false", "cni.ambient.ipv6=true"], "ambient.ipv6", "cni.ambient.ipv6"),
         (
             ["ambient.ztunnelSocketPath=/a/z.sock", "env.ZTUNNEL_UDS_ADDRESS=/b/z.sock"],
             "ambient.ztunnelSocketPath",
@@ -228,6 +235,23 @@ def test_a_setting_given_two_ways_fails_naming_both(
     proc = helm.template(sets=sets, check=False)
     assert proc.returncode != 0, "accepted"
     assert first in proc.stderr and second in proc.stderr, proc.stderr
+    assert "values: " in proc.stderr and "templates/validate-values.yaml" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("sets", "expected"),
+    [
+        (["ambient.dnsCapture=true", "env.AMBIENT_DNS_CAPTURE=false"], {"dnsCapture": False}),
+        (["ambient.ipv6=true", "cni.ambient.ipv6=false"], {"ipv6": False}),
+    ],
+    ids=["env-dns", "cni-prefix"],
+)
+def test_an_alias_next_to_a_default_is_that_setting(
+    helm: Helm, sets: list[str], expected: dict[str, Any]
+) -> None:
+    # values.yaml holds the defaults: our key at its default counts as not given.
+    ambient = loaded(helm.render(sets=[*sets, "ambient.enabled=true"])).ambient
+    assert ambient == AmbientSettings(**{"enabled": True, **expected})
 
 
 BAD_VALUES = [
@@ -382,10 +406,11 @@ def test_cluster_role_grants_ambient_rights_only_when_on(
     ("sets", "ignored"),
     [
         (["ambient.enabled=true", "ambient.shareHostNetworkNamespace=true"], False),
-        (["ambient.enabled=true", "ambient.shareHostNetworkNamespace=false"], True),
+        (["ambient.enabled=true", "cni.ambient.shareHostNetworkNamespace=false"], True),
+        (["ambient.enabled=true", "ambient.shareHostNetworkNamespace=false"], False),
         (["ambient.enabled=true"], False),
     ],
-    ids=["true-is-what-we-do", "false-cannot-be-honoured", "unset"],
+    ids=["true-is-what-we-do", "false-cannot-be-honoured", "false-is-the-default", "unset"],
 )
 def test_share_host_network_namespace(
     helm4: Helm,  # noqa: F811

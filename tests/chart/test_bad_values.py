@@ -31,6 +31,25 @@ BAD_VALUES = [
     pytest.param("seLinuxOptions.kind=spc_t", "seLinuxOptions", id="selinux-unknown-field"),
     pytest.param("cniBinDIr=/opt/cni/bin", "cniBinDIr", id="misspelt-value"),
     pytest.param("resourceQuota.pods=0", "resourceQuota.pods", id="quota-pods"),
+    # Kubernetes-typed values, by Kubernetes' own schemas (ci/chart-schema).
+    pytest.param(
+        "tolerations[0].operater=Exists", "tolerations.0.operater", id="toleration-misspelt"
+    ),
+    pytest.param(
+        "tolerations[0].operator=Sometimes", "tolerations.0.operator", id="toleration-operator"
+    ),
+    pytest.param("resources.requests.cpu=lots", "resources.requests.cpu", id="resources-quantity"),
+    pytest.param("resources.request.cpu=1", "resources.request", id="resources-misspelt"),
+    pytest.param("imagePullSecrets[0].nam=reg", "imagePullSecrets.0", id="pull-secret-key"),
+    pytest.param(
+        "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+        ".nodeSelectorTerms[0].matchExpressions[0].key=pool",
+        "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+        ".nodeSelectorTerms.0.matchExpressions.0",
+        id="affinity-operator-required",
+    ),
+    pytest.param("seccompProfile.type=Sometimes", "seccompProfile.type", id="seccomp-type"),
+    pytest.param("updateStrategy.type=Never", "updateStrategy.type", id="update-strategy-type"),
 ]
 
 
@@ -100,3 +119,41 @@ def test_good_values_of_every_kind_are_accepted(helm: Helm) -> None:
             "cniConfFileName=10-x.conflist",
         ]
     )
+
+
+def test_kubernetes_typed_values_of_every_form_are_accepted(helm: Helm) -> None:
+    docs = helm.render(
+        sets=[
+            "imagePullSecrets[0]=by-name",
+            "imagePullSecrets[1].name=as-kubernetes-writes-it",
+            "global.imagePullSecrets[0].name=from-global",
+            "tolerations[0].key=dedicated",
+            "tolerations[0].operator=Equal",
+            "tolerations[0].value=mesh",
+            "tolerations[0].effect=NoSchedule",
+            "tolerations[0].tolerationSeconds=30",
+            "resources.requests.cpu=1",
+            "resources.limits.memory=1Gi",
+            "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+            ".nodeSelectorTerms[0].matchExpressions[0].key=pool",
+            "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+            ".nodeSelectorTerms[0].matchExpressions[0].operator=In",
+            "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+            ".nodeSelectorTerms[0].matchExpressions[0].values[0]=mesh",
+            "appArmorProfile.type=Unconfined",
+            "updateStrategy.type=OnDelete",
+        ]
+    )
+    spec = next(d for d in docs if d["kind"] == "DaemonSet")["spec"]
+    pod = spec["template"]["spec"]
+    assert pod["imagePullSecrets"] == [
+        {"name": "by-name"},
+        {"name": "as-kubernetes-writes-it"},
+        {"name": "from-global"},
+    ]
+    assert pod["tolerations"][0]["tolerationSeconds"] == 30
+    assert pod["containers"][0]["resources"] == {
+        "requests": {"cpu": 1, "memory": "100Mi"},  # merged with the default, as Helm merges
+        "limits": {"memory": "1Gi"},
+    }
+    assert spec["updateStrategy"] == {"type": "OnDelete"}  # no rollingUpdate left from the default

@@ -97,11 +97,15 @@ def test_values_reach_the_config(helm: Helm, tmp_path: Path) -> None:
 
 
 def test_empty_exclude_list_loads_as_empty(helm: Helm, tmp_path: Path) -> None:
-    # `[]` is "none"; null (every value's default in values.yaml) means the built-in default.
+    # `[]` is "none", and so is null (Helm's merge drops the default list, as in any chart);
+    # a values file without the key keeps values.yaml's default.
     empty = tmp_path / "empty.yaml"
     empty.write_text("excludeNamespaces: []\n")
     assert load_rendered(helm, tmp_path, values=[empty]).excludeNamespaces == ()
-    assert load_rendered(helm, tmp_path, sets=["excludeNamespaces=null"]).excludeNamespaces == (
+    assert load_rendered(helm, tmp_path, sets=["excludeNamespaces=null"]).excludeNamespaces == ()
+    other = tmp_path / "other.yaml"
+    other.write_text("logLevel: debug\n")
+    assert load_rendered(helm, tmp_path, values=[other]).excludeNamespaces == (
         "istio-system",
         "kube-system",
     )

@@ -67,8 +67,8 @@ def test_check_fails_naming_the_readme_when_a_comment_changed(repo_copy: Path) -
 @pytest.mark.parametrize(
     ("old", "new", "key"),
     [
-        ('# -- Overrides the chart name in resource names. Default "".\n', "", "nameOverride"),
-        ('  # -- Value of that label. Default "true".\n', "", "repair.labelValue"),
+        ("# -- Overrides the chart name in resource names.\n", "", "nameOverride"),
+        ("  # -- Value of that label.\n", "", "repair.labelValue"),
     ],
     ids=["top-level", "nested"],
 )
@@ -106,6 +106,7 @@ def test_notes_say_what_was_installed_and_how_to_check_it(helm4: Helm) -> None:
     assert "DaemonSet istio-cni" in text
     assert "kubectl -n kube-system rollout status daemonset/istio-cni" in text
     assert "logs daemonset/istio-cni" in text and "READY" in text
+    assert "/var/run/netns holding the pods' namespaces" in text  # what readiness checks
     assert "/opt/cni/bin" in text and "chains it into" in text
 
 
@@ -133,3 +134,30 @@ def test_every_value_is_typed_in_the_schema() -> None:
                 walk(value, props[key], f"{path}.")
 
     walk(values, schema, "")
+
+
+def test_kubernetes_types_in_the_schema_are_up_to_date() -> None:
+    # ci/chart-schema writes them from the OpenAPI document of the Kubernetes release the test
+    # bed builds (ci/go/kubernetes/go.mod), found in the Go module cache.
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "ci" / "chart-schema"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_every_kubernetes_typed_value_refers_to_its_kubernetes_type() -> None:
+    schema = yaml.safe_load((CHART / "values.schema.json").read_text())
+    props = schema["properties"]
+    refs = {
+        "tolerations": props["tolerations"]["items"]["$ref"],
+        "affinity": props["affinity"]["then"]["$ref"],
+        "resources": props["resources"]["then"]["$ref"],
+        "imagePullSecrets": props["imagePullSecrets"]["items"]["anyOf"][1]["$ref"],
+    }
+    for value, ref in refs.items():
+        name = ref.removeprefix("#/definitions/")
+        assert name.startswith("io.k8s.api.core.v1."), (value, ref)
+        assert name in schema["definitions"], (value, ref)

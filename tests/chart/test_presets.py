@@ -1,11 +1,13 @@
 """What each platform preset changes, that `--set platform=X` renders exactly what
-`-f values-examples/X.yaml` renders, and that values set explicitly override a preset."""
+`-f values-examples/X.yaml` renders, that values differing from their default override a preset,
+and that a default given after the preset's values file is kept (with `platform` it is not)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
+import yaml
 
 from testbed.helm import Helm
 from tests.chart.conftest import (
@@ -125,7 +127,8 @@ def test_set_platform_renders_the_same_as_the_values_file(helm: Helm, platform: 
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_values_file_starts_with_a_comment_naming_its_source(platform: str) -> None:
     text = (EXAMPLES / f"{platform}.yaml").read_text()
-    header = text.split("\nplatform:")[0]
+    header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("#"))
+    assert "platform" not in yaml.safe_load(text), "the file sets no platform: values win over it"
     assert text.startswith("# "), f"{platform}.yaml must start with a comment"
     assert "What differs" in header and "Source" in header
     assert f"--set platform={platform}" in header
@@ -141,19 +144,6 @@ def test_values_file_starts_with_a_comment_naming_its_source(platform: str) -> N
                 and host_paths(d)["cni-conf-dir"] == K3S_CONF
             ),
         ),
-        (["platform=openshift", "chained=true"], lambda d: agent_config(d)["chained"] is True),
-        (
-            ["platform=openshift", "cniConfFileName="],
-            lambda d: agent_config(d)["cniConfFileName"] == "",
-        ),
-        (
-            ["platform=openshift", "provider="],
-            lambda d: of_kind(d, "NetworkAttachmentDefinition") == [],
-        ),
-        (
-            ["platform=openshift", "psp_cluster_role="],
-            lambda d: all(b["roleRef"]["kind"] == "Role" for b in of_kind(d, "RoleBinding")),
-        ),
         (
             ["platform=minikube", "cniNetnsDir=/run/netns"],
             lambda d: host_paths(d)["cni-netns-dir"] == "/run/netns",
@@ -164,19 +154,63 @@ def test_values_file_starts_with_a_comment_naming_its_source(platform: str) -> N
                 agent_container(d)["securityContext"]["seLinuxOptions"] == {"type": "container_t"}
             ),
         ),
+        (
+            ["platform=openshift", "cniConfFileName=other.conf"],
+            lambda d: agent_config(d)["cniConfFileName"] == "other.conf",
+        ),
     ],
-    ids=[
-        "bin-dir",
-        "chained",
-        "empty-conf-file-name",
-        "no-multus",
-        "no-scc",
-        "netns-dir",
-        "selinux-type",
-    ],
+    ids=["bin-dir", "netns-dir", "selinux-type", "conf-file-name"],
 )
 def test_explicit_value_overrides_the_preset(helm: Helm, sets: list[str], check: Any) -> None:
     assert check(helm.render(sets=sets))
+
+
+# A value equal to its default counts as not given (values.yaml holds the defaults, so the chart
+# cannot tell it from one left alone): `platform` replaces it. The preset's values file, which
+# sets no `platform`, lets the same values be given and then overridden even to a default.
+KEEP_A_DEFAULT = [
+    pytest.param(
+        "openshift", ["chained=true"], lambda d: agent_config(d)["chained"] is True, id="chained"
+    ),
+    pytest.param(
+        "openshift",
+        ["cniConfFileName="],
+        lambda d: agent_config(d)["cniConfFileName"] == "",
+        id="empty-conf-file-name",
+    ),
+    pytest.param(
+        "openshift",
+        ["provider="],
+        lambda d: of_kind(d, "NetworkAttachmentDefinition") == [],
+        id="no-multus",
+    ),
+    pytest.param(
+        "openshift",
+        ["psp_cluster_role="],
+        lambda d: all(b["roleRef"]["kind"] == "Role" for b in of_kind(d, "RoleBinding")),
+        id="no-scc",
+    ),
+    pytest.param(
+        "minikube",
+        ["cniNetnsDir=/var/run/netns"],
+        lambda d: host_paths(d)["cni-netns-dir"] == "/var/run/netns",
+        id="netns-dir",
+    ),
+]
+
+
+@pytest.mark.parametrize(("platform", "sets", "check"), KEEP_A_DEFAULT)
+def test_a_default_given_with_the_preset_is_replaced_by_it(
+    helm: Helm, platform: str, sets: list[str], check: Any
+) -> None:
+    assert not check(helm.render(sets=[f"platform={platform}", *sets]))
+
+
+@pytest.mark.parametrize(("platform", "sets", "check"), KEEP_A_DEFAULT)
+def test_a_default_given_after_the_preset_file_is_kept(
+    helm: Helm, platform: str, sets: list[str], check: Any
+) -> None:
+    assert check(helm.render(values=[EXAMPLES / f"{platform}.yaml"], sets=sets))
 
 
 def test_values_file_and_explicit_override_combine(helm: Helm) -> None:
@@ -206,7 +240,8 @@ def test_extra_network_attachment_namespaces(helm: Helm) -> None:
 def test_gke_quota_for_node_critical_pods_outside_kube_system(
     helm: Helm, namespace: str, sets: list[str], quota: bool
 ) -> None:
-    docs = helm.render(sets=["platform=gke", *sets], namespace=namespace)
+    # The preset's values file: `resourceQuota.enabled=false` (the default) then wins over it.
+    docs = helm.render(values=[EXAMPLES / "gke.yaml"], sets=sets, namespace=namespace)
     quotas = of_kind(docs, "ResourceQuota")
     if not quota:
         assert quotas == []  # GKE's own quota admits them there; a second one would cap them

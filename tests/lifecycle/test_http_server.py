@@ -12,21 +12,24 @@ from testbed.agent_host import http_get
 
 
 class Flag:
-    def __init__(self, value: bool) -> None:
+    """A failing readiness check's reason, or None while it passes."""
+
+    def __init__(self, value: str | None) -> None:
         self.value = value
 
-    def __call__(self) -> bool:
-        return self.value
 
-
-def _broken() -> bool:
+def _broken() -> list[tuple[str, str]]:
     raise RuntimeError("boom")
 
 
 @pytest.fixture
 def server() -> Iterator[tuple[HttpServer, Flag, Flag]]:
-    a, b = Flag(True), Flag(True)
-    srv = HttpServer(port=0, host="127.0.0.1", checks=[("install", a), ("pods", b)])
+    a, b = Flag(None), Flag(None)
+
+    def failing() -> list[tuple[str, str]]:
+        return [(name, f.value) for name, f in (("install", a), ("pods", b)) if f.value]
+
+    srv = HttpServer(port=0, host="127.0.0.1", readiness=failing)
     srv.start()
     try:
         yield srv, a, b
@@ -35,13 +38,16 @@ def server() -> Iterator[tuple[HttpServer, Flag, Flag]]:
         srv.stop()  # idempotent
 
 
-def test_ready_only_when_every_check_is(server: tuple[HttpServer, Flag, Flag]) -> None:
+def test_ready_only_when_no_check_fails(server: tuple[HttpServer, Flag, Flag]) -> None:
     srv, a, b = server
     assert http_get(srv.bound_port, "/readyz") == (200, "ready\n")
-    b.value = False
-    assert http_get(srv.bound_port, "/readyz") == (503, "not ready: pods\n")
-    a.value = False
-    assert http_get(srv.bound_port, "/readyz") == (503, "not ready: install, pods\n")
+    b.value = "no cache"
+    assert http_get(srv.bound_port, "/readyz") == (503, "not ready: pods\npods: no cache\n")
+    a.value = "entry missing"
+    assert http_get(srv.bound_port, "/readyz") == (
+        503,
+        "not ready: install, pods\ninstall: entry missing\npods: no cache\n",
+    )
     assert http_get(srv.bound_port, "/healthz") == (200, "ok\n")
     assert http_get(srv.bound_port, "/nope")[0] == 404
 
@@ -61,10 +67,13 @@ def test_metrics_has_istio_names(server: tuple[HttpServer, Flag, Flag]) -> None:
 
 
 def test_raising_check_is_not_ready() -> None:
-    srv = HttpServer(port=0, host="127.0.0.1", checks=[("broken", _broken)])
+    srv = HttpServer(port=0, host="127.0.0.1", readiness=_broken)
     srv.start()
     try:
-        assert http_get(srv.bound_port, "/readyz") == (503, "not ready: broken\n")
+        assert http_get(srv.bound_port, "/readyz") == (
+            503,
+            "not ready: readiness\nreadiness: raised RuntimeError: boom\n",
+        )
     finally:
         srv.stop()
 

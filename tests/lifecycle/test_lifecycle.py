@@ -11,7 +11,15 @@ from typing import Any
 import pytest
 
 from agent.install import conflist
-from testbed.agent_host import Node, agent_command, agent_env, http_get, running_agent, wait_status
+from testbed.agent_host import (
+    Node,
+    agent_command,
+    agent_env,
+    http_get,
+    running_agent,
+    wait_installed,
+    wait_status,
+)
 from testbed.ports import free_port
 from testbed.wait import wait_for
 
@@ -32,12 +40,17 @@ def test_run_ready_heals_and_stops(node: Node, mode: str, kept: bool) -> None:
     port = free_port()
     config = node.write_config_yaml(metricsPort=port, uninstallOnStop=mode)
     with running_agent(agent_command("run", "--config", str(config))) as proc:
-        wait_status(port, "/readyz", 200)
+        wait_installed(port)
+        # Installed and serving, yet not Ready: this host process's API server cannot be
+        # reached, so no ADD could look its pod up (the readiness tiers reach one).
+        body = wait_status(port, "/readyz", 503)
+        assert body.startswith("not ready: api") and "\napi: the pod cache has not listed" in body
+        assert "install" not in body.splitlines()[0], body
         assert http_get(port, "/healthz")[0] == 200
         assert "istio_cni_install_ready 1.0" in http_get(port, "/metrics")[1]
         (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))  # entry dropped
         wait_for(lambda: _has_entry(node), "the dropped entry to be put back", 5)
-        wait_status(port, "/readyz", 200)
+        wait_installed(port)
         metrics = http_get(port, "/metrics")[1]
         assert 'istio_cni_install_heals_total{kind="config"} 1.0' in metrics
         code, err = proc.stop()
@@ -59,7 +72,7 @@ def test_named_primary_survives_uninstall_after_a_restart(node: Node) -> None:
             metricsPort=port, uninstallOnStop=mode, cniConfFileName="10-net.conflist"
         )
         with running_agent(agent_command("run", "--config", str(config))) as proc:
-            wait_status(port, "/readyz", 200)
+            wait_installed(port)
             assert _has_entry(node)
             code, err = proc.stop()
         assert code == 0, err
@@ -73,13 +86,34 @@ def test_not_ready_until_primary_appears(node: Node) -> None:
     config = node.write_config_yaml(metricsPort=port, uninstallOnStop="always")
     with running_agent(agent_command("run", "--config", str(config))) as proc:
         body = wait_status(port, "/readyz", 503)
-        assert "InstallWatcher" in body
+        assert body.startswith("not ready: install"), body
+        assert "\ninstall: " in body  # what is missing, from the installer
         assert http_get(port, "/healthz")[0] == 200
         (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
-        wait_status(port, "/readyz", 200)
+        wait_installed(port)
         code, err = proc.stop()
     assert code == 0, err
     assert node.conf("10-net.conflist") == LIST
+
+
+def test_a_wrong_netns_dir_keeps_it_not_ready_naming_the_value(node: Node) -> None:
+    (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
+    port = free_port()
+    wrong = node.root / "var-run-netns-typo"
+    config = node.write_config_yaml(metricsPort=port, cniNetnsDir=str(wrong))
+    with running_agent(agent_command("run", "--config", str(config))) as proc:
+        wait_installed(port)
+        for _ in range(20):  # probes do not log
+            body = wait_status(port, "/readyz", 503)
+        assert f"\nnetns-dir: cniNetnsDir {wrong} is not a directory" in body, body
+        metrics = http_get(port, "/metrics")[1]
+        assert 'istio_cni_ready_check{check="netns-dir"} 0.0' in metrics
+        assert 'istio_cni_ready_check{check="install"} 1.0' in metrics
+        code, log = proc.stop()
+    assert code == 0, log
+    failed = [line for line in log.splitlines() if "readiness check fails" in line]
+    assert [line for line in failed if "check=netns-dir" in line and str(wrong) in line], log
+    assert sum("check=netns-dir" in line for line in failed) == 1, failed
 
 
 def test_start_error_exits_nonzero_with_message(node: Node) -> None:
@@ -155,7 +189,7 @@ def test_sigterm_decides_from_daemonset_state(
         str(node.root / "state.json"),
     ]
     with running_agent(command) as proc:
-        wait_status(port, "/readyz", 200)
+        wait_installed(port)
         code, err = proc.stop()
     assert code == 0, err
     assert _has_entry(node) is kept

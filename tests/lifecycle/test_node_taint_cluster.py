@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from agent.kube import KubeClients, build_clients
@@ -252,19 +253,49 @@ def test_agent_with_the_setting_off_never_touches_the_node(
     assert "not-ready taint" not in a.log()
 
 
+@pytest.fixture
+def pods_reader(kube_core: Any, random_namespace_function_scope: Any) -> Iterator[str]:
+    """A ServiceAccount that may read pods (an ADD's lookups need that) and nothing else: no
+    `nodes` patch. Its ClusterRole and binding are deleted at the end."""
+    namespace = random_namespace_function_scope.name
+    kube_core.create_namespaced_service_account(
+        namespace, {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "no-rbac"}}
+    )
+    rbac: Any = k8s.RbacAuthorizationV1Api(kube_core.api_client)  # JSON bodies, as the API takes
+    name = f"pods-reader-{namespace}"
+    role: dict[str, Any] = {
+        "metadata": {"name": name},
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
+    }
+    binding: dict[str, Any] = {
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": "no-rbac", "namespace": namespace}],
+    }
+    rbac.create_cluster_role(role)
+    try:
+        rbac.create_cluster_role_binding(binding)
+        yield namespace
+    finally:
+        for delete in (rbac.delete_cluster_role_binding, rbac.delete_cluster_role):
+            try:
+                delete(name)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+
+
 def test_agent_without_rbac_stays_ready_and_keeps_trying(
     kube_core: Any,
     kube_config: str,
     make_node: Callable[..., str],
     make_identity: Callable[..., Any],
     agent: Callable[..., _Agent],
-    random_namespace_function_scope: Any,
+    pods_reader: str,
 ) -> None:
-    namespace = random_namespace_function_scope.name
-    kube_core.create_namespaced_service_account(
-        namespace, {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "no-rbac"}}
-    )
-    identity = make_identity(namespace, "no-rbac")
+    # Without the RBAC for the taint (`nodes` patch); with the pod reads every ADD needs, and
+    # without which the agent is not Ready at all (its `api` readiness check).
+    identity = make_identity(pods_reader, "no-rbac")
     name = make_node([OURS])
     a = agent(name, str(identity.kubeconfig), removeNotReadyTaint=True)
     wait_for(lambda: _ready(a.port), "the agent to be ready")

@@ -24,6 +24,7 @@ from testbed.agent_host import (
     agent_command,
     http_get,
     running_agent,
+    wait_installed,
     wait_status,
 )
 from testbed.node import NodePods
@@ -74,7 +75,7 @@ def logged(agent: RunningAgent, text: str) -> bool:
 def test_every_service_follows_a_reload(node: Node) -> None:
     config, old_port = start(node)
     with running_agent(agent_command("run", "--config", str(config))) as agent:
-        wait_status(old_port, "/readyz", 200)
+        wait_installed(old_port)
         assert excluded_in_entry(node) == ["kube-system"]
 
         new_port = free_port()
@@ -85,7 +86,7 @@ def test_every_service_follows_a_reload(node: Node) -> None:
             10,
             on_timeout=lambda: f"entry: {excluded_in_entry(node)}\n{agent.log.read_text()}",
         )
-        wait_status(new_port, "/readyz", 200)
+        wait_installed(new_port)
         assert http_get(new_port, "/healthz")[0] == 200
         assert "istio_cni_install_ready 1.0" in http_get(new_port, "/metrics")[1]
         wait_for(lambda: port_closed(old_port), f"old port {old_port} to close", 10)
@@ -98,7 +99,7 @@ def test_every_service_follows_a_reload(node: Node) -> None:
 def test_invalid_change_is_logged_and_ignored(node: Node) -> None:
     config, port = start(node)
     with running_agent(agent_command("run", "--config", str(config))) as agent:
-        wait_status(port, "/readyz", 200)
+        wait_installed(port)
         replace_config(config, metricsPort=free_port(), excludeNamespaces="team-b")  # not a list
         wait_for(
             lambda: logged(agent, "config file changed but is invalid"),
@@ -108,7 +109,7 @@ def test_invalid_change_is_logged_and_ignored(node: Node) -> None:
         )
         assert "excludeNamespaces" in agent.log.read_text()  # names the bad key
         # The old settings keep working: the same port serves, the entry is unchanged.
-        wait_status(port, "/readyz", 200)
+        wait_installed(port)
         assert excluded_in_entry(node) == ["kube-system"]
         assert not logged(agent, "restarting the services")
         assert agent.proc.poll() is None, agent.log.read_text()

@@ -42,7 +42,9 @@ def apply_rules(
         seen=seen or netns_look.look(netns_path),
     )
     routes.apply_routes(netns_path, config)
-    log.info("applied redirect rules", extra={"fields": {"netns": netns_path, "backend": chosen}})
+    # Debug: the caller logs each pod's result (the pod server, repair), and readiness applies
+    # rules in its scratch namespace every half minute.
+    log.debug("applied redirect rules", extra={"fields": {"netns": netns_path, "backend": chosen}})
     return chosen
 
 

@@ -91,6 +91,7 @@ istio.io/rev: {{ .revision | default "default" | quote }}
   "cniAgentRunDir" $v.cniAgentRunDir
   "hostProcDir" (include "istio-cni.hostProcDir" .)
   "mountedNetnsDir" (include "istio-cni.mountedNetnsDir" .)
+  "cniNetnsDir" $v.cniNetnsDir
   "metricsPort" (int $v.metricsPort)
   "metricsAddress" $v.metricsAddress
   "ruleBackend" $v.ruleBackend

@@ -3,23 +3,39 @@
 
   {{- $v := include "istio-cni.values" . | fromYaml }}
 
-values.yaml leaves every value null, so "set" means "not null". Layers, the later wins:
-  1. built-in defaults (files/defaults.yaml)
+values.yaml holds the defaults (copied to files/defaults.yaml, which templates can read); a value
+equal to its default counts as not given. Layers, the later wins:
+  1. the defaults
   2. global.* fallbacks (global.hub, global.logging.level, global.defaultResources, ...)
   3. Istio's profile / compatibilityVersion files (files/istio-profiles), then our platform preset
-  4. the values you set: our names, and Istio's spellings mapped onto them
+  4. the values given (those that differ from the defaults): our names, and Istio's spellings
+     mapped onto them
 Istio's `cni.X` means `X` (as Istio's zzy_descope_legacy.yaml). A setting given under two spellings
 (ours and an Istio alias, or X and a different cni.X) fails naming both.
 Keys starting with `_` are for templates only: _image, _pullSecrets, _env (extra container env),
-_ignored (Istio keys with no effect here), _profile, _resourceScope.
+_ignored (Istio keys with no effect here), _profile, _resourceScope, _presetSet (what the preset
+or profile replaced).
+The result is computed once per render and kept in the top-level context (every template of one
+chart shares it), as every template and several helpers ask for it.
 */}}
 {{- define "istio-cni.values" -}}
-{{- $user := .Values | toYaml | fromYaml -}}
+{{- if and (hasKey . "Release") (hasKey . "Values") (hasKey . "_istioCniValues") -}}
+{{- get . "_istioCniValues" -}}
+{{- else -}}
+{{- $text := include "istio-cni.resolve" . -}}
+{{- if and (hasKey . "Release") (hasKey . "Values") }}{{ $_ := set . "_istioCniValues" $text }}{{ end -}}
+{{- $text -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "istio-cni.resolve" -}}
+{{- $defaults := .Files.Get "files/defaults.yaml" | fromYaml -}}
+{{- $user := include "istio-cni.given" (dict "values" .Values "defaults" $defaults) | fromYaml -}}
 {{- $_ := unset $user "enabled" -}}
 {{- include "istio-cni.descope" (dict "values" $user "strict" true) -}}
 {{- $global := $user.global | default dict -}}
 {{- $_ := unset $user "global" -}}
-{{- $out := .Files.Get "files/defaults.yaml" | fromYaml -}}
+{{- $out := deepCopy $defaults -}}
 {{- $_ := unset $out "global" -}}
 {{- /* 2. global.* fallbacks */ -}}
 {{- include "istio-cni.overlay" (list $out (include "istio-cni.fromGlobal" $global | fromYaml)) -}}
@@ -35,14 +51,14 @@ _ignored (Istio keys with no effect here), _profile, _resourceScope.
 {{- range $files -}}
 {{- $text := $.Files.Get (printf "files/istio-profiles/%s" .file) -}}
 {{- if not $text -}}
-{{- fail (printf "unknown %s %q: see charts/istio-cni/files/istio-profiles for the ones Istio ships" .what .name) -}}
+{{- fail (printf "values: unknown %s %q: see charts/istio-cni/files/istio-profiles for the ones Istio ships" .what .name) -}}
 {{- end -}}
 {{- $profile := $text | fromYaml -}}
 {{- include "istio-cni.descope" (dict "values" $profile "strict" false) -}}
 {{- /* A profile's global.* names images and proxies of other charts (ambient's distroless
     variant is a tag we do not publish): ignored. */ -}}
 {{- $_ := unset $profile "global" -}}
-{{- $mapped := include "istio-cni.fromIstio" (dict "values" $profile "ctx" $) | fromYaml -}}
+{{- $mapped := include "istio-cni.fromIstio" (dict "values" $profile "defaults" $defaults) | fromYaml -}}
 {{- $_ := unset $mapped "_ignored" -}}
 {{- include "istio-cni.overlay" (list $out $mapped) -}}
 {{- end -}}
@@ -50,12 +66,12 @@ _ignored (Istio keys with no effect here), _profile, _resourceScope.
 {{- if $platform -}}
 {{- $presets := include "istio-cni.presets" . | fromYaml -}}
 {{- if not (hasKey $presets $platform) -}}
-{{- fail (printf "unknown platform %q: one of %s" $platform (keys $presets | sortAlpha | join ", ")) -}}
+{{- fail (printf "values: unknown platform %q: one of %s" $platform (keys $presets | sortAlpha | join ", ")) -}}
 {{- end -}}
 {{- include "istio-cni.overlay" (list $out (get $presets $platform)) -}}
 {{- end -}}
 {{- /* 4. the values you set */ -}}
-{{- $mine := include "istio-cni.fromIstio" (dict "values" $user "ctx" $) | fromYaml -}}
+{{- $mine := include "istio-cni.fromIstio" (dict "values" $user "defaults" $defaults) | fromYaml -}}
 {{- $ignored := $mine._ignored | default list -}}
 {{- if not (kindIs "invalid" $global.networkPolicy) }}{{ $ignored = append $ignored "global.networkPolicy" }}{{ end -}}
 {{- $_ := unset $mine "_ignored" -}}
@@ -92,6 +108,44 @@ _ignored (Istio keys with no effect here), _profile, _resourceScope.
 {{- toYaml $out -}}
 {{- end -}}
 
+{{/*
+The values given, for (dict "values" .Values "defaults" D): .Values (Helm's merge of the values
+given over values.yaml) without the values equal to their default, so that "given" means "differs
+from the default". The groups (repair, ambient, ...) are compared key by key; any other value
+(a map such as resources, a list such as tolerations) as a whole. Keys values.yaml does not have
+(Istio's spellings) are given whenever present.
+*/}}
+{{- define "istio-cni.given" -}}
+{{- $defaults := .defaults -}}
+{{- $out := dict -}}
+{{- range $key, $value := .values -}}
+{{- if not (hasKey $defaults $key) -}}
+{{- $_ := set $out $key $value -}}
+{{- else if and (has $key (list "repair" "ambient" "resourceQuota" "podMonitor" "prometheusRule" "dashboards" "global")) (kindIs "map" $value) -}}
+{{- $group := dict -}}
+{{- $groupDefaults := index $defaults $key -}}
+{{- range $sub, $subValue := $value -}}
+{{- if or (not (hasKey $groupDefaults $sub)) (ne (toJson $subValue) (toJson (index $groupDefaults $sub))) -}}
+{{- $_ := set $group $sub $subValue -}}
+{{- end -}}
+{{- end -}}
+{{- if $group }}{{ $_ := set $out $key $group }}{{ end -}}
+{{- else if ne (toJson $value) (toJson (index $defaults $key)) -}}
+{{- $_ := set $out $key $value -}}
+{{- end -}}
+{{- end -}}
+{{- /* A map or list given as null is gone from .Values (Helm's merge deletes it): none, as in
+    any chart (`seccompProfile: null`, `tolerations: null`). A null scalar or group means its
+    default. */ -}}
+{{- range $key, $default := $defaults -}}
+{{- if and (not (hasKey $.values $key)) (not (has $key (list "repair" "ambient" "resourceQuota" "podMonitor" "prometheusRule" "dashboards" "global"))) -}}
+{{- if kindIs "map" $default }}{{ $_ := set $out $key dict }}{{ end -}}
+{{- if kindIs "slice" $default }}{{ $_ := set $out $key list }}{{ end -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $out -}}
+{{- end -}}
+
 {{/* Whether a resource of scope "cluster" or "namespace" renders (Istio's global.resourceScope). */}}
 {{- define "istio-cni.inScope" -}}
 {{- $scope := (index . 0)._resourceScope -}}
@@ -101,7 +155,7 @@ _ignored (Istio keys with no effect here), _profile, _resourceScope.
 {{/* The agent image: `image` with a `/` is a full reference, else <hub>/<image>:<tag>[-<variant>]. */}}
 {{- define "istio-cni.imageRef" -}}
 {{- $v := .v -}}
-{{- $image := toString $v.image -}}
+{{- $image := toString ($v.image | default "istio-cni") -}}
 {{- if contains "/" $image -}}
 {{- $image -}}
 {{- else -}}
@@ -154,7 +208,7 @@ set to different values fail naming both; otherwise (Istio's profile files) cni.
 {{- include "istio-cni.descopeInto" (dict "dst" $old "src" $value "path" (printf "%s%s." $path $key) "strict" $strict) -}}
 {{- else -}}
 {{- if and $strict (not (kindIs "invalid" $old)) (ne (toJson $old) (toJson $value)) -}}
-{{- fail (printf "%s%s and cni.%s%s are both set (%s, %s): cni.X is Istio's spelling of X, set it once" $path $key $path $key (toJson $old) (toJson $value)) -}}
+{{- fail (printf "values: %s%s and cni.%s%s are both given (%s and %s): cni.X is Istio's spelling of X; give it once (in your values files and --set)" $path $key $path $key (toJson $old) (toJson $value)) -}}
 {{- end -}}
 {{- $_ := set $dst $key $value -}}
 {{- end -}}
@@ -185,7 +239,7 @@ Order of precedence inside one layer does not exist: two spellings of one settin
 */}}
 {{- define "istio-cni.fromIstio" -}}
 {{- $v := .values -}}
-{{- $defaults := .ctx.Files.Get "files/defaults.yaml" | fromYaml -}}
+{{- $defaults := .defaults -}}
 {{- $st := dict "out" dict "from" dict -}}
 {{- $ignored := list -}}
 {{- /* Istio writes "" for "not set" here (hub, tag, pullPolicy, image ...). */ -}}
@@ -210,7 +264,7 @@ Order of precedence inside one layer does not exist: two spellings of one settin
 {{- end -}}
 {{- end -}}
 {{- /* Istio-only keys that act here as they do in Istio's chart. */ -}}
-{{- range $key := list "variant" "daemonSetLabels" "revision" "env" -}}
+{{- range $key := list "image" "variant" "daemonSetLabels" "revision" "env" -}}
 {{- $value := index $v $key -}}
 {{- if and (not (kindIs "invalid" $value)) (ne (toString $value) "") -}}
 {{- $_ := set $st.out $key $value -}}
@@ -262,7 +316,7 @@ Order of precedence inside one layer does not exist: two spellings of one settin
 {{- $raw := kindIs "invalid" $rawValue | ternary "" (toString $rawValue) -}}
 {{- if $raw -}}
 {{- if hasKey $flags $flag -}}
-{{- fail (printf "repair.%s and env.%s are both set: they are the same setting, set only one" $flag $envName) -}}
+{{- fail (printf "values: repair.%s and env.%s are both given: they are one setting; give only one (in your values files and --set)" $flag $envName) -}}
 {{- end -}}
 {{- $_ := set $flags $flag (eq (include "istio-cni.parseBool" (dict "name" (printf "env.%s" $envName) "value" $raw)) "true") -}}
 {{- $flagsFrom = append $flagsFrom (printf "env.%s" $envName) -}}
@@ -296,23 +350,23 @@ Order of precedence inside one layer does not exist: two spellings of one settin
 {{- $value = eq (include "istio-cni.parseBool" (dict "name" $where "value" $raw)) "true" -}}
 {{- else if eq $kind "port" -}}
 {{- if or (not (regexMatch "^[0-9]{1,5}$" $raw)) (lt (atoi $raw) 1) (gt (atoi $raw) 65535) -}}
-{{- fail (printf "%s: %q is not a port number (1-65535)" $where $raw) -}}
+{{- fail (printf "values: %s: %q is not a port number (1-65535)" $where $raw) -}}
 {{- end -}}
 {{- $value = atoi $raw -}}
 {{- else if eq $kind "exitcode" -}}
 {{- if or (not (regexMatch "^[0-9]{1,3}$" $raw)) (gt (atoi $raw) 255) -}}
-{{- fail (printf "%s: %q is not an exit code (0-255)" $where $raw) -}}
+{{- fail (printf "values: %s: %q is not an exit code (0-255)" $where $raw) -}}
 {{- end -}}
 {{- $value = atoi $raw -}}
 {{- else if eq $kind "path" -}}
-{{- if not (hasPrefix "/" $raw) }}{{ fail (printf "%s: %q is not an absolute path" $where $raw) }}{{ end -}}
+{{- if not (hasPrefix "/" $raw) }}{{ fail (printf "values: %s: %q is not an absolute path" $where $raw) }}{{ end -}}
 {{- else if eq $kind "namespace" -}}
-{{- if not (regexMatch "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$" $raw) }}{{ fail (printf "%s: %q is not a namespace name" $where $raw) }}{{ end -}}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$" $raw) }}{{ fail (printf "values: %s: %q is not a namespace name" $where $raw) }}{{ end -}}
 {{- else if eq $kind "ipv4" -}}
-{{- if not (regexMatch "^((25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])[.]){3}(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])$" $raw) }}{{ fail (printf "%s: %q is not an IPv4 address" $where $raw) }}{{ end -}}
+{{- if not (regexMatch "^((25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])[.]){3}(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])$" $raw) }}{{ fail (printf "values: %s: %q is not an IPv4 address" $where $raw) }}{{ end -}}
 {{- else if eq $kind "ipv6" -}}
 {{- /* A rough check; the agent parses it exactly at start, naming the key. */ -}}
-{{- if not (and (contains ":" $raw) (regexMatch "^[0-9A-Fa-f:.]+$" $raw)) }}{{ fail (printf "%s: %q is not an IPv6 address" $where $raw) }}{{ end -}}
+{{- if not (and (contains ":" $raw) (regexMatch "^[0-9A-Fa-f:.]+$" $raw)) }}{{ fail (printf "values: %s: %q is not an IPv6 address" $where $raw) }}{{ end -}}
 {{- else if eq $kind "list" -}}
 {{- $items := list -}}
 {{- range splitList "," $raw }}{{ with trim . }}{{ $items = append $items . }}{{ end }}{{ end -}}
@@ -325,7 +379,7 @@ Order of precedence inside one layer does not exist: two spellings of one settin
 {{- if and $raw (eq (include "istio-cni.parseBool" (dict "name" $where "value" $raw)) "true") }}{{ $backend = "nftables" }}{{ end -}}
 {{- else if eq $name "FORCE_IPTABLES_BINARY" -}}
 {{- if not (has $raw (list "" "legacy" "nft")) -}}
-{{- fail (printf "%s: %q is not one of legacy, nft (or empty)" $where $raw) -}}
+{{- fail (printf "values: %s: %q is not one of legacy, nft (or empty)" $where $raw) -}}
 {{- end -}}
 {{- if and $raw (ne $backend "nftables") }}{{ $backend = printf "iptables-%s" $raw }}{{ end -}}
 {{- else if eq $name "AMBIENT_ENABLEMENT_SELECTOR" -}}
@@ -358,7 +412,7 @@ Order of precedence inside one layer does not exist: two spellings of one settin
 {{/* Records one setting in (dict "st" "key" "value" "from"); a second spelling of it fails. */}}
 {{- define "istio-cni.put" -}}
 {{- with get .st.from .key -}}
-{{- fail (printf "%s and %s are both set: they are the same setting (%s here), set only one" . $.from $.key) -}}
+{{- fail (printf "values: %s and %s are both given: they are one setting (%s here); give only one (in your values files and --set)" . $.from $.key) -}}
 {{- end -}}
 {{- $_ := set .st.out .key .value -}}
 {{- $_ := set .st.from .key .from -}}
@@ -373,11 +427,11 @@ label selectors inside at start, naming the key.
 {{- $list := .value | fromYamlArray -}}
 {{- range $list -}}
 {{- if not (kindIs "map" .) -}}
-{{- fail (printf "%s: not a YAML list of {podSelector, namespaceSelector} (%s)" $.name (toString .)) -}}
+{{- fail (printf "values: %s: not a YAML list of {podSelector, namespaceSelector} (%s)" $.name (toString .)) -}}
 {{- end -}}
 {{- range $key, $_ := . -}}
 {{- if not (has $key (list "podSelector" "namespaceSelector")) -}}
-{{- fail (printf "%s: unknown key %q in an entry (known: podSelector, namespaceSelector)" $.name $key) -}}
+{{- fail (printf "values: %s: unknown key %q in an entry (known: podSelector, namespaceSelector)" $.name $key) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
@@ -388,6 +442,6 @@ label selectors inside at start, naming the key.
 {{- define "istio-cni.parseBool" -}}
 {{- if has .value (list "1" "t" "T" "TRUE" "true" "True") }}true
 {{- else if has .value (list "0" "f" "F" "FALSE" "false" "False") }}false
-{{- else }}{{ fail (printf "%s: %q is not a boolean (true or false)" .name .value) }}
+{{- else }}{{ fail (printf "values: %s: %q is not a boolean (true or false)" .name .value) }}
 {{- end -}}
 {{- end -}}
