@@ -29,7 +29,7 @@ from agent.install import stop_policy
 from agent.install.commands import make_installer
 from agent.install.installer import Installer
 from agent.install.watcher import InstallWatcher
-from agent.kube import KubeClients, build_clients
+from agent.kube import KubeClients, api, build_clients
 from agent.logs import setup_logging
 from agent.serving.limits import raise_descriptor_limit
 from agent.wiring import Service, Uninstalls, build_services, node_services
@@ -163,6 +163,7 @@ def _cluster_decider(pod: AgentPod, clients: KubeClients) -> StopDecider:
             pod_namespace=pod.pod_namespace,
             node_name=pod.node_name,
             clients=clients,
+            timeouts=api.Timeouts(settings.kubeApi),
         )
 
     return decide

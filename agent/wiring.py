@@ -25,7 +25,7 @@ from agent.config import Settings
 from agent.http_server import HttpServer
 from agent.install.installer import Installer
 from agent.install.watcher import InstallWatcher
-from agent.kube import KubeClients
+from agent.kube import KubeClients, api
 from agent.netns.look import netns_addresses
 from agent.node_taint import NodeTaintRemover
 from agent.podinput.tokens import Address
@@ -138,7 +138,12 @@ def node_services(
     if settings.removeNotReadyTaint:
         # Ready as /readyz reports it: every readiness check passes.
         built.services.append(
-            NodeTaintRemover(clients.core, node_name, is_ready=readiness.service().ready)
+            NodeTaintRemover(
+                clients.core,
+                node_name,
+                is_ready=readiness.service().ready,
+                timeouts=api.Timeouts(settings.kubeApi),
+            )
         )
     built.services.append(plugin_log_file.Forwarding(settings.cniAgentRunDir))  # an absent agent's
     return built
@@ -186,7 +191,8 @@ class AmbientParts:
 
         amb = settings.ambient
         self.settings = settings
-        self.namespaces = NamespaceCache(core, node_name)
+        timeouts = api.Timeouts(settings.kubeApi)
+        self.namespaces = NamespaceCache(core, node_name, timeouts=timeouts)
         self.ztunnel = ZdsServer(amb.ztunnelSocketPath)
         base = PodRuleOptions(
             ipv6=amb.ipv6,
@@ -205,7 +211,7 @@ class AmbientParts:
                 proc_dir=settings.hostProcDir,  # nftables: kubelet's UID, from the node's /proc
             ),
             ztunnel=self.ztunnel,
-            annotator=StatusAnnotator(core),
+            annotator=StatusAnnotator(core, timeouts),
             find_netns=find_netns
             or PodNetnsFinder(
                 proc_dir=settings.hostProcDir,
