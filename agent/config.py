@@ -20,13 +20,13 @@ from typing import Any, Literal, assert_never, get_args, get_origin, get_type_hi
 import yaml
 
 from agent import constants
-from agent.ambient.selectors import (
+from agent.errors import ConfigError
+from agent.label_selectors import (
     DEFAULT_ENABLEMENT_SELECTORS,
     EnablementSelector,
     SelectorError,
     parse_enablement_selectors,
 )
-from agent.errors import ConfigError
 from agent.log_levels import LogLevels, parse_log_levels
 
 DEFAULT_CONFIG_PATH = "/etc/istio-cni/config.yaml"
@@ -37,7 +37,7 @@ RuleBackend = Literal["auto", "python-iptables", "iptables-legacy", "iptables-nf
 UninstallOnStop = Literal["auto", "always", "never"]
 
 Check = Literal[
-    "abs_path", "file_name", "port", "ipv4", "ipv6", "address", "namespace", "log_level"
+    "abs_path", "file_name", "port", "ipv4", "ipv6", "address", "namespace", "log_level", "positive"
 ]
 """A check beyond the field's type, named in the field's metadata (`{"check": ...}`)."""
 ABS_PATH: Mapping[str, Check] = {"check": "abs_path"}
@@ -48,6 +48,7 @@ IPV6: Mapping[str, Check] = {"check": "ipv6"}
 ADDRESS: Mapping[str, Check] = {"check": "address"}
 NAMESPACE: Mapping[str, Check] = {"check": "namespace"}
 LOG_LEVEL: Mapping[str, Check] = {"check": "log_level"}
+POSITIVE: Mapping[str, Check] = {"check": "positive"}
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,25 @@ class RepairSettings:
     """Exit code of that container's failure (istio-validation's); 0 = any non-zero exit."""
     initContainerTerminationMessage: str = ""
     """When set, that failure must also have left this termination message."""
+
+
+@dataclass(frozen=True)
+class KubeApiSettings:
+    """How long the agent's calls to the Kubernetes API may take to answer, in seconds, by kind
+    of call (agent.kube.api adds the time to connect: 2 s where a CNI ADD waits, else 5 s)."""
+
+    lookupTimeoutSeconds: int = field(default=5, metadata=POSITIVE)
+    """GET of a pod or namespace that a CNI ADD waits for (not in the caches yet)."""
+    updateTimeoutSeconds: int = field(default=10, metadata=POSITIVE)
+    """Ambient's status annotation of a pod."""
+    listTimeoutSeconds: int = field(default=60, metadata=POSITIVE)
+    """The pod and namespace caches' full list."""
+    nodeTimeoutSeconds: int = field(default=15, metadata=POSITIVE)
+    """Reading this node and patching the not-ready taint away."""
+    stopTimeoutSeconds: int = field(default=5, metadata=POSITIVE)
+    """Each question of the stop policy at SIGTERM (the agent's pod, its DaemonSet, the node)."""
+    readinessTimeoutSeconds: int = field(default=3, metadata=POSITIVE)
+    """The readiness `api` check's list of this node's pods, until the pod cache has listed."""
 
 
 @dataclass(frozen=True)
@@ -169,6 +189,8 @@ class Settings:
     """Handling of pods that started before the plugin was in place."""
     ambient: AmbientSettings = field(default_factory=AmbientSettings)
     """Ambient mode (redirection to ztunnel)."""
+    kubeApi: KubeApiSettings = field(default_factory=KubeApiSettings)
+    """Timeouts of the calls to the Kubernetes API."""
 
     @property
     def log_levels(self) -> LogLevels:
@@ -312,6 +334,9 @@ def _check(check: Check, value: Any, *, source: str, name: str) -> None:
         case "namespace":
             if not _DNS1123_LABEL.match(value):
                 raise wrong("a namespace name")
+        case "positive":
+            if value < 1:
+                raise wrong("a positive integer")
         case "log_level":
             try:
                 parse_log_levels(value)

@@ -4,9 +4,13 @@ AgentError
  ├── ConfigError        bad config.yaml or flags: report and exit, never retry
  ├── InstallError       a step of install/uninstall failed on the node's files
  │    └── TransientInstallError   try again later (dir missing, primary config not there yet)
- └── RedirectError      rules could not be built or applied into a pod's netns
-      └── InvalidPodInputError    a value the pod controls is refused (names it)
-           └── InvalidAnnotationError  ... an annotation's
+ ├── RedirectError      rules could not be built or applied into a pod's netns
+ │    └── InvalidPodInputError    a value the pod controls is refused (names it)
+ │         └── InvalidAnnotationError  ... an annotation's
+ ├── MeshError          a step of enrolling or releasing an ambient pod failed
+ │    ├── NonRetryableAdd         the netns or the rules failed: a new sandbox, not a retry
+ │    └── ZtunnelPending          rules in, ztunnel has not taken the pod yet
+ └── AmbientLookupError an ambient pod's namespace could not be read
 """
 
 
@@ -37,3 +41,20 @@ class InvalidPodInputError(RedirectError):
 
 class InvalidAnnotationError(InvalidPodInputError):
     """A pod annotation holds a value the agent refuses (message names annotation and value)."""
+
+
+class MeshError(AgentError):
+    """A step of enrolling or releasing a pod failed; the message names the step and the pod."""
+
+
+class NonRetryableAdd(MeshError):
+    """Istio's ErrNonRetryableAdd: the netns or the rules failed; retrying the same add is
+    pointless (the CNI ADD fails, the runtime makes a new sandbox)."""
+
+
+class ZtunnelPending(MeshError):
+    """Rules are in, ztunnel did not take the pod (away or refused): annotated `pending`."""
+
+
+class AmbientLookupError(AgentError):
+    """The pod's namespace could not be read and the detection retry demands an answer."""

@@ -1,5 +1,6 @@
 """`istio-cni-agent run`: install, start the services, wait for SIGTERM, stop them, then
-uninstall or keep as the stop policy decides. Everything else lives in the modules it calls.
+uninstall or keep as the stop policy decides. The services are built by agent.wiring;
+everything else lives in the modules it calls.
 
 Start-up installs through the install watcher's own handler (`InstallWatcher.reconcile`), the
 one place that maps an install's outcome to metrics. A changed `config.yaml` reaches every
@@ -20,137 +21,20 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from types import FrameType
-from typing import Protocol
 
-from agent import plugin_log_file
-from agent.ambient.watch_service import AmbientParts
 from agent.config import DEFAULT_CONFIG_PATH, Settings, load_settings
 from agent.downward import AgentPod
 from agent.errors import AgentError, ConfigError, InstallError
-from agent.http_server import HttpServer
 from agent.install import stop_policy
 from agent.install.commands import make_installer
 from agent.install.installer import Installer
 from agent.install.watcher import InstallWatcher
-from agent.kube import KubeClients, build_clients
+from agent.kube import KubeClients, api, build_clients
 from agent.logs import setup_logging
-from agent.node_taint import NodeTaintRemover
-from agent.podnetns.addresses import netns_addresses
-from agent.podnetns.finder import PodNetnsFinder
-from agent.podserver.redirect import RulesRedirector
-from agent.podserver.sandboxes import SandboxStore
-from agent.podserver.service import PodService
-from agent.readiness.build import build_readiness
-from agent.repair.service import RepairService
-from agent.rules.footprint import ours_present
 from agent.serving.limits import raise_descriptor_limit
+from agent.wiring import Service, Uninstalls, build_services, node_services
 
 log = logging.getLogger(__name__)
-
-
-class Service(Protocol):
-    """A long-running part: start() returns once running; stop() returns once its threads ended."""
-
-    def start(self) -> None: ...
-
-    def stop(self) -> None: ...
-
-
-def build_services(
-    settings: Settings,
-    installer: Installer,
-    *,
-    config_path: str,
-    node_name: str,
-    clients: KubeClients,
-    watcher: InstallWatcher | None = None,
-) -> list[Service]:
-    """The services of the agent, started in this order and stopped in reverse: the install
-    watcher (built here unless given), then the node services."""
-    watcher = watcher or InstallWatcher(installer, config_path=config_path)
-    return [watcher, *node_services(settings, watcher, node_name=node_name, clients=clients)]
-
-
-def node_services(
-    settings: Settings, watcher: InstallWatcher, *, node_name: str, clients: KubeClients
-) -> list[Service]:
-    """Every service after the watcher: built from `settings`, rebuilt on a config change."""
-    # One redirector: the pod server and repair decide and program pods the same way.
-    redirector = RulesRedirector(
-        exclude_namespaces=settings.excludeNamespaces, backend=settings.ruleBackend
-    )
-    # Pods' netns by identity: the runtime's word at ADD, else the pod's processes' cgroups.
-    sandboxes = SandboxStore()
-    find_netns = PodNetnsFinder(
-        proc_dir=settings.hostProcDir,
-        netns_dir=settings.mountedNetnsDir,
-        read_addresses=netns_addresses,
-        recorded=sandboxes.netns_of,
-    )
-    ambient = (
-        AmbientParts(settings, node_name=node_name, core=clients.core, find_netns=find_netns)
-        if settings.ambient.enabled
-        else None
-    )
-    readiness = build_readiness(
-        settings, watcher, redirector, node_name=node_name, core=clients.core
-    )
-    pods = PodService(
-        settings,
-        node_name,
-        lambda: clients,
-        install_ready=watcher.ready,
-        redirector=redirector,
-        ambient=ambient.enroller if ambient else None,
-        sandboxes=sandboxes,
-        on_add_netns=readiness.netns_dir.saw_add,
-    )
-    services: list[Service] = [pods]
-    readiness.watch_pods(pods)
-    if ambient is not None:
-        # After the pod service (its pod cache feeds the watch); ready once ZDS listens.
-        zds = ambient.service(pods.pods)
-        services.append(zds)
-        readiness.watch_ambient(zds, settings.ambient.ztunnelSocketPath)
-    if settings.repair.enabled:
-        services.append(_repair_service(settings, node_name, pods, clients, redirector, find_netns))
-    # After the parts it checks: its first round runs as it starts.
-    services.append(readiness.service())
-    services.append(
-        HttpServer(
-            port=settings.metricsPort,
-            host=settings.metricsAddress,
-            readiness=readiness.service().failing,
-        )
-    )
-    if settings.removeNotReadyTaint:
-        # Ready as /readyz reports it: every readiness check passes.
-        services.append(
-            NodeTaintRemover(clients.core, node_name, is_ready=readiness.service().ready)
-        )
-    services.append(plugin_log_file.Forwarding(settings.cniAgentRunDir))  # an absent agent's
-    return services
-
-
-def _repair_service(
-    settings: Settings,
-    node_name: str,
-    pods: PodService,
-    clients: KubeClients,
-    redirector: RulesRedirector,
-    find_netns: PodNetnsFinder,
-) -> RepairService:
-    return RepairService(
-        settings=settings,
-        node_name=node_name,
-        pods=pods.pods,
-        core=clients.core,
-        should_redirect=lambda pod: redirector.decide(pod).redirect,
-        redirect=lambda pod, netns: redirector.apply(netns, pod),
-        rules_in_place=lambda pod, netns: redirector.present(netns, pod),
-        ours_present=ours_present,
-        find_netns=find_netns,
-    )
 
 
 def main(command: str, argv: list[str]) -> int:
@@ -224,18 +108,18 @@ def _serve(
         return 1
     if first.outcome == "waiting":
         log.info("not installed yet, watching: %s", first.error)
-    started = _start_all(
-        build_services(
-            settings,
-            installer,
-            config_path=config_path,
-            node_name=node_name,
-            clients=clients,
-            watcher=watcher,
-        )
+    built = build_services(
+        settings,
+        installer,
+        config_path=config_path,
+        node_name=node_name,
+        clients=clients,
+        watcher=watcher,
     )
+    started = _start_all(built.services)
     if started is None:
         return 1
+    uninstallers = built.uninstallers
     while not stop.is_set():
         changed = _next_reload(reloads, stop)
         if changed is None:
@@ -244,16 +128,16 @@ def _serve(
         log.info("restarting the services with the changed config")
         setup_logging(changed.log_levels, as_json=changed.logAsJson)
         _stop_all(started[1:])
-        restarted = _start_all(
-            node_services(changed, watcher, node_name=node_name, clients=clients)
-        )
+        rebuilt = node_services(changed, watcher, node_name=node_name, clients=clients)
+        restarted = _start_all(rebuilt.services)
         if restarted is None:
             _stop_all(started[:1])
             return 1
         started = [watcher, *restarted]
+        uninstallers = rebuilt.uninstallers
     _stop_all(started)
     decide = decide_on_stop or _cluster_decider(pod, clients)
-    return _finish(decide(installer.settings), installer, started)
+    return _finish(decide(installer.settings), installer, uninstallers)
 
 
 def _next_reload(reloads: queue.Queue[Settings], stop: threading.Event) -> Settings | None:
@@ -279,6 +163,7 @@ def _cluster_decider(pod: AgentPod, clients: KubeClients) -> StopDecider:
             pod_namespace=pod.pod_namespace,
             node_name=pod.node_name,
             clients=clients,
+            timeouts=api.Timeouts(settings.kubeApi),
         )
 
     return decide
@@ -309,7 +194,9 @@ def _stop_all(services: Sequence[Service]) -> None:
 
 
 def _finish(
-    decision: stop_policy.StopDecision, installer: Installer, services: Sequence[Service] = ()
+    decision: stop_policy.StopDecision,
+    installer: Installer,
+    uninstallers: Sequence[Uninstalls] = (),
 ) -> int:
     log.info(
         "uninstalling" if decision.uninstall else "keeping the plugin and its entry",
@@ -317,13 +204,11 @@ def _finish(
     )
     if not decision.uninstall:
         return 0  # ambient pods stay enrolled: the next agent reconciles them
-    for service in services:
-        uninstall = getattr(service, "uninstall", None)
-        if uninstall is not None:  # ambient: node-side probe rules and address set
-            try:
-                uninstall()
-            except Exception:
-                log.exception("uninstall of %s failed", type(service).__name__)
+    for service in uninstallers:  # ambient: node-side probe rules and address set
+        try:
+            service.uninstall()
+        except Exception:
+            log.exception("uninstall of %s failed", type(service).__name__)
     try:
         removed = installer.uninstall()
     except InstallError as e:

@@ -19,7 +19,6 @@ node is never read or written.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import threading
@@ -27,16 +26,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
+from agent.kube import api
 
 log = logging.getLogger(__name__)
 
 TAINT_KEY = "cni.istio.io/not-ready"
 """Istio's default PILOT_NODE_UNTAINT_CONTROLLERS_TAINT_NAME."""
-API_TIMEOUT = (5.0, 15.0)
-"""(connect, read) seconds of each API call."""
-CHANGED_UNDER_US = (409, 422)
-"""422: the JSON patch's `test` failed (the taints changed since we read them); 409: conflict."""
 
 
 @dataclass(frozen=True)
@@ -75,37 +70,29 @@ def removal_patch(taints: Sequence[dict[str, Any]], key: str) -> list[dict[str, 
     ]
 
 
-def remove_taint(core: Any, node_name: str, key: str = TAINT_KEY) -> list[str]:
+def remove_taint(
+    core: Any, node_name: str, key: str = TAINT_KEY, timeouts: api.Timeouts = api.DEFAULT_TIMEOUTS
+) -> list[str]:
     """One attempt: read the node, patch the taint away. Returns the removed taints' effects
-    (empty: there was none). Raises TaintChanged when the taints changed meanwhile, and
-    ApiException (or a connection error) when the API server cannot be asked."""
-    response = core.read_node(node_name, _preload_content=False, _request_timeout=API_TIMEOUT)
-    node: dict[str, Any] = json.loads(response.data)
+    (empty: there was none). Raises TaintChanged when the taints changed meanwhile (a 422: the
+    JSON patch's `test` failed; 409: conflict), and KubeApiError when the API server cannot be
+    asked."""
+    node = api.get_json(core.read_node, node_name, timeout=timeouts.node())
     taints: list[dict[str, Any]] = (node.get("spec") or {}).get("taints") or []
     patch = removal_patch(taints, key)
     if patch is None:
         return []
     try:
-        core.patch_node(
+        api.call(
+            core.patch_node,
             node_name,
             patch,
             _content_type="application/json-patch+json",
-            _preload_content=False,
-            _request_timeout=API_TIMEOUT,
+            timeout=timeouts.node(),
         )
-    except ApiException as e:
-        if e.status in CHANGED_UNDER_US:
-            raise TaintChanged(f"HTTP {e.status}: {_reason(e)}") from None
-        raise
+    except api.ApiConflict as e:
+        raise TaintChanged(f"HTTP {e.status}: {e.message}") from None
     return [str(t.get("effect", "")) for t in taints if t.get("key") == key]
-
-
-def _reason(e: ApiException) -> str:
-    try:
-        message = json.loads(e.body or "{}").get("message")
-    except (ValueError, AttributeError):
-        message = None
-    return str(message or e.reason)[:300]
 
 
 class NodeTaintRemover:
@@ -119,8 +106,10 @@ class NodeTaintRemover:
         is_ready: Callable[[], bool],
         key: str = TAINT_KEY,
         timing: TaintTiming | None = None,
+        timeouts: api.Timeouts = api.DEFAULT_TIMEOUTS,
     ) -> None:
         self._core = core
+        self._timeouts = timeouts
         self.node_name = node_name
         self._is_ready = is_ready
         self.key = key
@@ -176,7 +165,7 @@ class NodeTaintRemover:
         while not self._stop.is_set():
             self.attempts += 1
             try:
-                effects = remove_taint(self._core, self.node_name, self.key)
+                effects = remove_taint(self._core, self.node_name, self.key, self._timeouts)
             except TaintChanged as e:
                 changed_in_a_row += 1
                 log.info(
@@ -186,10 +175,8 @@ class NodeTaintRemover:
                 if changed_in_a_row <= self.timing.immediate_retries:
                     continue
                 error = str(e)
-            except ApiException as e:
-                error = f"HTTP {e.status}: {_reason(e)}"
-            except Exception as e:  # connection refused, timeout, bad answer: retry later
-                error = f"{type(e).__name__}: {str(e)[:300]}"
+            except Exception as e:  # an API error, connection refused, timeout: retry later
+                error = _error(e)
             else:
                 if effects:
                     log.info(
@@ -225,3 +212,11 @@ class NodeTaintRemover:
             if self._stop.wait(wait):
                 return False
         return False
+
+
+def _error(e: Exception) -> str:
+    """An answer as `HTTP <status>: <the API's message>`, else the transport's own words."""
+    if isinstance(e, api.KubeApiError) and e.answered:
+        return f"HTTP {e.status}: {e.message}"
+    cause = api.original(e)
+    return f"{type(cause).__name__}: {str(cause)[:300]}"

@@ -44,8 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.rules.apply import host_facts, rules_present
-from agent.rules.pod import capture_config_for_pod
+from agent.rules.sidecar.apply import host_facts, rules_present
+from agent.rules.sidecar.pod import capture_config_for_pod
 from testbed.controlplane import Binaries, ControlPlane
 from testbed.daemon import DaemonAgent, NodeDirs, cleanup_host_root, start_daemon_agent
 from testbed.node import new_core, pod_manifest, register_node

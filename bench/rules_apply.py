@@ -17,8 +17,9 @@ import sys
 import time
 import uuid
 
-from agent.rules.apply import BACKENDS, apply_rules
-from agent.rules.pod import capture_config_for_pod
+from agent.rules.backends import BACKENDS
+from agent.rules.sidecar.apply import apply_rules
+from agent.rules.sidecar.pod import capture_config_for_pod
 
 POD = {
     "kind": "Pod",

@@ -1,8 +1,8 @@
 """Which pods are in the ambient mesh: the decisions of Istio's CNI node agent, as pure functions.
 
-Pods and namespaces are dicts as the Kubernetes API returns them (like `agent.rules.pod`). Each
-function follows Istio (cni/pkg/util: enablement_selector.go, podutil.go; cni/pkg/nodeagent:
-informers.go, meshdataplane_linux.go; cni/pkg/plugin/plugin.go):
+Pods and namespaces are dicts as the Kubernetes API returns them (like
+`agent.rules.sidecar.pod`). Each function follows Istio (cni/pkg/util: enablement_selector.go,
+podutil.go; cni/pkg/nodeagent: informers.go, meshdataplane_linux.go; cni/pkg/plugin/plugin.go):
 
 - `should_enroll`: would Istio redirect this pod to ztunnel? The enablement selectors over pod
   and namespace labels (Istio's default: pod `istio.io/dataplane-mode=ambient`, or namespace
@@ -28,7 +28,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from agent.ambient.selectors import DATAPLANE_MODE_LABEL, EnablementSelector, selector_matches
+from agent.label_selectors import DATAPLANE_MODE_LABEL, EnablementSelector, selector_matches
 
 REDIRECTION_ANNOTATION = "ambient.istio.io/redirection"
 """Set by the agent (never by users) to the pod's actual redirection state."""

@@ -30,8 +30,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from kubernetes.client.exceptions import ApiException
-
 from agent.ambient.dataplane import (
     AmbientPod,
     HostProbeRules,
@@ -45,27 +43,19 @@ from agent.ambient.enrollment import (
     annotation_patch,
     pod_ips,
 )
-from agent.ambient.overrides import OptionsFor, rule_options_for
-from agent.errors import AgentError, InvalidPodInputError
+from agent.errors import (
+    InvalidPodInputError,
+    MeshError,
+    NonRetryableAdd,
+    ZtunnelPending,
+)
+from agent.kube import api
 from agent.podinput import pod as podinput
+from agent.rules.ambient.overrides import OptionsFor, rule_options_for
 
 log = logging.getLogger(__name__)
 
 __all__ = ["MeshDataplane", "MeshError", "NonRetryableAdd", "ZtunnelPending", "rule_options_for"]
-HTTP_NOT_FOUND = 404
-
-
-class MeshError(AgentError):
-    """A step of enrolling or releasing a pod failed; the message names the step and the pod."""
-
-
-class NonRetryableAdd(MeshError):
-    """Istio's ErrNonRetryableAdd: the netns or the rules failed; retrying the same add is
-    pointless (the CNI ADD fails, the runtime makes a new sandbox)."""
-
-
-class ZtunnelPending(MeshError):
-    """Rules are in, ztunnel did not take the pod (away or refused): annotated `pending`."""
 
 
 class Annotator(Protocol):
@@ -84,25 +74,27 @@ class NetnsFinder(Protocol):
 class StatusAnnotator:
     """The real annotator: `PATCH pods/<name>/status` with Istio's merge patch."""
 
-    def __init__(self, core: Any) -> None:
+    def __init__(self, core: Any, timeouts: api.Timeouts = api.DEFAULT_TIMEOUTS) -> None:
         self._core = core
+        self._timeouts = timeouts
 
     def patch(self, namespace: str, name: str, patch: AnnotationPatch) -> None:
         try:
-            self._core.patch_namespaced_pod_status(
+            api.call(
+                self._core.patch_namespaced_pod_status,
                 name,
                 namespace,
                 patch.body,
                 _content_type=patch.content_type,
-                _request_timeout=(2, 10),
+                timeout=self._timeouts.update(),
+                raw=False,
             )
-        except ApiException as e:
-            if e.status == HTTP_NOT_FOUND and patch.ignore_not_found:
+        except api.KubeApiError as e:
+            if isinstance(e, api.ApiNotFound) and patch.ignore_not_found:
                 return
-            raise MeshError(
-                f"annotate pod {namespace}/{name} ({patch.data.decode()}): "
-                f"API server answered {e.status} {e.reason}"
-            ) from e
+            if not e.answered:
+                raise  # no answer: the caller names the step, as for any other failure
+            raise MeshError(f"annotate pod {namespace}/{name} ({patch.data.decode()}): {e}") from e
 
 
 def _meta(pod: Mapping[str, Any]) -> Mapping[str, Any]:

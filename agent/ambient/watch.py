@@ -29,8 +29,8 @@ from agent.ambient.enrollment import (
     pod_update_action,
     release_on_delete,
 )
-from agent.ambient.mesh import NonRetryableAdd
-from agent.ambient.selectors import EnablementSelector
+from agent.errors import NonRetryableAdd
+from agent.label_selectors import EnablementSelector
 
 log = logging.getLogger(__name__)
 

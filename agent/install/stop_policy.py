@@ -9,15 +9,12 @@ upgrade keeps them; keeping then would leave every node with an entry no agent s
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 log = logging.getLogger(__name__)
-
-API_TIMEOUT_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -115,22 +112,24 @@ def _expr_matches(expr: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
 
 
 def fetch_state(
-    clients: Any, *, pod_name: str, pod_namespace: str, node_name: str
+    clients: Any,
+    *,
+    pod_name: str,
+    pod_namespace: str,
+    node_name: str,
+    timeouts: Any = None,
 ) -> ClusterState | None:
     """Own pod -> owning DaemonSet (None if gone) and this node, as plain JSON objects.
 
-    `clients` is agent.kube.KubeClients. Returns None when the pod has no DaemonSet owner.
+    `clients` is agent.kube.KubeClients; `timeouts` agent.kube.api.Timeouts (default: the
+    settings' defaults). Returns None when the pod has no DaemonSet owner.
     """
-    from kubernetes.client.exceptions import ApiException
+    from agent.kube import api  # the Kubernetes client only when the cluster is asked
 
+    timeout = (timeouts or api.DEFAULT_TIMEOUTS).stop()
     try:
-        pod = _raw(
-            clients.core.read_namespaced_pod(
-                pod_name,
-                pod_namespace,
-                _preload_content=False,
-                _request_timeout=API_TIMEOUT_SECONDS,
-            )
+        pod = api.get_json(
+            clients.core.read_namespaced_pod, pod_name, pod_namespace, timeout=timeout
         )
         owner = next(
             (
@@ -143,17 +142,13 @@ def fetch_state(
         if owner is None:
             return None
         try:
-            ds: Mapping[str, Any] | None = _raw(
-                clients.apps.read_namespaced_daemon_set(
-                    owner["name"],
-                    pod_namespace,
-                    _preload_content=False,
-                    _request_timeout=API_TIMEOUT_SECONDS,
-                )
+            ds: Mapping[str, Any] | None = api.get_json(
+                clients.apps.read_namespaced_daemon_set,
+                owner["name"],
+                pod_namespace,
+                timeout=timeout,
             )
-        except ApiException as e:
-            if e.status != 404:
-                raise
+        except api.ApiNotFound:
             ds = None
         if (
             ds is not None
@@ -163,27 +158,27 @@ def fetch_state(
             ds = None  # a new DaemonSet of the same name is not the one that made us
         node = None
         if node_name:
-            node = _raw(
-                clients.core.read_node(
-                    node_name, _preload_content=False, _request_timeout=API_TIMEOUT_SECONDS
-                )
-            )
+            node = api.get_json(clients.core.read_node, node_name, timeout=timeout)
         return ClusterState(daemonset=ds, node=node)
-    except ApiException as e:
-        if e.status in (401, 403):
+    except api.KubeApiError as e:
+        if isinstance(e, api.ApiForbidden):
             return ClusterState(revoked=f"HTTP {e.status} {e.reason}")
-        return ClusterState(error=f"HTTP {e.status} {e.reason}")
+        if e.answered:
+            return ClusterState(error=f"HTTP {e.status} {e.reason}")
+        cause = e.cause
+        return ClusterState(error=f"{type(cause).__name__}: {str(cause)[:200]}")
     except Exception as e:  # any other failure to ask means "keep" (fail closed)
         return ClusterState(error=f"{type(e).__name__}: {str(e)[:200]}")
 
 
-def _raw(response: Any) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(response.data)
-    return data
-
-
 def decide_from_cluster(
-    mode: str, *, pod_name: str, pod_namespace: str, node_name: str, clients: Any = None
+    mode: str,
+    *,
+    pod_name: str,
+    pod_namespace: str,
+    node_name: str,
+    clients: Any = None,
+    timeouts: Any = None,
 ) -> StopDecision:
     """The fetch part: ask the API server only when the mode leaves the choice to it.
 
@@ -204,7 +199,11 @@ def decide_from_cluster(
             return decide(mode, ClusterState(error=str(e)[:200]))
     try:
         state = fetch_state(
-            clients, pod_name=pod_name, pod_namespace=pod_namespace, node_name=node_name
+            clients,
+            pod_name=pod_name,
+            pod_namespace=pod_namespace,
+            node_name=node_name,
+            timeouts=timeouts,
         )
     finally:
         if own:

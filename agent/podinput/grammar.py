@@ -58,6 +58,15 @@ def go_bool(value: str) -> bool | None:
     return None
 
 
+def parse_bool(text: str) -> bool:
+    """Go's strconv.ParseBool, as flags and settings take it: any other text is an error."""
+    if text in GO_TRUE:
+        return True
+    if text in GO_FALSE:
+        return False
+    raise ValueError(f"{text!r} is not a boolean (true/false/1/0)")
+
+
 def interception_mode(value: str) -> InterceptionMode:
     if value == "TPROXY":
         return "TPROXY"

@@ -24,7 +24,8 @@ from typing import Any
 from prometheus_client import Counter
 
 from agent.errors import AgentError
-from agent.podnetns.scan import NetnsId, NetnsSeen, scan_node
+from agent.netns.look import NetnsId
+from agent.podnetns.scan import NetnsSeen, scan_node
 
 log = logging.getLogger(__name__)
 

@@ -14,10 +14,9 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from agent.netns.look import NetnsId
+from agent.netns.look import ident as netns_ident
 from agent.podnetns.cgroup import pod_uid_of_cgroups
-
-NetnsId = tuple[int, int]
-"""(st_dev, st_ino) of a network namespace."""
 
 
 @dataclass
@@ -32,10 +31,10 @@ class NetnsSeen:
 
 def scan_node(*, proc_dir: str, netns_dir: str) -> list[NetnsSeen]:
     """Every network namespace of the node except the node's own (that of `proc_dir`/1)."""
-    host = _ident(os.path.join(proc_dir, "1", "ns", "net"))
+    host = netns_ident(os.path.join(proc_dir, "1", "ns", "net"))
     seen: dict[NetnsId, NetnsSeen] = {}
     for pid, ns_path in _processes(proc_dir):
-        ident = _ident(ns_path)
+        ident = netns_ident(ns_path)
         if ident is None or ident == host:
             continue
         started = _start_time(os.path.join(proc_dir, pid, "stat"))
@@ -48,25 +47,12 @@ def scan_node(*, proc_dir: str, netns_dir: str) -> list[NetnsSeen]:
         if uid is not None and (uid not in entry.pods or started < entry.pods[uid]):
             entry.pods[uid] = started
     for mount in _mounts(netns_dir):
-        ident = _ident(mount)
+        ident = netns_ident(mount)
         if ident is None or ident == host:
             continue
         entry = seen.setdefault(ident, NetnsSeen(ident, mount))
         entry.path = mount  # a mount names it for as long as it exists
     return list(seen.values())
-
-
-def netns_ident(path: str) -> NetnsId | None:
-    """(st_dev, st_ino) of the namespace at `path`; None when it cannot be looked at."""
-    return _ident(path)
-
-
-def _ident(path: str) -> NetnsId | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
 
 
 def _processes(proc_dir: str) -> Iterator[tuple[str, str]]:

@@ -23,10 +23,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import urllib3
-from kubernetes.client.exceptions import ApiException
-
 from agent.errors import AgentError
+from agent.kube import api
 from agent.pods.metrics import CacheMetrics, default_cache_metrics
 
 log = logging.getLogger(__name__)
@@ -40,7 +38,6 @@ Listener = Callable[[str, "Obj | None", "Obj | None"], None]
 update, or delete (new None). Runs in the watch thread: it must only hand the change on."""
 
 HTTP_GONE = 410
-HTTP_NOT_FOUND = 404
 
 
 class PodLookupError(AgentError):
@@ -71,8 +68,10 @@ class ListWatchCache:
         get_first_delay_seconds: float = 0.125,
         backoff_max_seconds: float = 30.0,
         metrics: CacheMetrics | None = None,
+        timeouts: api.Timeouts = api.DEFAULT_TIMEOUTS,
     ) -> None:
-        """`core` is a kubernetes CoreV1Api; the timing arguments exist so tests can be quick."""
+        """`core` is a kubernetes CoreV1Api; the timing arguments exist so tests can be quick;
+        `timeouts`: the API calls' (from the settings)."""
         if not node_name:
             raise ValueError(f"{self.kind} cache: node name is empty (is NODE_NAME set?)")
         self._core = core
@@ -82,6 +81,7 @@ class ListWatchCache:
         self._get_tries = get_tries
         self._get_first_delay = get_first_delay_seconds
         self._backoff_max = backoff_max_seconds
+        self._timeouts = timeouts
         self._pods: dict[tuple[str, str], Pod] = {}
         self._changed = threading.Condition()  # guards _pods; notified on every change
         self._synced = threading.Event()
@@ -251,8 +251,7 @@ class ListWatchCache:
     def relist(self) -> str:
         """Replace the cache with a fresh list; returns its version. Listeners hear the difference
         (what a watch that missed events would have told them)."""
-        response = self._list(_preload_content=False, _request_timeout=(5, 60))
-        body = json.loads(response.data)
+        body = api.get_json(self._list, timeout=self._timeouts.list())
         pods = {self._obj_key(p): self._as_obj(p) for p in body.get("items") or []}
         version = str(body["metadata"]["resourceVersion"])
         with self._changed:
@@ -279,18 +278,16 @@ class ListWatchCache:
         """
         timeout = max(1, min(self._watch_timeout, int(self._next_resync - time.monotonic())))
         try:
-            response = self._list(
+            response = api.call(
+                self._list,
                 watch=True,
                 allow_watch_bookmarks=True,
                 resource_version=resource_version,
                 timeout_seconds=timeout,
-                _preload_content=False,
-                _request_timeout=(5, timeout + 30),
+                timeout=self._timeouts.watch(timeout),
             )
-        except ApiException as e:
-            if e.status == HTTP_GONE:
-                raise ResourceExpired(f"watch from {resource_version}: {e.reason}") from e
-            raise
+        except api.ApiGone as e:
+            raise ResourceExpired(f"watch from {resource_version}: {e.reason}") from e
         with self._response_lock:
             if self._stopping.is_set():
                 _cut(response)
@@ -350,18 +347,12 @@ class PodCache(ListWatchCache):
 
     def _read(self, namespace: str, name: str) -> Pod | None:
         try:
-            response = self._core.read_namespaced_pod(
-                name, namespace, _preload_content=False, _request_timeout=(2, 5)
+            return api.get_json(
+                self._core.read_namespaced_pod, name, namespace, timeout=self._timeouts.lookup()
             )
-            pod: Pod = json.loads(response.data)
-            return pod
-        except ApiException as e:
-            if e.status == HTTP_NOT_FOUND:
-                return None
-            raise PodLookupError(
-                f"get pod {namespace}/{name}: API server answered {e.status} {e.reason}"
-            ) from e
-        except (urllib3.exceptions.HTTPError, OSError, ValueError) as e:
+        except api.ApiNotFound:
+            return None
+        except api.KubeApiError as e:
             raise PodLookupError(f"get pod {namespace}/{name}: {e}") from e
 
 
@@ -417,5 +408,6 @@ def _cut(response: Any) -> None:
 
 
 def _short(error: BaseException) -> str:
+    error = api.original(error)  # as the client words it
     text = f"{type(error).__name__}: {error}"
     return text if len(text) <= 300 else text[:297] + "..."

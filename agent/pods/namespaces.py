@@ -3,13 +3,10 @@ the same list + watch loop as the pod cache."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-import urllib3
-from kubernetes.client.exceptions import ApiException
-
-from agent.pods.cache import HTTP_NOT_FOUND, ListWatchCache, Obj, PodLookupError
+from agent.kube import api
+from agent.pods.cache import ListWatchCache, Obj, PodLookupError
 
 Namespace = dict[str, Any]
 
@@ -35,16 +32,8 @@ class NamespaceCache(ListWatchCache):
 
     def _read(self, namespace: str, name: str) -> Obj | None:
         try:
-            response = self._core.read_namespace(
-                name, _preload_content=False, _request_timeout=(2, 5)
-            )
-            found: Obj = json.loads(response.data)
-            return found
-        except ApiException as e:
-            if e.status == HTTP_NOT_FOUND:
-                return None
-            raise PodLookupError(
-                f"get namespace {name}: API server answered {e.status} {e.reason}"
-            ) from e
-        except (urllib3.exceptions.HTTPError, OSError, ValueError) as e:
+            return api.get_json(self._core.read_namespace, name, timeout=self._timeouts.lookup())
+        except api.ApiNotFound:
+            return None
+        except api.KubeApiError as e:
             raise PodLookupError(f"get namespace {name}: {e}") from e

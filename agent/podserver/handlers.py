@@ -16,10 +16,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from agent.errors import AmbientLookupError, ZtunnelPending
 from agent.excerpt import bounded
 from agent.logs import LEVELS, PLUGIN_LOGGER
-from agent.podnetns.scan import netns_ident
-from agent.podserver.ambient import AmbientLookupError, ZtunnelPending
+from agent.netns.look import ident as netns_ident
 from agent.podserver.metrics import PluginMetrics
 from agent.podserver.sandboxes import Sandbox, SandboxStore
 from plugin import wire
@@ -114,7 +114,7 @@ class AmbientVerdict(Protocol):
 
 
 class Ambient(Protocol):
-    """Ambient enrollment (agent.podserver.ambient.AmbientEnroller)."""
+    """Ambient enrollment (agent.ambient.enroller.AmbientEnroller)."""
 
     def decide(self, pod: Mapping[str, Any]) -> AmbientVerdict: ...
 
@@ -124,7 +124,7 @@ class Ambient(Protocol):
 
 
 class Redirector(Protocol):
-    """The redirect operations on one pod (agent.podserver.redirect.RulesRedirector)."""
+    """The redirect operations on one pod (agent.rules.sidecar.redirector.RulesRedirector)."""
 
     def decide(self, pod: Mapping[str, Any]) -> Decision: ...
 

@@ -6,7 +6,8 @@ import threading
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from agent.podnetns.scan import NetnsId, netns_ident
+from agent.netns.look import NetnsId
+from agent.netns.look import ident as netns_ident
 
 
 @dataclass(frozen=True)

@@ -6,13 +6,13 @@ import logging
 from collections.abc import Callable
 
 from agent.config import Settings
-from agent.kube import KubeClients
+from agent.kube import KubeClients, api
 from agent.pods.cache import PodCache
 from agent.podserver.handlers import Ambient, PodHandlers, Redirector
 from agent.podserver.metrics import PluginMetrics, default_metrics
-from agent.podserver.redirect import RulesRedirector
 from agent.podserver.sandboxes import SandboxStore
 from agent.podserver.server import PodServer
+from agent.rules.sidecar.redirector import RulesRedirector
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,9 @@ class PodService:
         self._install_ready = install_ready
         self.sandboxes = sandboxes if sandboxes is not None else SandboxStore()
         """The sandboxes of the ADDs answered: pod UID -> the netns the runtime named."""
-        self.pods = cache or PodCache(kube_client_factory().core, node_name)
+        self.pods = cache or PodCache(
+            kube_client_factory().core, node_name, timeouts=api.Timeouts(settings.kubeApi)
+        )
         """The node's pod cache; repair reads it too."""
         if redirector is None:
             redirector = RulesRedirector(

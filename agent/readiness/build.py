@@ -1,4 +1,4 @@
-"""The agent's readiness checks, assembled from its parts (agent.lifecycle builds one per set of
+"""The agent's readiness checks, assembled from its parts (agent.wiring builds one per set of
 settings). In order, each with the period it is re-run at:
 
     install     2 s    checks.install_check
@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from agent.config import Settings
+from agent.kube import api
 from agent.readiness import checks
 from agent.readiness.netns_dir import NetnsDirCheck
 from agent.readiness.scratch import Rules, RulesCheck
@@ -49,6 +50,7 @@ class ReadinessParts:
     ) -> None:
         self._node_name = node_name
         self._core = core
+        self._timeouts = api.Timeouts(settings.kubeApi)
         self._pods: PodsView | None = None
         self.netns_dir = NetnsDirCheck(
             netns_dir=settings.cniNetnsDir, proc_dir=settings.hostProcDir, pod_uids=self._pod_uids
@@ -70,7 +72,10 @@ class ReadinessParts:
         assert self._service is None, "checks are added before service() is first asked for"
         self._pods = pods.pods
         self._checks.append(
-            Check("api", checks.api_check(pods.pods.ready, self._core, self._node_name))
+            Check(
+                "api",
+                checks.api_check(pods.pods.ready, self._core, self._node_name, self._timeouts),
+            )
         )
 
     def watch_ambient(self, service: Any, socket_path: str) -> None:

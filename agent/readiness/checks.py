@@ -15,10 +15,10 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from agent.kube import api
 from plugin import wire
 
 SOCKET_TIMEOUT_SECONDS = 2.0
-API_TIMEOUT_SECONDS = 3.0
 
 
 def install_check(
@@ -61,22 +61,29 @@ def _status_line(path: str) -> str:
     return data.split(b"\r\n", 1)[0].decode("latin-1")
 
 
-def api_check(synced: Callable[[], bool], core: Any, node_name: str) -> Callable[[], str | None]:
+def api_check(
+    synced: Callable[[], bool],
+    core: Any,
+    node_name: str,
+    timeouts: api.Timeouts = api.DEFAULT_TIMEOUTS,
+) -> Callable[[], str | None]:
     """Passes while the cache is synced; before that, while a list of the node's pods works."""
 
     def run() -> str | None:
         if synced():
             return None
         try:
-            core.list_pod_for_all_namespaces(
+            api.call(
+                core.list_pod_for_all_namespaces,
                 field_selector=f"spec.nodeName={node_name}",
                 limit=1,
-                _request_timeout=API_TIMEOUT_SECONDS,
+                timeout=timeouts.readiness(),
+                raw=False,
             )
         except Exception as e:  # any failure: the API cannot serve an ADD's lookup now
             return (
                 "the pod cache has not listed this node's pods and the API server does not "
-                f"answer a list of them: {_short(e)}"
+                f"answer a list of them: {_short(api.original(e))}"
             )
         return None
 
@@ -92,6 +99,6 @@ def ambient_check(ready: Callable[[], bool], socket_path: str) -> Callable[[], s
     return run
 
 
-def _short(error: Exception) -> str:
+def _short(error: BaseException) -> str:
     text = " ".join(str(error).split())
     return text[:200] + ("..." if len(text) > 200 else "")

@@ -24,7 +24,9 @@ import os
 import threading
 from collections.abc import Callable, Collection
 
-from agent.podnetns.scan import NetnsId, netns_ident, scan_node
+from agent.netns.look import NetnsId
+from agent.netns.look import ident as netns_ident
+from agent.podnetns.scan import scan_node
 
 PodUids = Callable[[], Collection[str]]
 """The UIDs of this node's pods that have a network namespace of their own (not hostNetwork)."""

@@ -29,7 +29,7 @@ SCRATCH_POD: Mapping[str, Any] = {
 
 
 class Rules(Protocol):
-    """The pod server's redirector (agent.podserver.redirect.RulesRedirector)."""
+    """The pod server's redirector (agent.rules.sidecar.redirector.RulesRedirector)."""
 
     def apply(self, netns: str, pod: Mapping[str, Any]) -> str: ...
 

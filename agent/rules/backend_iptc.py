@@ -93,8 +93,3 @@ def _apply_table(name: str, new: TableRules | None, owner: Ownership) -> None:
     if changed:
         table.commit()
     table.refresh()
-
-
-def present(netns_path: str, ruleset: RuleSet, owner: Ownership = SIDECAR) -> bool:
-    """Compare through iptables-legacy-save: python-iptables cannot print rules."""
-    return backend_restore.present(netns_path, ruleset, "legacy", owner=owner)

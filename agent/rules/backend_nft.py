@@ -1,11 +1,9 @@
-"""Apply rules as native nftables tables with one `nft -f` transaction inside the namespace.
+"""Run `nft` inside a namespace and compare what it lists: the nftables backend of both modes.
 
-Sidecar pods get Istio's native nftables rules (`apply_native`): the `inet istio-proxy-*`
-tables exactly as Istio's `--native-nftables` writes them, so `nft list ruleset` in the pod
-equals what Istio's own commands give. Our tables are declared, deleted and written anew in the
-same transaction, so the switch is atomic and applying twice leaves one copy; tables of other
-software are never named. `former_tables_script` deletes the `ip`/`ip6 istio-proxy-*` tables an
-earlier version wrote for ambient pods (agent.rules.ambient_nft_apply runs it on every apply).
+Each mode writes its tables in one transaction (agent.rules.sidecar.nft_apply,
+agent.rules.ambient.nft_apply); what is in place is compared with what `nft` itself lists for the
+wanted commands (`expected_listing`). `former_tables_script` deletes the `ip`/`ip6
+istio-proxy-*` tables an earlier version wrote for ambient pods (both modes run it).
 """
 
 from __future__ import annotations
@@ -17,46 +15,24 @@ import subprocess
 from agent.errors import RedirectError
 from agent.netns import run_command
 from agent.rules import tool_output
-from agent.rules.config import CaptureConfig
-from agent.rules.native_nft import TABLE_ORDER
-from agent.rules.render_nft import TABLE_PREFIX, render_native
+from agent.rules.nft import SIDECAR_PREFIX
 
 FORMER_TABLES = ("mangle", "nat", "raw")
-NATIVE_TABLES = tuple(f"inet {TABLE_PREFIX}{t}" for t in TABLE_ORDER)
 COUNTERS = re.compile(r"\bcounter packets \d+ bytes \d+")
 
 
-def native_script(config: CaptureConfig | None) -> str:
-    """Drop our inet tables (declared first so the delete is valid when absent), then Istio's
-    commands for `config`: tables Istio leaves out this time must not linger from last time."""
-    return drop_tables(NATIVE_TABLES) + (render_native(config) if config is not None else "")
-
-
-def remove_all(netns_path: str) -> None:
-    """Remove every table of ours (inet, and the former ip/ip6 ones) in one transaction."""
-    nft(netns_path, ["-f", "-"], native_script(None) + former_tables_script())
-
-
-def apply_native(netns_path: str, config: CaptureConfig | None) -> None:
-    """Program Istio's native nftables rules for a sidecar (None: remove them)."""
-    nft(netns_path, ["-f", "-"], native_script(config))
-
-
-def list_native(netns_path: str) -> str:
-    """Our inet tables as `nft list` prints them, counters stripped, in Istio's table order."""
+def list_tables(netns_path: str, tables: tuple[str, ...], *, terse: bool = False) -> str:
+    """Those of `tables` ("inet name") that exist, as `nft list` prints them (`terse`: without
+    set elements), counters stripped, in the order given."""
     listed = nft(netns_path, ["list", "tables", "inet"])
     present = {line.split()[2] for line in listed.splitlines() if line.startswith("table inet ")}
+    flags = ["-t"] if terse else []
     out = [
-        nft(netns_path, ["list", "table", *t.split()])
-        for t in NATIVE_TABLES
+        nft(netns_path, [*flags, "list", "table", *t.split()])
+        for t in tables
         if t.split()[1] in present
     ]
     return COUNTERS.sub("counter", "".join(out))
-
-
-def present_native(netns_path: str, config: CaptureConfig) -> bool:
-    """Are exactly Istio's rules for `config` in our inet tables?"""
-    return normalize(list_native(netns_path)) == normalize(expected_listing(render_native(config)))
 
 
 @functools.lru_cache(maxsize=64)
@@ -83,7 +59,9 @@ def former_tables_script() -> str:
     rules."""
     return drop_tables(
         tuple(
-            f"{family} {TABLE_PREFIX}{table}" for family in ("ip", "ip6") for table in FORMER_TABLES
+            f"{family} {SIDECAR_PREFIX}{table}"
+            for family in ("ip", "ip6")
+            for table in FORMER_TABLES
         )
     )
 

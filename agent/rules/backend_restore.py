@@ -56,7 +56,7 @@ def apply(
     owner: Ownership = SIDECAR,
 ) -> None:
     """Replace our rules (all families) with `ruleset`; None removes them. `empty`: families
-    known to hold none of our tables (agent.rules.probe), whose state need not be read.
+    known to hold none of our tables (agent.netns.look), whose state need not be read.
     `owner`: which chains and rules are ours to replace."""
     for family in (4, 6):
         fam: Family = 4 if family == 4 else 6

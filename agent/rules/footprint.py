@@ -2,18 +2,17 @@
 
 Ours: an `ISTIO_*` chain in any table of either iptables flavour and family (sidecar and ambient
 rules alike), or an `istio-proxy-*` / `istio-ambient-*` nftables table. The kernel's table lists
-(agent.rules.probe) say where there is nothing to read; only those places run a `-save` program.
+(agent.netns.look) say where there is nothing to read; only those places run a `-save` program.
 """
 
 from __future__ import annotations
 
 import shutil
 
+from agent.netns.look import look
 from agent.rules import backend_nft, backend_restore
-from agent.rules.ambient_nft import TABLE_PREFIX as AMBIENT_NFT_PREFIX
 from agent.rules.model import Family, is_our_chain
-from agent.rules.probe import probe
-from agent.rules.render_nft import TABLE_PREFIX as SIDECAR_NFT_PREFIX
+from agent.rules.nft import AMBIENT_PREFIX, SIDECAR_PREFIX
 
 _FAMILIES: tuple[Family, ...] = (4, 6)
 
@@ -21,7 +20,7 @@ _FAMILIES: tuple[Family, ...] = (4, 6)
 def ours_present(netns_path: str) -> bool:
     """True when the namespace holds any chain or table of ours; raises RedirectError when it
     cannot be read (then nobody can tell, and the caller must not act as if it were empty)."""
-    seen = probe(netns_path)
+    seen = look(netns_path)
     for variant in ("legacy", "nft"):
         for family in _FAMILIES:
             if seen.tables_absent(variant, family, ("mangle", "nat", "raw", "filter")):
@@ -37,4 +36,4 @@ def _nft_tables_present(netns_path: str) -> bool:
         return False
     listed = backend_nft.nft(netns_path, ["list", "tables"])
     names = [line.split()[-1] for line in listed.splitlines() if line.startswith("table ")]
-    return any(n.startswith((SIDECAR_NFT_PREFIX, AMBIENT_NFT_PREFIX)) for n in names)
+    return any(n.startswith((SIDECAR_PREFIX, AMBIENT_PREFIX)) for n in names)

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, assert_never
 
+from agent.netns.look import Family as Family  # declared once, with the kernel's tables
 from agent.podinput.tokens import (
     Address,
     ChainName,
@@ -34,7 +35,6 @@ from agent.podinput.tokens import (
     core,
 )
 
-Family = Literal[4, 6]
 TableName = Literal["mangle", "nat", "raw"]
 
 BUILTIN_CHAINS = frozenset({"INPUT", "OUTPUT", "FORWARD", "PREROUTING", "POSTROUTING"})

@@ -163,7 +163,7 @@ def builtin(chain: str) -> bool:
 class Ownership:
     """Which chains and built-in-chain rules one rule set owns: apply replaces only those,
     remove takes out only those. Sidecar mode owns every `ISTIO_*` chain; ambient owns a few
-    named chains and only its jumps into them (agent.rules.ambient)."""
+    named chains and only its jumps into them (agent.rules.ambient.builder)."""
 
     chain: Callable[[str], bool] = is_our_chain
     save_line: Callable[[str, str], bool] = is_our_save_line

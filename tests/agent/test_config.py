@@ -60,6 +60,10 @@ def test_values_are_read_and_nested_repair_applies(tmp_path: Path) -> None:
         ("repair: {mode: fix}\n", "key repair.mode must be one of"),
         ("repair: {colour: red}\n", "unknown key repair.colour"),
         ("cniConfFileName: ../x.conf\n", "key cniConfFileName must be a file name"),
+        (
+            "kubeApi: {lookupTimeoutSeconds: 0}\n",
+            "key kubeApi.lookupTimeoutSeconds must be a positive",
+        ),
         ("- a\n- b\n", "top level must be a mapping"),
         ("a: [\n", "not valid YAML"),
     ],
@@ -79,6 +83,7 @@ def test_values_are_read_and_nested_repair_applies(tmp_path: Path) -> None:
         "repair-mode",
         "repair-unknown",
         "file-name",
+        "kube-api-timeout",
         "not-mapping",
         "bad-yaml",
     ],

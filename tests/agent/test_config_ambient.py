@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.ambient.selectors import (
+from agent.config import AmbientSettings, Settings, load_settings, settings_from_mapping
+from agent.errors import ConfigError
+from agent.label_selectors import (
     DEFAULT_ENABLEMENT_SELECTORS,
     EnablementSelector,
     LabelSelector,
     LabelSelectorRequirement,
 )
-from agent.config import AmbientSettings, Settings, load_settings, settings_from_mapping
-from agent.errors import ConfigError
 
 ISTIO_DEFAULT_SELECTORS = """
 - podSelector:

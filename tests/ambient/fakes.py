@@ -8,13 +8,13 @@ from typing import Any
 
 from agent.ambient.dataplane import (
     AmbientPod,
-    PodRuleOptions,
     SnapshotSource,
     ZtunnelError,
     ZtunnelNotConnected,
 )
 from agent.ambient.enrollment import AnnotationPatch
 from agent.errors import RedirectError
+from agent.rules.ambient.options import PodRuleOptions
 
 Journal = list[tuple[str, ...]]
 

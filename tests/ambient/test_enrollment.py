@@ -20,7 +20,7 @@ from agent.ambient.enrollment import (
     release_on_delete,
     should_enroll,
 )
-from agent.ambient.selectors import (
+from agent.label_selectors import (
     DEFAULT_ENABLEMENT_SELECTORS,
     EnablementSelector,
     LabelSelector,

@@ -18,20 +18,20 @@ from typing import Any
 
 import pytest
 
-from agent.ambient.dataplane import PodRuleOptions
+from agent.ambient.enroller import AmbientEnroller
 from agent.ambient.mesh import MeshDataplane, StatusAnnotator, rule_options_for
-from agent.ambient.selectors import DEFAULT_ENABLEMENT_SELECTORS
+from agent.ambient.service import AmbientService
 from agent.ambient.watch import AmbientWatch
-from agent.ambient.watch_service import AmbientService
 from agent.ambient.zds import ZdsServer
 from agent.config import AmbientSettings, Settings
-from agent.podnetns.addresses import netns_addresses
+from agent.label_selectors import DEFAULT_ENABLEMENT_SELECTORS
+from agent.netns.look import netns_addresses
 from agent.podnetns.finder import PodNetnsFinder
 from agent.pods.cache import PodCache
 from agent.pods.namespaces import NamespaceCache
-from agent.podserver.ambient import AmbientEnroller
 from agent.podserver.service import PodService
-from agent.rules.ambient_apply import HostProbeRules, InpodRules
+from agent.rules.ambient.apply import HostProbeRules, InpodRules
+from agent.rules.ambient.options import PodRuleOptions
 from plugin import wire
 from testbed import kubepods, netns
 from testbed.kubepods import wait_for

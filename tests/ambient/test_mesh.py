@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from agent.ambient.dataplane import PodRuleOptions
 from agent.ambient.mesh import (
     MeshDataplane,
     MeshError,
@@ -16,6 +15,7 @@ from agent.ambient.mesh import (
     rule_options_for,
 )
 from agent.podinput.tokens import InterfaceName
+from agent.rules.ambient.options import PodRuleOptions
 from tests.ambient.fakes import (
     FakeAnnotator,
     FakeHostProbeRules,

@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from agent.ambient.dataplane import PodRuleOptions
+from agent.ambient.enroller import AmbientEnroller
 from agent.ambient.mesh import MeshDataplane, rule_options_for
-from agent.ambient.selectors import DEFAULT_ENABLEMENT_SELECTORS
+from agent.label_selectors import DEFAULT_ENABLEMENT_SELECTORS
 from agent.pods.cache import PodLookupError
-from agent.podserver.ambient import AmbientEnroller
 from agent.podserver.handlers import PodHandlers
 from agent.podserver.metrics import PluginMetrics
 from agent.podserver.sandboxes import SandboxStore
+from agent.rules.ambient.options import PodRuleOptions
 from plugin import wire
 from tests.ambient.fakes import (
     FakeAnnotator,

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from agent.ambient.enrollment import RedirectionState
-from agent.ambient.mesh import NonRetryableAdd
-from agent.ambient.selectors import DEFAULT_ENABLEMENT_SELECTORS
 from agent.ambient.watch import AmbientWatch, Event
+from agent.errors import NonRetryableAdd
+from agent.label_selectors import DEFAULT_ENABLEMENT_SELECTORS
 from testbed.wait import wait_for
 from tests.ambient.fakes import namespace, pod
 

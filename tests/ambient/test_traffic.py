@@ -31,13 +31,13 @@ from typing import Any
 
 import pytest
 
-from agent.ambient.dataplane import PodRuleOptions
 from agent.ambient.mesh import MeshDataplane, rule_options_for
 from agent.ambient.zds import ZdsServer
 from agent.constants import HOST_PROBE_SNAT_V4, HOST_PROBE_SNAT_V6
-from agent.podnetns.addresses import netns_addresses
+from agent.netns.look import netns_addresses
 from agent.podnetns.finder import PodNetnsFinder
-from agent.rules.ambient_apply import HostProbeRules, InpodRules
+from agent.rules.ambient.apply import HostProbeRules, InpodRules
+from agent.rules.ambient.options import PodRuleOptions
 from testbed import netns
 from testbed.kubepods import wait_for
 from testbed.ztunnel_double import HBONE_PORT, INBOUND_PORT, OUTBOUND_PORT, ZtunnelDouble

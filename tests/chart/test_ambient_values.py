@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.ambient.selectors import DEFAULT_ENABLEMENT_SELECTORS
 from agent.config import AmbientSettings, Settings, settings_from_mapping
+from agent.label_selectors import DEFAULT_ENABLEMENT_SELECTORS
 from testbed.helm import CHART, Helm
 from tests.chart.conftest import PLATFORMS, agent_config, host_paths, mounts, only, platform_values
 from tests.chart.test_bad_values import names_value

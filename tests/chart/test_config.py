@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import AmbientSettings, RepairSettings, Settings, load_settings
+from agent.config import AmbientSettings, KubeApiSettings, RepairSettings, Settings, load_settings
 from testbed.helm import Helm
 from tests.chart.conftest import PLATFORMS, agent_config, agent_container, only
 from tests.chart.conftest import platform_values as values_of
@@ -28,6 +28,7 @@ def test_config_names_exactly_the_settings_keys(helm: Helm) -> None:
     assert set(config) == {f.name for f in dataclasses.fields(Settings)}
     assert set(config["repair"]) == {f.name for f in dataclasses.fields(RepairSettings)}
     assert set(config["ambient"]) == {f.name for f in dataclasses.fields(AmbientSettings)}
+    assert set(config["kubeApi"]) == {f.name for f in dataclasses.fields(KubeApiSettings)}
 
 
 def test_default_values_give_the_agents_defaults(helm: Helm, tmp_path: Path) -> None:
@@ -68,6 +69,8 @@ def test_values_reach_the_config(helm: Helm, tmp_path: Path) -> None:
             "repair.labelKey=example.com/broken",
             "repair.labelValue=yes",
             "repair.initContainerName=check",
+            "kubeApi.lookupTimeoutSeconds=3",
+            "kubeApi.stopTimeoutSeconds=20",
         ],
     )
     assert settings == Settings(
@@ -93,6 +96,7 @@ def test_values_reach_the_config(helm: Helm, tmp_path: Path) -> None:
             labelValue="yes",
             initContainerName="check",
         ),
+        kubeApi=KubeApiSettings(lookupTimeoutSeconds=3, stopTimeoutSeconds=20),
     )
 
 

@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.ambient.selectors import EnablementSelector, parse_enablement_selectors
 from agent.config import settings_from_mapping
+from agent.label_selectors import EnablementSelector, parse_enablement_selectors
 from testbed.helm import CHART, Helm
 from testbed.parts import REPO_ROOT
 from tests.chart.conftest import agent_config, mounts, of_kind, only

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from agent.config import Settings
-from agent.podserver.redirect import RulesRedirector
 from agent.podserver.server import PodServer
+from agent.rules.sidecar.redirector import RulesRedirector
 from plugin import wire
 from testbed import netns
 from tests.foreign.roots import REPO, ForeignRoot, setup_roots

@@ -18,7 +18,6 @@ from kubernetes.client.exceptions import ApiException
 
 from agent.config import Settings
 from agent.kube import KubeClients
-from agent.lifecycle import build_services
 from agent.node_taint import (
     TAINT_KEY,
     NodeTaintRemover,
@@ -26,6 +25,7 @@ from agent.node_taint import (
     removal_patch,
     without_key,
 )
+from agent.wiring import build_services
 from testbed.wait import wait_for
 
 FAST = TaintTiming(ready_poll_seconds=0.01, initial_backoff_seconds=0.01, max_backoff_seconds=0.05)
@@ -263,7 +263,7 @@ def test_service_exists_only_when_enabled(enabled: bool, tmp_path: Any) -> None:
         config_path=str(tmp_path / "c.yaml"),
         node_name="node-1",
         clients=_clients(),
-    )
+    ).services
     removers = [s for s in services if isinstance(s, NodeTaintRemover)]
     assert len(removers) == (1 if enabled else 0)
     if enabled:

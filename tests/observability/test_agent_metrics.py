@@ -20,7 +20,7 @@ from agent.install.watcher import InstallWatcher
 from agent.pods.cache import PodCache, PodLookupError
 from agent.pods.metrics import CacheMetrics
 from agent.podserver.metrics import REFUSAL_REASONS, PluginMetrics
-from agent.podserver.redirect import RulesRedirector
+from agent.rules.sidecar.redirector import RulesRedirector
 from testbed import netns
 from testbed.agent_host import Node, make_node
 from testbed.wait import wait_for

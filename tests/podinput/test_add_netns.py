@@ -20,16 +20,16 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from agent.ambient.dataplane import PodRuleOptions
+from agent.ambient.enroller import AmbientEnroller
 from agent.ambient.mesh import MeshDataplane, rule_options_for
-from agent.ambient.selectors import DEFAULT_ENABLEMENT_SELECTORS
 from agent.config import Settings
-from agent.podserver.ambient import AmbientEnroller
+from agent.label_selectors import DEFAULT_ENABLEMENT_SELECTORS
 from agent.podserver.handlers import PodHandlers, Reply
 from agent.podserver.metrics import PluginMetrics
-from agent.podserver.redirect import RulesRedirector
 from agent.podserver.sandboxes import SandboxStore
-from agent.rules.ambient_apply import InpodRules
+from agent.rules.ambient.apply import InpodRules
+from agent.rules.ambient.options import PodRuleOptions
+from agent.rules.sidecar.redirector import RulesRedirector
 from plugin import wire
 from testbed import netns
 from tests.ambient.fakes import (

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from agent.podnetns.addresses import netns_addresses
+from agent.netns.look import netns_addresses
 from agent.podnetns.finder import PodNetnsFinder
 from testbed import netns
 from testbed.podcgroup import PodSandboxes

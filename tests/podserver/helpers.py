@@ -23,7 +23,7 @@ from agent.config import Settings
 from agent.podserver.handlers import Decision, PodHandlers
 from agent.podserver.metrics import PluginMetrics
 from agent.podserver.sandboxes import SandboxStore
-from agent.rules import pod as rules_pod
+from agent.rules.sidecar import pod as rules_pod
 from plugin import wire
 
 

@@ -1,5 +1,5 @@
-"""ADD through the handlers with the real decision table (agent.rules.pod.decide): the server
-redirects exactly the pods the table selects and replies with the table's reason."""
+"""ADD through the handlers with the real decision table (agent.rules.sidecar.pod.decide): the
+server redirects exactly the pods the table selects and replies with the table's reason."""
 
 from __future__ import annotations
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from agent.netns import run_in_netns
-from agent.podserver.redirect import RulesRedirector, ipv4_addresses_here, look_here
+from agent.netns.look import look_here
+from agent.rules.sidecar.redirector import RulesRedirector
 from testbed import netns
 from tests.podserver.helpers import make_pod
 
@@ -83,8 +84,8 @@ def families_with_rules(path: Path) -> set[int]:
 
 
 def test_the_look_sees_both_families(dual_netns: Path) -> None:
-    assert run_in_netns(str(dual_netns), ipv4_addresses_here) == ["127.0.0.1", V4]
     look = run_in_netns(str(dual_netns), look_here)
+    assert look.ipv4_addresses == ("127.0.0.1", V4)
     assert V4 in look.addresses and V6 in look.addresses
     assert look.addresses.index(V4) < look.addresses.index(V6)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agent.config import Settings
-from agent.podserver.redirect import RulesRedirector
+from agent.rules.sidecar.redirector import RulesRedirector
 from testbed import netns
 from tests.podserver.helpers import InMemoryPods, build_rig, cni_body, make_pod
 

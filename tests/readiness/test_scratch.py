@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-from agent.podserver.redirect import RulesRedirector
 from agent.readiness.scratch import RulesCheck, ScratchNetns
+from agent.rules.sidecar.redirector import RulesRedirector
 
 pytestmark = pytest.mark.netns
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.ambient.dataplane import PodRuleOptions
-from agent.rules.ambient import pod_rules, redirect_dns
+from agent.rules.ambient.builder import pod_rules, redirect_dns
+from agent.rules.ambient.options import PodRuleOptions
 from agent.rules.render_save import save_tables
 from tests.conformance_data import AMBIENT_DIR
 from tests.rules.conftest import golden_lines, run_rules

@@ -16,12 +16,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent.ambient.dataplane import PodRuleOptions
 from agent.netns import run_command
 from agent.podinput.tokens import Address, InterfaceName
-from agent.rules import ambient_nft, ambient_nft_apply, backend_nft, backend_restore
-from agent.rules.ambient import HOST_OWNERSHIP, POD_OWNERSHIP, host_rules, pod_rules
-from agent.rules.ambient_apply import HostProbeRules, InpodRules
+from agent.rules import backend_nft, backend_restore
+from agent.rules.ambient import nft as ambient_nft
+from agent.rules.ambient import nft_apply as ambient_nft_apply
+from agent.rules.ambient.apply import HostProbeRules, InpodRules
+from agent.rules.ambient.builder import HOST_OWNERSHIP, POD_OWNERSHIP, host_rules, pod_rules
+from agent.rules.ambient.options import PodRuleOptions
 from agent.rules.model import BUILTIN_CHAINS
 from agent.rules.render_save import parse_save
 from tests.conformance_data import AMBIENT_DIR

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agent.errors import RedirectError
-from agent.rules.ambient_nft_kubelet import kubelet_uid
+from agent.rules.ambient.kubelet import kubelet_uid
 from tests.conformance_data import CONFORMANCE_DIR
 from tests.rules.conftest import run_rules
 from tests.rules.test_ambient import ambient_argv

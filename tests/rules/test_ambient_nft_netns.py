@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from agent.ambient.dataplane import PodRuleOptions
 from agent.errors import RedirectError
 from agent.netns import run_command
-from agent.rules import ambient_nft_apply
-from agent.rules.ambient import PROBE_IPSET_V4
-from agent.rules.ambient_apply import HostProbeRules, InpodRules
-from agent.rules.ambient_ipset import AddressSets
+from agent.rules.ambient import nft_apply as ambient_nft_apply
+from agent.rules.ambient.apply import HostProbeRules, InpodRules
+from agent.rules.ambient.builder import PROBE_IPSET_V4
+from agent.rules.ambient.ipset import AddressSets
+from agent.rules.ambient.options import PodRuleOptions
 from agent.rules.backend_nft import COUNTERS, expected_listing
 from tests.rules.podnet import PodNet, sh
 from tests.rules.test_ambient_netns import (

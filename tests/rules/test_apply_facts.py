@@ -8,9 +8,10 @@ import pytest
 
 from agent.errors import RedirectError
 from agent.netns import run_command, run_in_netns
-from agent.rules import apply
-from agent.rules.apply import apply_rules, choose_backend, host_facts, rules_present
-from agent.rules.config import CaptureConfig
+from agent.rules import backends
+from agent.rules.backends import choose_backend
+from agent.rules.sidecar.apply import apply_rules, host_facts, rules_present
+from agent.rules.sidecar.capture import CaptureConfig
 from tests.rules.podnet import PodNet, sh
 
 pytestmark = pytest.mark.netns
@@ -28,7 +29,7 @@ def test_host_facts_sees_pod_ipv6_and_injected_resolv_conf(podnet: PodNet, tmp_p
 
 
 def test_auto_picks_legacy_when_the_namespace_uses_it(podnet: PodNet) -> None:
-    host_uses_legacy = apply._legacy_in_use(apply.HOST_NETNS)
+    host_uses_legacy = backends._legacy_in_use(backends.HOST_NETNS)
     expected_empty = "iptables-legacy" if host_uses_legacy else "iptables-nft"
     assert choose_backend(podnet.pod_path, "auto") == expected_empty
     done = run_command(podnet.pod_path, ["iptables-legacy", "-A", "INPUT", "-j", "ACCEPT"])

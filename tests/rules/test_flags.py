@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agent.errors import ConfigError
-from agent.rules.flags import FLAGS, HOST_FLAGS, parse_flags, request_from_flags
+from agent.rules.sidecar.flags import FLAGS, HOST_FLAGS, parse_flags, request_from_flags
 from tests.rules.conftest import run_rules
 
 ALL = FLAGS + HOST_FLAGS

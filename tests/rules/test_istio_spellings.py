@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.rules import hostfacts
+from agent.rules.sidecar import hostfacts
 from tests.rules.conftest import run_rules
 
 BASE = ["-n", "--ipv6=false", "--dns-servers="]

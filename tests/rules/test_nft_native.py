@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.rules.config import CaptureConfig
-from agent.rules.native_nft import NftRule
-from agent.rules.render_nft import native_commands, render_native
+from agent.rules import nft
+from agent.rules.nft import NftRule
+from agent.rules.sidecar.capture import CaptureConfig
+from agent.rules.sidecar.nft import CHAINS, render_native
 from tests.rules.conftest import conformance_dir, golden_lines, read_args, read_env, run_rules
 
 CASES = sorted(
@@ -66,7 +67,8 @@ def test_insert_into_short_chain_becomes_append() -> None:
         NftRule("mangle", "istio-inbound", "counter accept", 5),
         NftRule("mangle", "istio-inbound", "counter drop", 1),
     ]
-    assert native_commands(rules).splitlines()[3:] == [
+    got = nft.commands(rules, prefix=nft.SIDECAR_PREFIX, chains=CHAINS, jumped_to=False)
+    assert got.splitlines()[3:] == [
         "add rule inet istio-proxy-mangle istio-inbound counter return",
         "add rule inet istio-proxy-mangle istio-inbound counter accept",
         "insert rule inet istio-proxy-mangle istio-inbound index 1 counter drop",

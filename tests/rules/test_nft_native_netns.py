@@ -18,9 +18,9 @@ import pytest
 
 from agent.errors import RedirectError
 from agent.rules import backend_nft
-from agent.rules.apply import apply_rules, remove_rules, rules_present
 from agent.rules.cli import main as rules_main
-from agent.rules.flags import FLAGS, HOST_FLAGS, parse_flags, request_from_flags
+from agent.rules.sidecar.apply import apply_rules, remove_rules, rules_present
+from agent.rules.sidecar.flags import FLAGS, HOST_FLAGS, parse_flags, request_from_flags
 from tests.rules.conftest import conformance_dir, golden_lines, read_args, read_env
 
 pytestmark = pytest.mark.netns

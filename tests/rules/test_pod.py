@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from agent.errors import InvalidAnnotationError
-from agent.rules.pod import capture_config_for_pod, decide
+from agent.rules.sidecar.pod import capture_config_for_pod, decide
 from tests.rules.conftest import run_rules
 
 EXCLUDED = ("istio-system", "kube-system")

@@ -1,6 +1,6 @@
 """Every pod input of Istio's sidecar CNI plugin (cni/pkg/plugin: plugin.go, kubernetes.go,
 sidecar_redirect.go, sidecar_iptables_linux.go), input by input, through the real decision code
-(agent.rules.pod) on pod manifests, and `rules --pod` following the same decisions."""
+(agent.rules.sidecar.pod) on pod manifests, and `rules --pod` following the same decisions."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from agent.errors import InvalidAnnotationError
-from agent.rules.pod import capture_config_for_pod, decide, ipv6_for_pod, pod_ips
+from agent.rules.sidecar.pod import capture_config_for_pod, decide, ipv6_for_pod, pod_ips
 from tests.rules.conftest import run_rules
 
 STATUS = {"sidecar.istio.io/status": "{}"}

@@ -16,11 +16,12 @@ import pytest
 
 from agent.netns import run_command
 from agent.rules import backend_nft, backend_restore
-from agent.rules.apply import apply_rules, remove_rules, rules_present
-from agent.rules.builder import build
-from agent.rules.config import CaptureConfig
-from agent.rules.pod import capture_config_for_pod
-from agent.rules.render_nft import render_native
+from agent.rules.sidecar import nft_apply
+from agent.rules.sidecar.apply import apply_rules, remove_rules, rules_present
+from agent.rules.sidecar.builder import build
+from agent.rules.sidecar.capture import CaptureConfig
+from agent.rules.sidecar.nft import render_native
+from agent.rules.sidecar.pod import capture_config_for_pod
 from tests.rules.podnet import PROXY_UID, PodNet
 
 pytestmark = pytest.mark.netns
@@ -68,7 +69,7 @@ def read_back_matches(net: PodNet, path: str, config: CaptureConfig, backend: st
     ruleset = build(config)
     if backend == "nftables":  # Istio's native nftables rules, as nft lists them
         want = backend_nft.expected_listing(render_native(config))
-        assert backend_nft.normalize(backend_nft.list_native(path)) == backend_nft.normalize(want)
+        assert backend_nft.normalize(nft_apply.list_native(path)) == backend_nft.normalize(want)
         return
     variant = "nft" if backend == "iptables-nft" else "legacy"
     families: tuple[Literal[4, 6], ...] = (4, 6)
@@ -131,7 +132,7 @@ def test_sidecar_capture_and_bypass(podnet: PodNet, backend: str) -> None:
     assert not rules_present(path, config, backend=backend)
     assert foreign_rules(path, backend) == foreign
     if backend == "nftables":
-        assert backend_nft.list_native(path) == ""
+        assert nft_apply.list_native(path) == ""
     else:
         variant = "nft" if backend == "iptables-nft" else "legacy"
         assert backend_restore.ours(backend_restore.read_state(path, variant, 4)) == {}

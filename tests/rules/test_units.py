@@ -6,11 +6,11 @@ from pathlib import Path
 
 from agent.podinput.tokens import InterfaceName
 from agent.rules.backend_restore import restore_script
-from agent.rules.builder import build
-from agent.rules.config import CaptureConfig
-from agent.rules.hostfacts import ipv6_enabled, resolv_conf_servers
 from agent.rules.ownership import is_our_save_line
 from agent.rules.render_save import save_tables
+from agent.rules.sidecar.builder import build
+from agent.rules.sidecar.capture import CaptureConfig
+from agent.rules.sidecar.hostfacts import ipv6_enabled, resolv_conf_servers
 
 
 def test_inserts_land_where_the_kernel_puts_them() -> None:

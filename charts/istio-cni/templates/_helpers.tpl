@@ -75,6 +75,14 @@ istio.io/rev: {{ .revision | default "default" | quote }}
   "systemNamespace" $a.systemNamespace
   "hostProbeSnatAddress" $a.hostProbeSnatAddress
   "hostProbeSnatAddressV6" $a.hostProbeSnatAddressV6 -}}
+{{- $k := $v.kubeApi -}}
+{{- $kubeApi := dict
+  "lookupTimeoutSeconds" (int $k.lookupTimeoutSeconds)
+  "updateTimeoutSeconds" (int $k.updateTimeoutSeconds)
+  "listTimeoutSeconds" (int $k.listTimeoutSeconds)
+  "nodeTimeoutSeconds" (int $k.nodeTimeoutSeconds)
+  "stopTimeoutSeconds" (int $k.stopTimeoutSeconds)
+  "readinessTimeoutSeconds" (int $k.readinessTimeoutSeconds) -}}
 {{- $cfg := dict
   "cniBinDir" $v.cniBinDir
   "cniConfDir" $v.cniConfDir
@@ -101,7 +109,8 @@ istio.io/rev: {{ .revision | default "default" | quote }}
   "removeNotReadyTaint" $v.removeNotReadyTaint
   "daemonSetName" (include "istio-cni.fullname" .)
   "repair" $repair
-  "ambient" $ambient -}}
+  "ambient" $ambient
+  "kubeApi" $kubeApi -}}
 {{- toYaml $cfg -}}
 {{- end -}}
 

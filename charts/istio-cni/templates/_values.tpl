@@ -121,7 +121,7 @@ from the default". The groups (repair, ambient, ...) are compared key by key; an
 {{- range $key, $value := .values -}}
 {{- if not (hasKey $defaults $key) -}}
 {{- $_ := set $out $key $value -}}
-{{- else if and (has $key (list "repair" "ambient" "resourceQuota" "podMonitor" "prometheusRule" "dashboards" "global")) (kindIs "map" $value) -}}
+{{- else if and (has $key (list "repair" "ambient" "kubeApi" "resourceQuota" "podMonitor" "prometheusRule" "dashboards" "global")) (kindIs "map" $value) -}}
 {{- $group := dict -}}
 {{- $groupDefaults := index $defaults $key -}}
 {{- range $sub, $subValue := $value -}}
@@ -138,7 +138,7 @@ from the default". The groups (repair, ambient, ...) are compared key by key; an
     any chart (`seccompProfile: null`, `tolerations: null`). A null scalar or group means its
     default. */ -}}
 {{- range $key, $default := $defaults -}}
-{{- if and (not (hasKey $.values $key)) (not (has $key (list "repair" "ambient" "resourceQuota" "podMonitor" "prometheusRule" "dashboards" "global"))) -}}
+{{- if and (not (hasKey $.values $key)) (not (has $key (list "repair" "ambient" "kubeApi" "resourceQuota" "podMonitor" "prometheusRule" "dashboards" "global"))) -}}
 {{- if kindIs "map" $default }}{{ $_ := set $out $key dict }}{{ end -}}
 {{- if kindIs "slice" $default }}{{ $_ := set $out $key list }}{{ end -}}
 {{- end -}}
@@ -247,7 +247,7 @@ Order of precedence inside one layer does not exist: two spellings of one settin
 {{- /* Our names; Istio's chart uses the same ones for most settings. */ -}}
 {{- range $key, $default := $defaults -}}
 {{- if has $key (list "global" "platform") }}{{ continue }}{{ end -}}
-{{- if has $key (list "repair" "resourceQuota" "ambient" "podMonitor" "prometheusRule" "dashboards") -}}
+{{- if has $key (list "repair" "resourceQuota" "ambient" "kubeApi" "podMonitor" "prometheusRule" "dashboards") -}}
 {{- $given := index $v $key | default dict -}}
 {{- range $sub, $_ := $default -}}
 {{- $value := index $given $sub -}}

@@ -4,7 +4,7 @@ by one rule (what another release of the agent, or an edited annotation, looks l
 
 from dataclasses import replace
 
-from agent.rules import builder
+from agent.rules.sidecar import builder
 
 _release_build = builder.build
 

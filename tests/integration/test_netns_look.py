@@ -1,5 +1,5 @@
-"""The cheap look into a pod's netns (agent.rules.probe) against what the tools report, and the
-apply that trusts it: rules written after the probe equal rules written after reading state."""
+"""The cheap look into a pod's netns (agent.netns.look) against what the tools report, and the
+apply that trusts it: rules written after the look equal rules written after reading state."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent.rules import apply, backend_restore
-from agent.rules.builder import build
-from agent.rules.model import Family
-from agent.rules.pod import capture_config_for_pod
-from agent.rules.probe import probe
+from agent.netns.look import Family, look
+from agent.rules import backend_restore
+from agent.rules.sidecar import apply
+from agent.rules.sidecar.builder import build
+from agent.rules.sidecar.pod import capture_config_for_pod
 from testbed import netns
 
 pytestmark = pytest.mark.netns
@@ -26,7 +26,7 @@ POD = {
 
 @pytest.fixture
 def fresh() -> Iterator[str]:
-    name = netns.unique_name("it-probe")
+    name = netns.unique_name("it-look")
     netns.add(name)
     try:
         yield name
@@ -41,7 +41,7 @@ def run_in(name: str, *argv: str) -> str:
 
 
 def test_a_fresh_sandbox_holds_no_table(fresh: str) -> None:
-    seen = probe(f"/run/netns/{fresh}")
+    seen = look(f"/run/netns/{fresh}")
     assert seen.legacy_tables == {4: frozenset(), 6: frozenset()}
     assert seen.nft_tables == frozenset()
     assert seen.legacy_loaded is False
@@ -54,7 +54,7 @@ def test_tables_and_addresses_as_the_tools_see_them(fresh: str) -> None:
     run_in(fresh, "nft", "add", "table", "inet", "someone-else")
     netns.ip("addr", "add", "2001:db8::7/64", "dev", "lo", netns=fresh)
 
-    seen = probe(f"/run/netns/{fresh}")
+    seen = look(f"/run/netns/{fresh}")
 
     assert seen.nft_tables is not None and (4, "nat") in seen.nft_tables
     assert (6, "mangle") not in seen.nft_tables  # legacy tables are not nf_tables ones
@@ -64,16 +64,16 @@ def test_tables_and_addresses_as_the_tools_see_them(fresh: str) -> None:
     assert seen.tables_absent("nft", 6, ("nat", "mangle"))
     assert not seen.tables_absent("nft", 4, ("nat",))
     assert not seen.tables_absent("legacy", 6, ("mangle",))
-    assert apply.host_facts(f"/run/netns/{fresh}", probe=seen)[0] is True
+    assert apply.host_facts(f"/run/netns/{fresh}", seen=seen)[0] is True
 
 
 @pytest.mark.parametrize("variant", ["legacy", "nft"])
-def test_apply_after_probe_writes_what_the_full_read_writes(variant: str, fresh: str) -> None:
-    other = netns.unique_name("it-probe")
+def test_apply_after_a_look_writes_what_the_full_read_writes(variant: str, fresh: str) -> None:
+    other = netns.unique_name("it-look")
     netns.add(other)
     try:
         ruleset = build(capture_config_for_pod(POD, ipv6=False, dns_servers=[]))
-        empty: frozenset[Family] = frozenset({4, 6})  # the probe's word on a fresh sandbox
+        empty: frozenset[Family] = frozenset({4, 6})  # the look's word on a fresh sandbox
         backend_restore.apply(f"/run/netns/{fresh}", ruleset, variant, empty=empty)
         backend_restore.apply(f"/run/netns/{other}", ruleset, variant)
         save = f"iptables-{variant}-save"

@@ -1,8 +1,9 @@
-"""The one place that loads the Kubernetes client configuration and builds API objects.
+"""The Kubernetes API: the client configuration and API objects (here), and the one boundary
+every call goes through (agent.kube.api).
 
-In a pod (KUBERNETES_SERVICE_HOST set) the service account is used; elsewhere (tests, a
-developer's machine) the file named by $KUBECONFIG. The configuration object is never logged:
-it carries the bearer token.
+Configuration: in a pod (KUBERNETES_SERVICE_HOST set) the service account is used; elsewhere
+(tests, a developer's machine) the file named by $KUBECONFIG. The configuration object is never
+logged: it carries the bearer token.
 """
 
 from __future__ import annotations

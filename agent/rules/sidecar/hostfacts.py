@@ -14,22 +14,7 @@ import ipaddress
 import re
 from collections.abc import Iterable
 
-from pyroute2 import IPRoute
-
 from agent.podinput.tokens import go_addr
-
-
-def local_addresses() -> list[str]:
-    """Addresses of the calling thread's network namespace in the kernel's dump order, as Go's
-    net.InterfaceAddrs lists them (IFA_LOCAL, the own end of a point-to-point link, first)."""
-    with IPRoute() as ipr:
-        dump = ipr.get_addr()
-    addresses = []
-    for msg in dump:
-        addr = msg.get_attr("IFA_LOCAL") or msg.get_attr("IFA_ADDRESS")
-        if addr:
-            addresses.append(str(addr))
-    return addresses
 
 
 def detect_ipv6(addresses: Iterable[str], *, dual_stack: bool) -> bool:

@@ -10,23 +10,24 @@ Tables of other software are never named.
 
 from __future__ import annotations
 
-from agent.ambient.dataplane import PodRuleOptions
 from agent.podinput.tokens import Address, Id
-from agent.rules import ambient_nft
+from agent.rules import nft as engine
+from agent.rules.ambient.nft import HOST_TABLE, render_host, render_pod, set_commands
+from agent.rules.ambient.options import PodRuleOptions
 from agent.rules.backend_nft import (
-    COUNTERS,
     drop_tables,
     expected_listing,
     former_tables_script,
+    list_tables,
     nft,
     normalize,
 )
 
-POD_TABLES = tuple(f"inet {ambient_nft.TABLE_PREFIX}{t}" for t in ambient_nft.TABLE_ORDER)
+POD_TABLES = engine.table_names(engine.AMBIENT_PREFIX)
 
 
 def pod_script(options: PodRuleOptions | None) -> str:
-    body = ambient_nft.render_pod(options) if options is not None else ""
+    body = render_pod(options) if options is not None else ""
     return drop_tables(POD_TABLES) + former_tables_script() + body
 
 
@@ -35,25 +36,13 @@ def apply_pod(netns_path: str, options: PodRuleOptions | None) -> None:
     nft(netns_path, ["-f", "-"], pod_script(options))
 
 
-def _list(netns_path: str, tables: tuple[str, ...], *, terse: bool = False) -> str:
-    listed = nft(netns_path, ["list", "tables", "inet"])
-    present = {line.split()[2] for line in listed.splitlines() if line.startswith("table inet ")}
-    flags = ["-t"] if terse else []
-    out = [
-        nft(netns_path, [*flags, "list", "table", *t.split()])
-        for t in tables
-        if t.split()[1] in present
-    ]
-    return COUNTERS.sub("counter", "".join(out))
-
-
 def list_pod(netns_path: str) -> str:
     """Our in-pod tables as `nft list` prints them, counters stripped, in Istio's order."""
-    return _list(netns_path, POD_TABLES)
+    return list_tables(netns_path, POD_TABLES)
 
 
 def pod_present(netns_path: str, options: PodRuleOptions) -> bool:
-    want = expected_listing(ambient_nft.render_pod(options))
+    want = expected_listing(render_pod(options))
     return normalize(list_pod(netns_path)) == normalize(want)
 
 
@@ -65,8 +54,8 @@ class HostTable:
     ) -> None:
         self.netns_path = netns_path
         self.ipv6 = ipv6
-        self.sets = ambient_nft.set_commands(ipv6=ipv6)
-        self.rules = ambient_nft.render_host(
+        self.sets = set_commands(ipv6=ipv6)
+        self.rules = render_host(
             ipv6=ipv6,
             probe_snat=Address(probe_snat),
             probe_snat_v6=Address(probe_snat_v6),
@@ -78,8 +67,8 @@ class HostTable:
         nft(self.netns_path, ["-f", "-"], self.sets + self.rules)
 
     def present(self) -> bool:
-        got = _list(self.netns_path, (ambient_nft.HOST_TABLE,), terse=True)
+        got = list_tables(self.netns_path, (HOST_TABLE,), terse=True)
         return normalize(got) == normalize(expected_listing(self.sets + self.rules))
 
     def remove_all(self) -> None:
-        nft(self.netns_path, ["-f", "-"], drop_tables((ambient_nft.HOST_TABLE,)))
+        nft(self.netns_path, ["-f", "-"], drop_tables((HOST_TABLE,)))

@@ -17,9 +17,10 @@ from typing import Any, Literal, TypeVar
 
 from agent import constants
 from agent.errors import ConfigError
+from agent.podinput.grammar import parse_bool
 from agent.podinput.tokens import Address, Cidr
-from agent.rules import config as cfg
-from agent.rules.config import WILDCARD, CaptureConfig
+from agent.rules.sidecar import capture as cfg
+from agent.rules.sidecar.capture import WILDCARD, CaptureConfig
 
 log = logging.getLogger(__name__)
 
@@ -121,18 +122,7 @@ HOST_FLAGS: tuple[Flag, ...] = (
 )
 """The two settings Istio detects on the host; empty `--ipv6` means detect here."""
 
-_TRUE = {"1", "t", "T", "TRUE", "true", "True"}
-_FALSE = {"0", "f", "F", "FALSE", "false", "False"}
 _DURATION = re.compile(r"^[-+]?(0|((\d+(\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h))+)$")
-
-
-def parse_bool(text: str) -> bool:
-    """Go's strconv.ParseBool."""
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise ValueError(f"{text!r} is not a boolean (true/false/1/0)")
 
 
 @dataclass(frozen=True)

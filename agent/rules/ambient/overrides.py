@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from agent.ambient.dataplane import PodRuleOptions
 from agent.podinput import pod as podinput
+from agent.rules.ambient.options import PodRuleOptions
 
 OptionsFor = Callable[[Mapping[str, Any]], PodRuleOptions]
 

@@ -1,5 +1,5 @@
 """The enrolled-pod address sets as nft sets (`istio-inpod-probes-v4`/`-v6` in the node's
-`inet istio-ambient-nat`), Istio's nftables counterpart of the ipsets (agent.rules.ambient_ipset).
+`inet istio-ambient-nat`), Istio's nftables counterpart of the ipsets (agent.rules.ambient.ipset).
 
 Same interface as `AddressSets`: an element is one pod IP whose comment is the pod's UID, so a
 pod's removal never drops an address that a newer pod has taken over. Each change is one `nft -f`
@@ -13,8 +13,8 @@ import json
 from collections.abc import Iterable
 
 from agent.errors import RedirectError
-from agent.rules.ambient import PROBE_IPSET_V4, PROBE_IPSET_V6
-from agent.rules.ambient_nft import HOST_TABLE, set_commands
+from agent.rules.ambient.builder import PROBE_IPSET_V4, PROBE_IPSET_V6
+from agent.rules.ambient.nft import HOST_TABLE, set_commands
 from agent.rules.backend_nft import nft
 
 

@@ -12,17 +12,17 @@ from __future__ import annotations
 import sys
 from typing import Final
 
-from agent.ambient.dataplane import PodRuleOptions
-from agent.ambient.overrides import rule_options_for
 from agent.config import DEFAULT_CONFIG_PATH, load_settings
 from agent.errors import ConfigError, InvalidPodInputError, RedirectError
 from agent.podinput import pod as podinput
+from agent.podinput.grammar import parse_bool
+from agent.podinput.manifest import load_pod_manifest
 from agent.podinput.tokens import Address, Id, InterfaceName, TokenError
-from agent.rules import ambient_nft
-from agent.rules.ambient import host_rules, pod_rules
-from agent.rules.ambient_nft_kubelet import kubelet_uid
-from agent.rules.flags import parse_bool
-from agent.rules.pod import load_pod_manifest
+from agent.rules.ambient import nft
+from agent.rules.ambient.builder import host_rules, pod_rules
+from agent.rules.ambient.kubelet import kubelet_uid
+from agent.rules.ambient.options import PodRuleOptions
+from agent.rules.ambient.overrides import rule_options_for
 from agent.rules.render_restore import render
 
 USAGE: Final = """\
@@ -183,7 +183,7 @@ def main(command: str, argv: list[str]) -> int:
 def _native(target: str, options: PodRuleOptions, flags: dict[str, str]) -> str:
     """Istio's nftables commands for the pod or the node."""
     if target == "pod":
-        return ambient_nft.render_pod(options)
+        return nft.render_pod(options)
     uid = flags.get("kubelet-uid") or kubelet_uid()
     try:
         kubelet = Id(uid)
@@ -191,7 +191,7 @@ def _native(target: str, options: PodRuleOptions, flags: dict[str, str]) -> str:
         raise ConfigError(
             f"flag --kubelet-uid: invalid value {uid!r}: want a numeric UID"
         ) from None
-    return ambient_nft.render_host(
+    return nft.render_host(
         ipv6=options.ipv6,
         probe_snat=options.probe_snat,
         probe_snat_v6=options.probe_snat_v6,

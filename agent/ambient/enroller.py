@@ -17,15 +17,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agent.ambient.enrollment import should_enroll
-from agent.ambient.mesh import NonRetryableAdd, ZtunnelPending
-from agent.ambient.selectors import EnablementSelector
-from agent.errors import AgentError
+from agent.errors import AmbientLookupError, NonRetryableAdd, ZtunnelPending
+from agent.label_selectors import EnablementSelector
 
 log = logging.getLogger(__name__)
-
-
-class AmbientLookupError(AgentError):
-    """The pod's namespace could not be read and the detection retry demands an answer."""
 
 
 class NamespaceSource(Protocol):

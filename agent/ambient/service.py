@@ -16,10 +16,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Collection, Mapping
-from typing import Any, Protocol
+from typing import Any
 
-from agent import metrics
-from agent.ambient.dataplane import PodRuleOptions, ZtunnelLink
+from agent.ambient.dataplane import ZtunnelLink
 from agent.ambient.enrollment import (
     is_terminated,
     is_ztunnel_pod,
@@ -28,27 +27,12 @@ from agent.ambient.enrollment import (
 )
 from agent.ambient.mesh import (
     MeshDataplane,
-    NetnsFinder,
     ReconcileReport,
-    StatusAnnotator,
-    rule_options_for,
 )
 from agent.ambient.watch import AmbientWatch
-from agent.config import AmbientSettings, Settings
-from agent.podinput.tokens import Address
-from agent.podnetns.addresses import netns_addresses
-from agent.podnetns.finder import PodNetnsFinder
-from agent.pods.namespaces import NamespaceCache
-from agent.podserver.ambient import AmbientEnroller
+from agent.config import AmbientSettings
 
 log = logging.getLogger(__name__)
-
-
-class SyncedCache(Protocol):
-    def start(self) -> None: ...
-    def stop(self) -> None: ...
-    def ready(self) -> bool: ...
-    def list_pods(self) -> list[dict[str, Any]]: ...
 
 
 class AmbientService:
@@ -155,84 +139,3 @@ class AmbientService:
     def uninstall(self) -> None:
         """The agent is going away for good: remove the node-side rules and address set."""
         self.mesh.remove_host_rules()
-
-
-class AmbientParts:
-    """The real parts of ambient mode for one node, built from the settings; `enroller` goes to
-    the pod server (CNI ADD/DEL), `service(pod_cache)` into the lifecycle."""
-
-    def __init__(
-        self,
-        settings: Settings,
-        *,
-        node_name: str,
-        core: Any,
-        host_netns: str = "/proc/self/ns/net",
-        find_netns: NetnsFinder | None = None,
-    ) -> None:
-        """`find_netns`: running pods' netns by identity (default: by their processes' cgroups
-        only; the lifecycle's also knows what each CNI ADD named)."""
-        # Imported here: only an agent with ambient on needs them (and their kernel modules).
-        from agent.ambient.zds import ZdsServer
-        from agent.rules.ambient_apply import HostProbeRules, InpodRules
-
-        amb = settings.ambient
-        self.settings = settings
-        self.namespaces = NamespaceCache(core, node_name)
-        self.ztunnel = ZdsServer(amb.ztunnelSocketPath)
-        base = PodRuleOptions(
-            ipv6=amb.ipv6,
-            redirect_dns=amb.dnsCapture,
-            probe_snat=Address(amb.hostProbeSnatAddress),
-            probe_snat_v6=Address(amb.hostProbeSnatAddressV6),
-        )
-        self.mesh = MeshDataplane(
-            pod_rules=InpodRules(backend=settings.ruleBackend),
-            host_rules=HostProbeRules(
-                host_netns,
-                ipv6=amb.ipv6,
-                probe_snat=amb.hostProbeSnatAddress,
-                probe_snat_v6=amb.hostProbeSnatAddressV6,
-                backend=settings.ruleBackend,
-                proc_dir=settings.hostProcDir,  # nftables: kubelet's UID, from the node's /proc
-            ),
-            ztunnel=self.ztunnel,
-            annotator=StatusAnnotator(core),
-            find_netns=find_netns
-            or PodNetnsFinder(
-                proc_dir=settings.hostProcDir,
-                netns_dir=settings.mountedNetnsDir,
-                read_addresses=netns_addresses,
-            ),
-            options_for=rule_options_for(base),
-        )
-        self.enroller = AmbientEnroller(
-            namespaces=self.namespaces,
-            mesh=self.mesh,
-            selectors=amb.enablementSelectors,
-            exclude_namespaces=settings.excludeNamespaces,
-            system_namespace=amb.systemNamespace,
-            detection_retry=amb.enableAmbientDetectionRetry,
-            fail_open=amb.failOpenOnDetectionError,
-        )
-
-    def service(self, pods: Any) -> AmbientService:
-        amb = self.settings.ambient
-        watch = AmbientWatch(
-            pods=pods,
-            namespaces=self.namespaces,
-            mesh=self.mesh,
-            selectors=amb.enablementSelectors,
-            exclude_namespaces=self.settings.excludeNamespaces,
-            system_namespace=amb.systemNamespace,
-            on_event=lambda kind: metrics.RECONCILE_EVENTS.labels(type=kind).inc(),
-        )
-        return AmbientService(
-            settings=amb,
-            pods=pods,
-            namespaces=self.namespaces,
-            mesh=self.mesh,
-            ztunnel=self.ztunnel,
-            watch=watch,
-            exclude_namespaces=self.settings.excludeNamespaces,
-        )

@@ -10,7 +10,7 @@ from __future__ import annotations
 from agent import constants
 from agent.netns import run_command
 from agent.rules import tool_output
-from agent.rules.config import CaptureConfig
+from agent.rules.sidecar.capture import CaptureConfig
 
 PASSTHROUGH_V6 = "::6/128"
 

@@ -12,19 +12,17 @@ without the capture its owner asked for.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
 from agent import constants
 from agent.excerpt import excerpt
+from agent.podinput import grammar
 from agent.podinput import pod as podinput
 from agent.podinput.tokens import Id
-from agent.rules import hostfacts
-from agent.rules.config import CaptureConfig
+from agent.rules.sidecar import hostfacts
+from agent.rules.sidecar.capture import CaptureConfig
 
 PROXY_CONTAINER = podinput.PROXY_CONTAINER
 INIT_CONTAINER = "istio-init"
@@ -71,7 +69,7 @@ def decide(pod: Mapping[str, Any], *, exclude_namespaces: Collection[str]) -> De
     if kind not in ("", "sidecar"):
         return Decision(False, f"proxy type is {excerpt(kind)}, not sidecar")
     inject = podinput.inject_value(pod)
-    if parse_bool(inject) is False:
+    if inject in grammar.GO_FALSE:
         return Decision(False, f"injection disabled ({INJECT}={inject})")
     if STATUS not in podinput.annotations_of(pod):
         return Decision(False, f"no {STATUS} annotation: the sidecar was not injected")
@@ -139,28 +137,6 @@ def pod_ips(pod: Mapping[str, Any]) -> list[str]:
 
 def _is_ipv6(address: str) -> bool:
     return ":" in address
-
-
-def load_pod_manifest(path: str) -> dict[str, Any]:
-    """A Pod manifest from a YAML or JSON file."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    try:
-        data = json.loads(text) if text.lstrip().startswith("{") else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as e:
-        raise ValueError(f"{path}: not valid YAML or JSON: {e}") from e
-    if not isinstance(data, dict) or data.get("kind", "Pod") != "Pod":
-        raise ValueError(f"{path}: not a Pod manifest")
-    return data
-
-
-def parse_bool(text: str | None) -> bool | None:
-    """Go's strconv.ParseBool; None where it fails."""
-    if text in ("1", "t", "T", "TRUE", "true", "True"):
-        return True
-    if text in ("0", "f", "F", "FALSE", "false", "False"):
-        return False
-    return None
 
 
 # --- helpers ----------------------------------------------------------------------------------

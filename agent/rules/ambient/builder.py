@@ -12,9 +12,9 @@ Rule order and spelling follow Istio's builder, so `render_restore` prints Istio
 from __future__ import annotations
 
 from agent import constants
-from agent.ambient.dataplane import PodRuleOptions
 from agent.podinput.tokens import Address, Cidr, InterfaceName, Mark, Port, SetName, Word, Zone
-from agent.rules.builder import RETURN, AddressSlot, RuleCollector, jump
+from agent.rules.ambient.options import PodRuleOptions
+from agent.rules.collector import RETURN, AddressSlot, RuleCollector, jump
 from agent.rules.model import Family, Match, RuleSet, Target
 from agent.rules.ownership import Ownership, jumps_into
 

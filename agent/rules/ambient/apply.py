@@ -1,11 +1,11 @@
 """Program ambient mode's rules: `InpodRules` in a pod's namespace, `HostProbeRules` on the node.
 
-Both use sidecar mode's backends (agent.rules.apply): python-iptables, iptables-restore legacy
-or nft, and `nftables`: Istio's native nftables form for ambient (agent.rules.ambient_nft, its
-`inet istio-ambient-*` tables and nft sets instead of ipsets); `auto` picks as for sidecar mode.
-Each table changes in one restore and only ambient's own chains and jumps are touched
-(agent.rules.ambient's ownership), so applying twice leaves one set and other software's rules
-stay.
+Both use the backends both modes share (agent.rules.backends): python-iptables, iptables-restore
+legacy or nft, and `nftables`: Istio's native nftables form for ambient (agent.rules.ambient.nft,
+its `inet istio-ambient-*` tables and nft sets instead of ipsets); `auto` picks as for sidecar
+mode. Each table changes in one restore and only ambient's own chains and jumps are touched
+(agent.rules.ambient.builder's ownership), so applying twice leaves one set and other software's
+rules stay.
 """
 
 from __future__ import annotations
@@ -15,17 +15,12 @@ import logging
 from collections.abc import Callable, Collection, Iterable
 
 from agent import constants
-from agent.ambient.dataplane import PodRuleOptions
 from agent.errors import RedirectError
+from agent.netns.look import look
 from agent.podinput.tokens import Address
-from agent.rules import (
-    ambient_nft_apply,
-    ambient_routes,
-    backend_iptc,
-    backend_restore,
-    footprint,
-)
-from agent.rules.ambient import (
+from agent.rules import backends, footprint
+from agent.rules.ambient import nft_apply, routes
+from agent.rules.ambient.builder import (
     HOST_OWNERSHIP,
     POD_OWNERSHIP,
     PROBE_IPSET_V4,
@@ -33,56 +28,52 @@ from agent.rules.ambient import (
     host_rules,
     pod_rules,
 )
-from agent.rules.ambient_ipset import AddressSets
-from agent.rules.ambient_nft_apply import HostTable
-from agent.rules.ambient_nft_kubelet import kubelet_uid
-from agent.rules.ambient_nft_sets import NftAddressSets
-from agent.rules.apply import _empty, _variant, choose_backend
+from agent.rules.ambient.ipset import AddressSets
+from agent.rules.ambient.kubelet import kubelet_uid
+from agent.rules.ambient.nft_apply import HostTable
+from agent.rules.ambient.nft_sets import NftAddressSets
+from agent.rules.ambient.options import PodRuleOptions
 from agent.rules.model import RuleSet
 from agent.rules.ownership import Ownership
-from agent.rules.probe import probe as probe_netns
 
 log = logging.getLogger(__name__)
 
 
 def _program(
     netns_path: str,
-    ruleset: RuleSet | None,
+    model: Callable[[], RuleSet | None],
     *,
     backend: str,
     owner: Ownership,
     native: Callable[[], None],
 ) -> str:
-    """Replace (or, with None, remove) our rules there; returns the backend used. `native`
-    does the same in Istio's native nftables form."""
-    seen = probe_netns(netns_path)
-    chosen = choose_backend(netns_path, backend, probe=seen)
-    if chosen == "python-iptables":
-        backend_iptc.apply(netns_path, ruleset, owner)
-    elif chosen == "nftables":
-        native()
-    else:
-        variant = _variant(chosen)
-        empty = _empty(seen, variant)
-        backend_restore.apply(netns_path, ruleset, variant, empty=empty, owner=owner)
-    return chosen
+    """Replace our rules there with `model()` (None removes them); returns the backend used.
+    `native` does the same in Istio's native nftables form."""
+    return backends.program(
+        netns_path,
+        model,
+        backend=backend,
+        owner=owner,
+        native=native,
+        seen=look(netns_path),
+    )
 
 
 def _present(
     netns_path: str,
-    ruleset: RuleSet,
+    model: Callable[[], RuleSet],
     *,
     backend: str,
     owner: Ownership,
     native: Callable[[], bool],
 ) -> bool:
-    seen = probe_netns(netns_path)
-    chosen = choose_backend(netns_path, backend, probe=seen)
-    if chosen == "nftables":
-        return native()
-    variant = "legacy" if chosen == "python-iptables" else _variant(chosen)
-    return backend_restore.present(
-        netns_path, ruleset, variant, empty=_empty(seen, variant), owner=owner
+    return backends.present(
+        netns_path,
+        model,
+        backend=backend,
+        owner=owner,
+        native=native,
+        seen=look(netns_path),
     )
 
 
@@ -94,13 +85,13 @@ class InpodRules:
 
     def apply(self, netns_path: str, options: PodRuleOptions) -> str:
         # Routes first, as Istio does: the rules only work with them in place.
-        ambient_routes.apply_routes(netns_path, ipv6=options.ipv6)
+        routes.apply_routes(netns_path, ipv6=options.ipv6)
         chosen = _program(
             netns_path,
-            pod_rules(options),
+            lambda: pod_rules(options),
             backend=self.backend,
             owner=POD_OWNERSHIP,
-            native=lambda: ambient_nft_apply.apply_pod(netns_path, options),
+            native=lambda: nft_apply.apply_pod(netns_path, options),
         )
         log.info(
             "applied ambient in-pod rules",
@@ -111,22 +102,22 @@ class InpodRules:
     def remove(self, netns_path: str) -> None:
         _program(
             netns_path,
-            None,
+            lambda: None,
             backend=self.backend,
             owner=POD_OWNERSHIP,
-            native=lambda: ambient_nft_apply.apply_pod(netns_path, None),
+            native=lambda: nft_apply.apply_pod(netns_path, None),
         )
-        ambient_routes.remove_routes(netns_path)
+        routes.remove_routes(netns_path)
         log.info("removed ambient in-pod rules", extra={"fields": {"netns": netns_path}})
 
     def present(self, netns_path: str, options: PodRuleOptions) -> bool:
         return _present(
             netns_path,
-            pod_rules(options),
+            lambda: pod_rules(options),
             backend=self.backend,
             owner=POD_OWNERSHIP,
-            native=lambda: ambient_nft_apply.pod_present(netns_path, options),
-        ) and ambient_routes.routes_present(netns_path, ipv6=options.ipv6)
+            native=lambda: nft_apply.pod_present(netns_path, options),
+        ) and routes.routes_present(netns_path, ipv6=options.ipv6)
 
     def installed(self, netns_path: str) -> bool:
         """Any chain or table of ours in the namespace (the pod was enrolled), in any backend."""
@@ -185,7 +176,7 @@ class HostProbeRules:
         self.sets.create()  # the rules name the sets: they must exist first
         chosen = _program(
             self.netns_path,
-            self.ruleset,
+            lambda: self.ruleset,
             backend=self.backend,
             owner=HOST_OWNERSHIP,
             native=lambda: self._native().ensure(),
@@ -198,7 +189,7 @@ class HostProbeRules:
     def present(self) -> bool:
         return _present(
             self.netns_path,
-            self.ruleset,
+            lambda: self.ruleset,
             backend=self.backend,
             owner=HOST_OWNERSHIP,
             native=lambda: self._native().present(),
@@ -237,7 +228,7 @@ class HostProbeRules:
     def remove_all(self) -> None:
         _program(
             self.netns_path,
-            None,
+            lambda: None,
             backend=self.backend,
             owner=HOST_OWNERSHIP,
             native=self.sets.destroy,  # the nft sets and rules share one table

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from agent.netns import run_command, run_in_netns
 from agent.rules import tool_output
-from agent.rules.ambient import INPOD_TPROXY_MARK, ROUTE_TABLE, RULE_PRIORITY
+from agent.rules.ambient.builder import INPOD_TPROXY_MARK, ROUTE_TABLE, RULE_PRIORITY
 
 LO_DISABLE_IPV6 = "/proc/sys/net/ipv6/conf/lo/disable_ipv6"
 RULE = ("fwmark", INPOD_TPROXY_MARK, "pref", RULE_PRIORITY, "lookup", ROUTE_TABLE)

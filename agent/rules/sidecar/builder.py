@@ -8,12 +8,10 @@ in Istio's sequence; a rule is added to IPv4, IPv6 or both.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Literal
 
 from agent import constants
 from agent.podinput.tokens import (
-    Address,
     ChainName,
     Cidr,
     InterfaceName,
@@ -23,7 +21,9 @@ from agent.podinput.tokens import (
     Word,
     Zone,
 )
-from agent.rules.config import (
+from agent.rules.collector import RETURN, AddressSlot, RuleCollector, dst, jump, src
+from agent.rules.model import Family, Match, RuleSet, TableName, Target
+from agent.rules.sidecar.capture import (
     WILDCARD,
     CaptureConfig,
     GroupValue,
@@ -33,7 +33,6 @@ from agent.rules.config import (
     cidr_is_loopback,
     is_ipv4_cidr,
 )
-from agent.rules.model import Family, Match, Rule, RuleSet, TableName, Target, group_tables
 
 DNS_PORT = Port("53")
 AGENT_DNS_PORT = Port(constants.AGENT_DNS_PORT)
@@ -77,89 +76,12 @@ def out_if(name: InterfaceValue) -> Match:
     return Match("out", name)
 
 
-def src(cidr: Cidr | Address) -> Match:
-    return Match("src", cidr)
-
-
-def dst(cidr: Cidr | Address, negate: bool = False) -> Match:
-    return Match("dst", cidr, negate)
-
-
 def uid(value: IdValue, negate: bool = False) -> Match:
     return Match("uid", value, negate)
 
 
 def gid(value: GroupValue | IdValue, negate: bool = False) -> Match:
     return Match("gid", value, negate)
-
-
-def jump(chain: str) -> Target:
-    """A jump to one of our chains, a built-in chain or a verdict (names from this code)."""
-    return Target("jump", ChainName(chain))
-
-
-RETURN = jump("RETURN")
-
-
-@dataclass
-class RuleCollector:
-    """Collects rule operations per family in Istio's order (AppendRule, AppendVersionedRule)."""
-
-    ipv6: bool
-    v4: list[Rule] = field(default_factory=list)
-    v6: list[Rule] = field(default_factory=list)
-
-    def add(
-        self,
-        table: TableName,
-        chain: str,
-        matches: Sequence[Match],
-        target: Target,
-        *,
-        families: tuple[Family, ...] = (4, 6),
-        insert_at: int | None = None,
-    ) -> None:
-        rule = Rule(table, ChainName(chain), tuple(matches), target, insert_at)
-        if 4 in families:
-            self.v4.append(rule)
-        if 6 in families and self.ipv6:
-            self.v6.append(rule)
-
-    def versioned(
-        self,
-        table: TableName,
-        chain: str,
-        v4_addr: Cidr | Address,
-        v6_addr: Cidr | Address,
-        make: AddressSlot,
-        target: Target,
-    ) -> None:
-        """One rule per family that differs only in an address (Istio's AppendVersionedRule)."""
-        self.add(table, chain, make(v4_addr), target, families=(4,))
-        self.add(table, chain, make(v6_addr), target, families=(6,))
-
-    def ruleset(self) -> RuleSet:
-        return RuleSet(v4=group_tables(self.v4), v6=group_tables(self.v6) if self.ipv6 else ())
-
-
-class AddressSlot:
-    """A rule's matches with one address slot, filled per family."""
-
-    def __init__(self, *parts: Match | str) -> None:
-        self.parts = parts
-
-    def __call__(self, addr: Cidr | Address) -> list[Match]:
-        out: list[Match] = []
-        for part in self.parts:
-            if isinstance(part, Match):
-                out.append(part)
-            elif part == "dst":
-                out.append(dst(addr))
-            elif part == "!dst":
-                out.append(dst(addr, negate=True))
-            elif part == "src":
-                out.append(src(addr))
-        return out
 
 
 def build(config: CaptureConfig) -> RuleSet:

@@ -1,0 +1,154 @@
+"""The one boundary to the Kubernetes API: how every call is made, answered and failed.
+
+`call` makes a call with the timeout of its kind (`Timeouts`, from the settings' `kubeApi`), as a
+raw response unless told otherwise; `get_json` decodes the answer too. A failure leaves here as
+one of the agent's errors, by what the caller can do about it:
+
+    KubeApiError          the API server did not give the answer asked for (retry later)
+     ├── ApiNotFound      404: the object does not exist
+     ├── ApiForbidden     401/403: the agent's credentials do not allow it (give up until the
+     │                    operator fixes them)
+     ├── ApiConflict      409/422: the object changed under the caller (read it again)
+     └── ApiGone          410: a watch's version expired (list again)
+
+An error names the answer (`API server answered 500 Internal Server Error`), or for a call that
+got none (connection refused, timeout, an answer that is not JSON) the transport's own message;
+`cause` is the client's exception.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import urllib3
+from kubernetes.client.exceptions import ApiException
+
+from agent.config import KubeApiSettings
+from agent.errors import AgentError
+
+Timeout = float | tuple[float, float]
+"""Seconds for the whole call, or (connect, read)."""
+
+CONNECT_SECONDS = 2.0
+"""Connecting, for the calls a CNI ADD waits on (pod and namespace lookups, ambient's patch)."""
+SLOW_CONNECT_SECONDS = 5.0
+"""Connecting, for the calls nothing waits on (the caches' lists and watches, the node)."""
+WATCH_SLACK_SECONDS = 30.0
+"""A watch's read timeout beyond its server-side timeout: the server ends it first."""
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """The timeout of each kind of call: the settings' read timeouts (`kubeApi.*`), with the
+    time to connect."""
+
+    settings: KubeApiSettings = field(default_factory=KubeApiSettings)
+
+    def lookup(self) -> Timeout:
+        return (CONNECT_SECONDS, self.settings.lookupTimeoutSeconds)
+
+    def update(self) -> Timeout:
+        return (CONNECT_SECONDS, self.settings.updateTimeoutSeconds)
+
+    def list(self) -> Timeout:
+        return (SLOW_CONNECT_SECONDS, self.settings.listTimeoutSeconds)
+
+    def watch(self, server_seconds: int) -> Timeout:
+        return (SLOW_CONNECT_SECONDS, server_seconds + WATCH_SLACK_SECONDS)
+
+    def node(self) -> Timeout:
+        return (SLOW_CONNECT_SECONDS, self.settings.nodeTimeoutSeconds)
+
+    def stop(self) -> Timeout:
+        return float(self.settings.stopTimeoutSeconds)
+
+    def readiness(self) -> Timeout:
+        return float(self.settings.readinessTimeoutSeconds)
+
+
+DEFAULT_TIMEOUTS = Timeouts()
+
+
+class KubeApiError(AgentError):
+    """A call to the Kubernetes API did not get the answer asked for; try again later.
+    `answered`: the API server answered, with HTTP `status` and its `reason` phrase (else there
+    was no answer: connection refused, timeout, not JSON)."""
+
+    def __init__(
+        self, cause: BaseException, status: int | None = None, reason: object = None
+    ) -> None:
+        self.cause, self.status, self.reason = cause, status, reason
+        self.answered = isinstance(cause, ApiException)
+        super().__init__(f"API server answered {status} {reason}" if self.answered else str(cause))
+
+    @property
+    def message(self) -> str:
+        """The API server's own message (its Status object's), else the reason; ≤300 chars."""
+        body = getattr(self.cause, "body", None)
+        try:
+            found = json.loads(body or "{}").get("message")
+        except (ValueError, AttributeError):
+            found = None
+        return str(found or self.reason)[:300]
+
+
+class ApiNotFound(KubeApiError):
+    """404: the object does not exist."""
+
+
+class ApiForbidden(KubeApiError):
+    """401/403: the agent's credentials do not allow the call; retrying does not help."""
+
+
+class ApiConflict(KubeApiError):
+    """409/422: the object changed since it was read (a precondition failed)."""
+
+
+class ApiGone(KubeApiError):
+    """410: the resourceVersion a watch started from is too old."""
+
+
+_BY_STATUS: dict[int, type[KubeApiError]] = {
+    404: ApiNotFound,
+    401: ApiForbidden,
+    403: ApiForbidden,
+    409: ApiConflict,
+    422: ApiConflict,
+    410: ApiGone,
+}
+
+
+def call(fn: Callable[..., Any], *args: Any, timeout: Timeout, raw: bool = True, **kw: Any) -> Any:
+    """`fn(*args, **kw)` with `timeout`; the raw response (`raw`), else what the client makes of
+    it. Raises KubeApiError (a subclass by status)."""
+    if raw:
+        kw["_preload_content"] = False
+    try:
+        return fn(*args, _request_timeout=timeout, **kw)
+    except ApiException as e:
+        kind = _BY_STATUS.get(e.status or 0, KubeApiError)
+        raise kind(e, e.status, e.reason) from e
+    except (urllib3.exceptions.HTTPError, OSError) as e:
+        raise KubeApiError(e) from e
+
+
+def get_json(fn: Callable[..., Any], *args: Any, timeout: Timeout, **kw: Any) -> dict[str, Any]:
+    """`call`, and the answer's JSON object."""
+    return decode(call(fn, *args, timeout=timeout, **kw))
+
+
+def decode(response: Any) -> dict[str, Any]:
+    """The JSON object of a raw response; KubeApiError when it is not one."""
+    try:
+        data: dict[str, Any] = json.loads(response.data)
+    except ValueError as e:
+        raise KubeApiError(e) from e
+    return data
+
+
+def original(error: BaseException) -> BaseException:
+    """The client's own exception behind a KubeApiError (for messages as the client words them)."""
+    return error.cause if isinstance(error, KubeApiError) else error

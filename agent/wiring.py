@@ -1,0 +1,252 @@
+"""The agent's services, built from the settings: the one module that knows every feature.
+
+Started in this order and stopped in reverse: the install watcher, the pod service (the CNI
+server and the node's pod cache), ambient (when on), repair (when on), readiness, /healthz
+/readyz /metrics, the node taint remover (when on) and the plugin-log forwarder. What each needs is
+handed in here: one redirector for the pod server and repair, one netns finder that knows what
+each CNI ADD named, one pod cache for the pod server, ambient's watch and repair.
+
+What a service can do besides start and stop is typed (`Uninstalls`), and the wiring lists which
+services have it: the lifecycle asks the list, never the services. Readiness is its own service
+(agent.readiness), handed the parts it checks here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from agent import metrics, plugin_log_file
+from agent.ambient.enroller import AmbientEnroller
+from agent.ambient.mesh import MeshDataplane, NetnsFinder, StatusAnnotator
+from agent.ambient.service import AmbientService
+from agent.ambient.watch import AmbientWatch
+from agent.config import Settings
+from agent.http_server import HttpServer
+from agent.install.installer import Installer
+from agent.install.watcher import InstallWatcher
+from agent.kube import KubeClients, api
+from agent.netns.look import netns_addresses
+from agent.node_taint import NodeTaintRemover
+from agent.podinput.tokens import Address
+from agent.podnetns.finder import PodNetnsFinder
+from agent.pods.cache import PodCache
+from agent.pods.namespaces import NamespaceCache
+from agent.podserver.sandboxes import SandboxStore
+from agent.podserver.service import PodService
+from agent.readiness.build import build_readiness
+from agent.repair.service import RepairService
+from agent.rules.ambient.options import PodRuleOptions
+from agent.rules.ambient.overrides import rule_options_for
+from agent.rules.footprint import ours_present
+from agent.rules.sidecar.redirector import RulesRedirector
+
+
+class Service(Protocol):
+    """A long-running part: start() returns once running; stop() returns once its threads ended."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+class Uninstalls(Protocol):
+    """A service with something of its own to remove when the agent is uninstalled."""
+
+    def uninstall(self) -> None: ...
+
+
+@dataclass
+class Services:
+    """The services in start order, and those of them with each capability."""
+
+    services: list[Service] = field(default_factory=list)
+    uninstallers: list[Uninstalls] = field(default_factory=list)
+
+
+def build_services(
+    settings: Settings,
+    installer: Installer,
+    *,
+    config_path: str,
+    node_name: str,
+    clients: KubeClients,
+    watcher: InstallWatcher | None = None,
+) -> Services:
+    """The services of the agent: the install watcher (built here unless given), then the node
+    services."""
+    watcher = watcher or InstallWatcher(installer, config_path=config_path)
+    node = node_services(settings, watcher, node_name=node_name, clients=clients)
+    return Services([watcher, *node.services], node.uninstallers)
+
+
+def node_services(
+    settings: Settings, watcher: InstallWatcher, *, node_name: str, clients: KubeClients
+) -> Services:
+    """Every service after the watcher: built from `settings`, rebuilt on a config change."""
+    # One redirector: the pod server and repair decide and program pods the same way.
+    redirector = RulesRedirector(
+        exclude_namespaces=settings.excludeNamespaces, backend=settings.ruleBackend
+    )
+    # Pods' netns by identity: the runtime's word at ADD, else the pod's processes' cgroups.
+    sandboxes = SandboxStore()
+    find_netns = PodNetnsFinder(
+        proc_dir=settings.hostProcDir,
+        netns_dir=settings.mountedNetnsDir,
+        read_addresses=netns_addresses,
+        recorded=sandboxes.netns_of,
+    )
+    ambient = (
+        AmbientParts(settings, node_name=node_name, core=clients.core, find_netns=find_netns)
+        if settings.ambient.enabled
+        else None
+    )
+    readiness = build_readiness(
+        settings, watcher, redirector, node_name=node_name, core=clients.core
+    )
+    pods = PodService(
+        settings,
+        node_name,
+        lambda: clients,
+        install_ready=watcher.ready,
+        redirector=redirector,
+        ambient=ambient.enroller if ambient else None,
+        sandboxes=sandboxes,
+        on_add_netns=readiness.netns_dir.saw_add,
+    )
+    built = Services([pods])
+    readiness.watch_pods(pods)
+    if ambient is not None:
+        # After the pod service (its pod cache feeds the watch); ready once ZDS listens.
+        zds = ambient.service(pods.pods)
+        built.services.append(zds)
+        built.uninstallers.append(zds)  # the node-side probe rules and address set
+        readiness.watch_ambient(zds, settings.ambient.ztunnelSocketPath)
+    if settings.repair.enabled:
+        built.services.append(
+            _repair_service(settings, node_name, pods, clients, redirector, find_netns)
+        )
+    # After the parts it checks: its first round runs as it starts.
+    built.services.append(readiness.service())
+    built.services.append(
+        HttpServer(
+            port=settings.metricsPort,
+            host=settings.metricsAddress,
+            readiness=readiness.service().failing,
+        )
+    )
+    if settings.removeNotReadyTaint:
+        # Ready as /readyz reports it: every readiness check passes.
+        built.services.append(
+            NodeTaintRemover(
+                clients.core,
+                node_name,
+                is_ready=readiness.service().ready,
+                timeouts=api.Timeouts(settings.kubeApi),
+            )
+        )
+    built.services.append(plugin_log_file.Forwarding(settings.cniAgentRunDir))  # an absent agent's
+    return built
+
+
+def _repair_service(
+    settings: Settings,
+    node_name: str,
+    pods: PodService,
+    clients: KubeClients,
+    redirector: RulesRedirector,
+    find_netns: PodNetnsFinder,
+) -> RepairService:
+    return RepairService(
+        settings=settings,
+        node_name=node_name,
+        pods=pods.pods,
+        core=clients.core,
+        should_redirect=lambda pod: redirector.decide(pod).redirect,
+        redirect=lambda pod, netns: redirector.apply(netns, pod),
+        rules_in_place=lambda pod, netns: redirector.present(netns, pod),
+        ours_present=ours_present,
+        find_netns=find_netns,
+    )
+
+
+class AmbientParts:
+    """The real parts of ambient mode for one node, built from the settings; `enroller` goes to
+    the pod server (CNI ADD/DEL), `service(pod_cache)` into the lifecycle."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        node_name: str,
+        core: Any,
+        host_netns: str = "/proc/self/ns/net",
+        find_netns: NetnsFinder | None = None,
+    ) -> None:
+        """`find_netns`: running pods' netns by identity (default: by their processes' cgroups
+        only; the lifecycle's also knows what each CNI ADD named)."""
+        # Imported here: only an agent with ambient on needs them (and their kernel modules).
+        from agent.ambient.zds import ZdsServer
+        from agent.rules.ambient.apply import HostProbeRules, InpodRules
+
+        amb = settings.ambient
+        self.settings = settings
+        timeouts = api.Timeouts(settings.kubeApi)
+        self.namespaces = NamespaceCache(core, node_name, timeouts=timeouts)
+        self.ztunnel = ZdsServer(amb.ztunnelSocketPath)
+        base = PodRuleOptions(
+            ipv6=amb.ipv6,
+            redirect_dns=amb.dnsCapture,
+            probe_snat=Address(amb.hostProbeSnatAddress),
+            probe_snat_v6=Address(amb.hostProbeSnatAddressV6),
+        )
+        self.mesh = MeshDataplane(
+            pod_rules=InpodRules(backend=settings.ruleBackend),
+            host_rules=HostProbeRules(
+                host_netns,
+                ipv6=amb.ipv6,
+                probe_snat=amb.hostProbeSnatAddress,
+                probe_snat_v6=amb.hostProbeSnatAddressV6,
+                backend=settings.ruleBackend,
+                proc_dir=settings.hostProcDir,  # nftables: kubelet's UID, from the node's /proc
+            ),
+            ztunnel=self.ztunnel,
+            annotator=StatusAnnotator(core, timeouts),
+            find_netns=find_netns
+            or PodNetnsFinder(
+                proc_dir=settings.hostProcDir,
+                netns_dir=settings.mountedNetnsDir,
+                read_addresses=netns_addresses,
+            ),
+            options_for=rule_options_for(base),
+        )
+        self.enroller = AmbientEnroller(
+            namespaces=self.namespaces,
+            mesh=self.mesh,
+            selectors=amb.enablementSelectors,
+            exclude_namespaces=settings.excludeNamespaces,
+            system_namespace=amb.systemNamespace,
+            detection_retry=amb.enableAmbientDetectionRetry,
+            fail_open=amb.failOpenOnDetectionError,
+        )
+
+    def service(self, pods: PodCache) -> AmbientService:
+        amb = self.settings.ambient
+        watch = AmbientWatch(
+            pods=pods,
+            namespaces=self.namespaces,
+            mesh=self.mesh,
+            selectors=amb.enablementSelectors,
+            exclude_namespaces=self.settings.excludeNamespaces,
+            system_namespace=amb.systemNamespace,
+            on_event=lambda kind: metrics.RECONCILE_EVENTS.labels(type=kind).inc(),
+        )
+        return AmbientService(
+            settings=amb,
+            pods=pods,
+            namespaces=self.namespaces,
+            mesh=self.mesh,
+            ztunnel=self.ztunnel,
+            watch=watch,
+            exclude_namespaces=self.settings.excludeNamespaces,
+        )
