@@ -20,11 +20,10 @@ from typing import Any, Literal, assert_never, get_args, get_origin, get_type_hi
 import yaml
 
 from agent import constants
-from agent.errors import ConfigError
+from agent.errors import ConfigError, SelectorError
 from agent.label_selectors import (
     DEFAULT_ENABLEMENT_SELECTORS,
     EnablementSelector,
-    SelectorError,
     parse_enablement_selectors,
 )
 from agent.log_levels import LogLevels, parse_log_levels

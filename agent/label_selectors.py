@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from agent.errors import SelectorError
+
 SelectorOperator = Literal["In", "NotIn", "Exists", "DoesNotExist"]
 OPERATORS: tuple[str, ...] = get_args(SelectorOperator)
 
@@ -25,14 +27,6 @@ _NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 _DNS1123_SUBDOMAIN = re.compile(
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 )
-
-
-class SelectorError(ValueError):
-    """A selector Kubernetes would refuse; `path` is relative to the list (`[0].podSelector`)."""
-
-    def __init__(self, path: str, message: str) -> None:
-        super().__init__(f"{path}: {message}")
-        self.path, self.message = path, message
 
 
 @dataclass(frozen=True)

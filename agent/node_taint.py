@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agent.errors import ApiConflict, KubeApiError, TaintChanged
 from agent.kube import api
 
 log = logging.getLogger(__name__)
@@ -45,10 +46,6 @@ class TaintTiming:
     immediate_retries: int = 5
     """Re-reads right after a failed `test` before backing off (a node whose taints keep
     changing is retried too, only slower)."""
-
-
-class TaintChanged(Exception):
-    """The node's taints changed between our read and our patch."""
 
 
 def without_key(taints: Sequence[dict[str, Any]], key: str) -> list[dict[str, Any]]:
@@ -90,7 +87,7 @@ def remove_taint(
             _content_type="application/json-patch+json",
             timeout=timeouts.node(),
         )
-    except api.ApiConflict as e:
+    except ApiConflict as e:
         raise TaintChanged(f"HTTP {e.status}: {e.message}") from None
     return [str(t.get("effect", "")) for t in taints if t.get("key") == key]
 
@@ -216,7 +213,7 @@ class NodeTaintRemover:
 
 def _error(e: Exception) -> str:
     """An answer as `HTTP <status>: <the API's message>`, else the transport's own words."""
-    if isinstance(e, api.KubeApiError) and e.answered:
+    if isinstance(e, KubeApiError) and e.answered:
         return f"HTTP {e.status}: {e.message}"
     cause = api.original(e)
     return f"{type(cause).__name__}: {str(cause)[:300]}"

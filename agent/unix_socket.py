@@ -13,15 +13,13 @@ import os
 import socket
 import stat
 
+from agent.errors import SocketPathError
+
 log = logging.getLogger(__name__)
 
 SOCKET_MODE = 0o600
 RUN_DIR_MODE = 0o700
 MAX_SOCKET_PATH = 107  # sun_path is 108 bytes including the NUL
-
-
-class SocketPathError(OSError):
-    """The socket cannot be created at its path; the message names the socket and why."""
 
 
 def bind_private(sock: socket.socket, path: str, *, what: str) -> int:

@@ -14,7 +14,8 @@ import _socket
 import time
 
 from plugin import framing, wire
-from plugin.errors import INTERNAL, TRY_AGAIN_LATER, CniError
+from plugin.errors import CniError
+from plugin.wire import INTERNAL, TRY_AGAIN_LATER
 
 TYPE_CHECKING = False  # not typing's: importing typing costs ~10 ms of start-up
 if TYPE_CHECKING:

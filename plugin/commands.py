@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from plugin import versions, wire
 from plugin.client import AgentClient, AgentUnavailable
-from plugin.errors import NOT_AVAILABLE, CniError
+from plugin.errors import CniError
 from plugin.log import PluginLog
 from plugin.skel import parse_cni_args
+from plugin.wire import NOT_AVAILABLE
 
 TYPE_CHECKING = False  # not typing's: importing typing costs ~10 ms of start-up
 if TYPE_CHECKING:

@@ -10,8 +10,9 @@ runtime's extras) are ignored.
 from __future__ import annotations
 
 from plugin import fastjson
-from plugin.errors import DECODING_FAILURE, INCOMPATIBLE_VERSION, INVALID_CONFIG, CniError
+from plugin.errors import CniError
 from plugin.versions import SUPPORTED, UNVERSIONED
+from plugin.wire import DECODING_FAILURE, INCOMPATIBLE_VERSION, INVALID_CONFIG
 
 TYPE_CHECKING = False  # not typing's: importing typing costs ~10 ms of start-up
 if TYPE_CHECKING:

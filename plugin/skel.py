@@ -10,14 +10,8 @@ from __future__ import annotations
 import sys
 
 from plugin import config, fastjson, versions
-from plugin.errors import (
-    INCOMPATIBLE_VERSION,
-    INTERNAL,
-    INVALID_ENV,
-    IO_FAILURE,
-    UNKNOWN_CONTAINER,
-    CniError,
-)
+from plugin.errors import CniError
+from plugin.wire import INCOMPATIBLE_VERSION, INTERNAL, INVALID_ENV, IO_FAILURE, UNKNOWN_CONTAINER
 
 TYPE_CHECKING = False  # not typing's: importing typing costs ~10 ms of start-up
 if TYPE_CHECKING:

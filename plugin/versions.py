@@ -13,7 +13,8 @@ plugin built on its skeleton read it: libcni hands "" to every plugin of a list 
 
 from __future__ import annotations
 
-from plugin.errors import INCOMPATIBLE_VERSION, INVALID_CONFIG, CniError
+from plugin.errors import CniError
+from plugin.wire import INCOMPATIBLE_VERSION, INVALID_CONFIG
 
 TYPE_CHECKING = False  # not typing's: importing typing costs ~10 ms of start-up
 if TYPE_CHECKING:

@@ -65,6 +65,20 @@ if TYPE_CHECKING:
         reason: NotRequired[str]
 
 
+# CNI error codes (the CNI specification's well-known ones; 999 is libcni's "unknown error"):
+# the plugin fails commands with them, the agent's error replies carry them.
+INCOMPATIBLE_VERSION = 1
+UNSUPPORTED_FIELD = 2
+UNKNOWN_CONTAINER = 3
+INVALID_ENV = 4
+IO_FAILURE = 5
+DECODING_FAILURE = 6
+INVALID_CONFIG = 7
+TRY_AGAIN_LATER = 11
+NOT_AVAILABLE = 50
+"""STATUS (1.1): the plugin cannot service ADD requests."""
+INTERNAL = 999
+
 SOCKET_NAME = "pluginevent.sock"
 LOG_FILE_NAME = "istio-cni.log"
 """The plugin's fallback log in the run dir (Istio's plugin writes a rolling log of that name)."""

@@ -108,11 +108,3 @@ class ZtunnelLink(Protocol):
 
 class SnapshotSource(Protocol):
     def __call__(self) -> Iterable[AmbientPod]: ...
-
-
-class ZtunnelError(Exception):
-    """ztunnel refused or did not acknowledge a workload."""
-
-
-class ZtunnelNotConnected(ZtunnelError):
-    """No ztunnel is connected; the pod will be sent in the next snapshot."""

@@ -30,13 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from agent.ambient.dataplane import (
-    AmbientPod,
-    HostProbeRules,
-    PodRules,
-    ZtunnelError,
-    ZtunnelLink,
-)
+from agent.ambient.dataplane import AmbientPod, HostProbeRules, PodRules, ZtunnelLink
 from agent.ambient.enrollment import (
     AnnotationPatch,
     RedirectionState,
@@ -44,9 +38,12 @@ from agent.ambient.enrollment import (
     pod_ips,
 )
 from agent.errors import (
+    ApiNotFound,
     InvalidPodInputError,
+    KubeApiError,
     MeshError,
     NonRetryableAdd,
+    ZtunnelError,
     ZtunnelPending,
 )
 from agent.kube import api
@@ -89,8 +86,8 @@ class StatusAnnotator:
                 timeout=self._timeouts.update(),
                 raw=False,
             )
-        except api.KubeApiError as e:
-            if isinstance(e, api.ApiNotFound) and patch.ignore_not_found:
+        except KubeApiError as e:
+            if isinstance(e, ApiNotFound) and patch.ignore_not_found:
                 return
             if not e.answered:
                 raise  # no answer: the caller names the step, as for any other failure

@@ -44,7 +44,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Gauge
 
 from agent import unix_socket
 from agent.ambient import zds_pb2
-from agent.ambient.dataplane import AmbientPod, SnapshotSource, ZtunnelError, ZtunnelNotConnected
+from agent.ambient.dataplane import AmbientPod, SnapshotSource
 from agent.ambient.zds_conn import (
     IO_TIMEOUT,
     KEEPALIVE_INTERVAL,
@@ -56,7 +56,7 @@ from agent.ambient.zds_conn import (
     SnapshotItem,
     delete_request,
 )
-from agent.errors import AgentError
+from agent.errors import SocketPathError, ZdsServerError, ZtunnelError, ZtunnelNotConnected
 from agent.serving.peer import untrusted_peer
 
 log = logging.getLogger(__name__)
@@ -69,10 +69,6 @@ MAX_CONNECTIONS = 16
 """A node runs one ztunnel; a rollout briefly two. Each connection holds a thread."""
 LISTEN_BACKLOG = 64
 REPORT_INTERVAL = 10.0
-
-
-class ZdsServerError(AgentError):
-    """The ZDS server could not listen on its socket (message names the path)."""
 
 
 class ZdsMetrics:
@@ -394,5 +390,5 @@ def _bind(sock: socket.socket, path: str) -> int:
     """Bind `sock` at `path` with mode 0600 (agent.unix_socket); returns the inode."""
     try:
         return unix_socket.bind_private(sock, path, what="ZDS socket")
-    except unix_socket.SocketPathError as e:
+    except SocketPathError as e:
         raise ZdsServerError(str(e)) from e

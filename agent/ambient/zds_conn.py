@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from google.protobuf.message import DecodeError, Message
 
 from agent.ambient import zds_pb2
+from agent.errors import AgentError
 
 log = logging.getLogger(__name__)
 
@@ -50,15 +51,15 @@ PROTOCOL_VERSION = zds_pb2.V1
 _ids = itertools.count(1)
 
 
-class ConnectionClosed(Exception):
+class ConnectionClosed(AgentError):
     """The connection ended (or could not be written) before the request got its ack."""
 
 
-class AckTimeout(Exception):
+class AckTimeout(AgentError):
     """ztunnel did not acknowledge in time; the connection is closed."""
 
 
-class ProtocolError(Exception):
+class ProtocolError(AgentError):
     """ztunnel sent something the protocol does not allow at that point."""
 
 

@@ -18,6 +18,8 @@ import secrets
 import shutil
 import stat
 
+from agent.errors import ChangedUnderUs
+
 TEMP_SUFFIX = ".istio-tmp"
 _TEMP_RE = re.compile(r"^\..*\.(\d+)\.[0-9a-f]{8}" + re.escape(TEMP_SUFFIX) + "$")
 
@@ -42,10 +44,6 @@ def fsync_dir(directory: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-class ChangedUnderUs(Exception):
-    """The target changed after we read it: writing now would drop the other writer's change."""
 
 
 FileId = tuple[int, int, int, int]

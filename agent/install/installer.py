@@ -23,10 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.config import Settings
-from agent.errors import InstallError, TransientInstallError
+from agent.errors import ChangedUnderUs, InstallError, TransientInstallError
 from agent.install import conflist, jsontext
 from agent.install.atomic import (
-    ChangedUnderUs,
     FileId,
     atomic_rename,
     atomic_write,

@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agent.errors import ApiForbidden, ApiNotFound, KubeApiError
+
 log = logging.getLogger(__name__)
 
 
@@ -148,7 +150,7 @@ def fetch_state(
                 pod_namespace,
                 timeout=timeout,
             )
-        except api.ApiNotFound:
+        except ApiNotFound:
             ds = None
         if (
             ds is not None
@@ -160,8 +162,8 @@ def fetch_state(
         if node_name:
             node = api.get_json(clients.core.read_node, node_name, timeout=timeout)
         return ClusterState(daemonset=ds, node=node)
-    except api.KubeApiError as e:
-        if isinstance(e, api.ApiForbidden):
+    except KubeApiError as e:
+        if isinstance(e, ApiForbidden):
             return ClusterState(revoked=f"HTTP {e.status} {e.reason}")
         if e.answered:
             return ClusterState(error=f"HTTP {e.status} {e.reason}")

@@ -2,7 +2,7 @@
 
 `call` makes a call with the timeout of its kind (`Timeouts`, from the settings' `kubeApi`), as a
 raw response unless told otherwise; `get_json` decodes the answer too. A failure leaves here as
-one of the agent's errors, by what the caller can do about it:
+one of the agent's errors (agent.errors), by what the caller can do about it:
 
     KubeApiError          the API server did not give the answer asked for (retry later)
      ├── ApiNotFound      404: the object does not exist
@@ -27,7 +27,7 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from agent.config import KubeApiSettings
-from agent.errors import AgentError
+from agent.errors import ApiConflict, ApiForbidden, ApiGone, ApiNotFound, KubeApiError
 
 Timeout = float | tuple[float, float]
 """Seconds for the whole call, or (connect, read)."""
@@ -72,45 +72,6 @@ class Timeouts:
 DEFAULT_TIMEOUTS = Timeouts()
 
 
-class KubeApiError(AgentError):
-    """A call to the Kubernetes API did not get the answer asked for; try again later.
-    `answered`: the API server answered, with HTTP `status` and its `reason` phrase (else there
-    was no answer: connection refused, timeout, not JSON)."""
-
-    def __init__(
-        self, cause: BaseException, status: int | None = None, reason: object = None
-    ) -> None:
-        self.cause, self.status, self.reason = cause, status, reason
-        self.answered = isinstance(cause, ApiException)
-        super().__init__(f"API server answered {status} {reason}" if self.answered else str(cause))
-
-    @property
-    def message(self) -> str:
-        """The API server's own message (its Status object's), else the reason; ≤300 chars."""
-        body = getattr(self.cause, "body", None)
-        try:
-            found = json.loads(body or "{}").get("message")
-        except (ValueError, AttributeError):
-            found = None
-        return str(found or self.reason)[:300]
-
-
-class ApiNotFound(KubeApiError):
-    """404: the object does not exist."""
-
-
-class ApiForbidden(KubeApiError):
-    """401/403: the agent's credentials do not allow the call; retrying does not help."""
-
-
-class ApiConflict(KubeApiError):
-    """409/422: the object changed since it was read (a precondition failed)."""
-
-
-class ApiGone(KubeApiError):
-    """410: the resourceVersion a watch started from is too old."""
-
-
 _BY_STATUS: dict[int, type[KubeApiError]] = {
     404: ApiNotFound,
     401: ApiForbidden,
@@ -130,7 +91,7 @@ def call(fn: Callable[..., Any], *args: Any, timeout: Timeout, raw: bool = True,
         return fn(*args, _request_timeout=timeout, **kw)
     except ApiException as e:
         kind = _BY_STATUS.get(e.status or 0, KubeApiError)
-        raise kind(e, e.status, e.reason) from e
+        raise kind(e, e.status, e.reason, answered=True) from e
     except (urllib3.exceptions.HTTPError, OSError) as e:
         raise KubeApiError(e) from e
 

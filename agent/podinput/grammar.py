@@ -12,16 +12,9 @@ import re
 from typing import Literal
 
 from agent import constants
+from agent.errors import TokenError
 from agent.excerpt import excerpt
-from agent.podinput.tokens import (
-    Address,
-    Cidr,
-    Id,
-    InterfaceName,
-    Port,
-    TokenError,
-    canonical_cidr,
-)
+from agent.podinput.tokens import Address, Cidr, Id, InterfaceName, Port, canonical_cidr
 
 InterceptionMode = Literal["REDIRECT", "TPROXY"]
 Wildcard = Literal["*"]

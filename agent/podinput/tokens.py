@@ -19,14 +19,11 @@ import ipaddress
 import re
 from typing import ClassVar, Self
 
+from agent.errors import TokenError
 from agent.excerpt import excerpt
 
 MAX_TOKEN = 64
 """No token is longer (an IPv6 CIDR is at most 43 characters)."""
-
-
-class TokenError(ValueError):
-    """A value is not a valid token of its kind; the message says what it must be."""
 
 
 class Token(str):

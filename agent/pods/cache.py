@@ -23,7 +23,14 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from agent.errors import AgentError
+from agent.errors import (
+    ApiGone,
+    ApiLookupError,
+    ApiNotFound,
+    KubeApiError,
+    ResourceExpired,
+    WatchError,
+)
 from agent.kube import api
 from agent.pods.metrics import CacheMetrics, default_cache_metrics
 
@@ -38,18 +45,6 @@ Listener = Callable[[str, "Obj | None", "Obj | None"], None]
 update, or delete (new None). Runs in the watch thread: it must only hand the change on."""
 
 HTTP_GONE = 410
-
-
-class PodLookupError(AgentError):
-    """The API server did not answer a pod lookup; the caller should try again later."""
-
-
-class ResourceExpired(Exception):
-    """The watch's resourceVersion is too old for the server (410 Gone): list again."""
-
-
-class WatchError(Exception):
-    """The watch stream reported an error other than an expired version."""
 
 
 class ListWatchCache:
@@ -156,7 +151,7 @@ class ListWatchCache:
 
         With `uid`, a pod of that name but another uid (a deleted and recreated pod) does not
         count. Returns None when the pod still does not exist after the retries; raises
-        PodLookupError when the API server kept failing.
+        ApiLookupError when the API server kept failing.
         """
         delay = self._get_first_delay
         error: Exception | None = None
@@ -167,7 +162,7 @@ class ListWatchCache:
             try:
                 pod = self._matching(self._read(namespace, name), uid)
                 error = None
-            except PodLookupError as e:
+            except ApiLookupError as e:
                 error = e
             if pod is not None:
                 return pod
@@ -193,7 +188,7 @@ class ListWatchCache:
             self._changed.wait(seconds)
 
     def _read(self, namespace: str, name: str) -> Obj | None:
-        """GET one object; None when it does not exist; PodLookupError when the lookup failed."""
+        """GET one object; None when it does not exist; ApiLookupError when the lookup failed."""
         raise NotImplementedError
 
     # -- list + watch ------------------------------------------------------------------------
@@ -286,7 +281,7 @@ class ListWatchCache:
                 timeout_seconds=timeout,
                 timeout=self._timeouts.watch(timeout),
             )
-        except api.ApiGone as e:
+        except ApiGone as e:
             raise ResourceExpired(f"watch from {resource_version}: {e.reason}") from e
         with self._response_lock:
             if self._stopping.is_set():
@@ -350,10 +345,10 @@ class PodCache(ListWatchCache):
             return api.get_json(
                 self._core.read_namespaced_pod, name, namespace, timeout=self._timeouts.lookup()
             )
-        except api.ApiNotFound:
+        except ApiNotFound:
             return None
-        except api.KubeApiError as e:
-            raise PodLookupError(f"get pod {namespace}/{name}: {e}") from e
+        except KubeApiError as e:
+            raise ApiLookupError(f"get pod {namespace}/{name}: {e}") from e
 
 
 def _differences(

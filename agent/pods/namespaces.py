@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from agent.errors import ApiLookupError, ApiNotFound, KubeApiError
 from agent.kube import api
-from agent.pods.cache import ListWatchCache, Obj, PodLookupError
+from agent.pods.cache import ListWatchCache, Obj
 
 Namespace = dict[str, Any]
 
@@ -21,7 +22,7 @@ class NamespaceCache(ListWatchCache):
 
     def get_namespace(self, name: str, *, retry: bool = True) -> Namespace | None:
         """The namespace from the cache, else from a GET (retried while missing or failing
-        unless `retry` is off). None when it does not exist; PodLookupError when the API
+        unless `retry` is off). None when it does not exist; ApiLookupError when the API
         server kept failing."""
         if retry:
             return self.get("", name)
@@ -33,7 +34,7 @@ class NamespaceCache(ListWatchCache):
     def _read(self, namespace: str, name: str) -> Obj | None:
         try:
             return api.get_json(self._core.read_namespace, name, timeout=self._timeouts.lookup())
-        except api.ApiNotFound:
+        except ApiNotFound:
             return None
-        except api.KubeApiError as e:
-            raise PodLookupError(f"get namespace {name}: {e}") from e
+        except KubeApiError as e:
+            raise ApiLookupError(f"get namespace {name}: {e}") from e

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agent.errors import AmbientLookupError, ZtunnelPending
+from agent.errors import AgentError, retry_later
 from agent.excerpt import bounded
 from agent.logs import LEVELS, PLUGIN_LOGGER
 from agent.netns.look import ident as netns_ident
@@ -27,11 +27,12 @@ from plugin import wire
 log = logging.getLogger(__name__)
 plugin_log = logging.getLogger(PLUGIN_LOGGER)
 
-# CNI error codes (CNI spec, "Error" section; 999 is libcni's "unknown error").
-CODE_INVALID_ENV = 4
-CODE_DECODE = 6
-CODE_TRY_AGAIN = 11
-CODE_UNKNOWN = 999
+FAILURE_REPLY: dict[bool, tuple[int, int]] = {
+    True: (503, wire.TRY_AGAIN_LATER),  # retry later: the runtime tries the sandbox again
+    False: (500, wire.INTERNAL),  # give up: the sandbox fails
+}
+"""A failed step's HTTP status and CNI code, by its error's retry-or-give-up axis
+(agent.errors.retry_later): the one place a failure becomes a CNI code."""
 
 MAX_LOG_MESSAGE = 4096
 MAX_LOG_FIELDS = 32
@@ -68,7 +69,7 @@ def failure(status: int, code: int, msg: str, details: str = "") -> Reply:
     )
 
 
-class Refused(Exception):
+class Refused(AgentError):
     """Ends a request early with `reply`; `reason` labels istio_cni_pods_refused_total."""
 
     def __init__(self, reply: Reply, reason: str = "internal_error") -> None:
@@ -162,11 +163,11 @@ class CniRequest:
         try:
             data = wire.parse_cni_request(body, command=command)
         except wire.WireError as e:
-            raise _bad(CODE_DECODE, f"{command} request: {e}") from e
+            raise _bad(wire.DECODING_FAILURE, f"{command} request: {e}") from e
         if not data["containerId"]:
-            raise _bad(CODE_INVALID_ENV, f"{command} request: containerId is empty")
+            raise _bad(wire.INVALID_ENV, f"{command} request: containerId is empty")
         if command in ("ADD", "CHECK") and not data["netns"]:
-            raise _bad(CODE_INVALID_ENV, f"{command} request: netns is empty")
+            raise _bad(wire.INVALID_ENV, f"{command} request: netns is empty")
         return cls(
             command,
             data["containerId"],
@@ -264,7 +265,8 @@ class PodHandlers:
             reply, reason = refused.reply, refused.reason
         except Exception as e:  # a bug must still fail the sandbox, not pass it
             log.exception("plugin request failed", extra={"fields": {"command": command}})
-            reply = failure(500, CODE_UNKNOWN, f"{command}: internal error in the agent", str(e))
+            status, code = FAILURE_REPLY[False]
+            reply = failure(status, code, f"{command}: internal error in the agent", str(e))
         if self._metrics is not None:
             self._metrics.observe(command, reply.result, time.monotonic() - started)
             if command == "add" and reply.status >= 400:
@@ -300,9 +302,7 @@ class PodHandlers:
         assert self._ambient is not None
         try:
             return self._ambient.decide(pod)
-        except AmbientLookupError as e:
-            raise self._failed(req, "ambient detection", e, code=CODE_TRY_AGAIN, status=503) from e
-        except Exception as e:
+        except Exception as e:  # the namespace unreadable: retry later (AmbientLookupError)
             raise self._failed(req, "ambient detection", e) from e
 
     def _ambient_add(self, req: CniRequest, pod: Mapping[str, Any], reason: str) -> Reply:
@@ -311,9 +311,7 @@ class PodHandlers:
         pod = _with_ips(pod, req.ips)
         try:
             done = self._ambient.enroll(pod, req.netns)
-        except ZtunnelPending as e:
-            raise self._failed(req, "ambient enrollment", e, code=CODE_TRY_AGAIN, status=503) from e
-        except Exception as e:
+        except Exception as e:  # ztunnel has not taken it yet: retry later (ZtunnelPending)
             raise self._failed(req, "ambient enrollment", e) from e
         uid = str((pod.get("metadata") or {}).get("uid") or req.pod_uid)  # K8S_POD_UID is optional
         self._sandboxes.put(
@@ -348,7 +346,7 @@ class PodHandlers:
         if not present:
             msg = f"pod {req.pod_ref}: redirect rules missing in netns {req.netns}"
             log.error("check failed", extra={"fields": self._fields(req)})
-            return failure(500, CODE_UNKNOWN, msg)
+            return failure(*FAILURE_REPLY[False], msg)
         return ok(wire.RESULT_REDIRECTED, "rules present")
 
     def _delete(self, body: bytes) -> Reply:
@@ -372,7 +370,7 @@ class PodHandlers:
         try:
             data = wire.parse_gc_request(body)
         except wire.WireError as e:
-            raise _bad(CODE_DECODE, str(e)) from e
+            raise _bad(wire.DECODING_FAILURE, str(e)) from e
         valid = [(a["containerId"], a["ifname"]) for a in data["validAttachments"]]
         dropped = self._sandboxes.keep_only(valid)
         if dropped:
@@ -398,7 +396,7 @@ class PodHandlers:
         try:
             data = wire.parse_log_request(body)
         except wire.WireError as e:
-            return failure(400, CODE_DECODE, str(e))
+            return failure(400, wire.DECODING_FAILURE, str(e))
         fields = {
             "source": "plugin",
             "pod": f"{data['podNamespace']}/{data['podName']}",
@@ -414,13 +412,15 @@ class PodHandlers:
         try:
             pod = self._pods.get_pod(req.pod_namespace, req.pod_name, req.pod_uid or None)
         except Exception as e:
-            raise self._failed(req, "look up pod", e, code=CODE_TRY_AGAIN, status=503) from e
+            # Whatever failed, it was the lookup: the API server may answer later.
+            raise self._failed(req, "look up pod", e, retry=True) from e
         if pod is None:
             msg = f"pod {req.pod_ref}: look up pod: not found in the API server"
             if req.pod_uid:
                 msg += f" with uid {req.pod_uid}"
             log.warning("pod not found", extra={"fields": self._fields(req)})
-            raise Refused(failure(503, CODE_TRY_AGAIN, msg + "; try again later"), "pod_not_found")
+            reply = failure(*FAILURE_REPLY[True], msg + "; try again later")
+            raise Refused(reply, "pod_not_found")
         return pod
 
     def _decide(self, req: CniRequest, pod: Mapping[str, Any]) -> Decision:
@@ -435,9 +435,10 @@ class PodHandlers:
         step: str,
         error: Exception,
         *,
-        code: int = CODE_UNKNOWN,
-        status: int = 500,
+        retry: bool | None = None,
     ) -> Refused:
+        """`retry`: the step's own answer; None: the error's (agent.errors.retry_later)."""
+        status, code = FAILURE_REPLY[retry_later(error) if retry is None else retry]
         msg = f"pod {req.pod_ref}: {step} failed: {error}"
         log.error("%s failed", step, extra={"fields": {**self._fields(req), "error": str(error)}})
         return Refused(

@@ -26,8 +26,8 @@ import socket
 from collections.abc import Callable
 
 from agent import unix_socket
-from agent.errors import AgentError
-from agent.podserver.handlers import CODE_DECODE, CODE_UNKNOWN, PodHandlers, Reply, failure
+from agent.errors import ServerError, SocketPathError
+from agent.podserver.handlers import PodHandlers, Reply, failure
 from agent.serving import limits
 from agent.serving.http import Request, Response
 from agent.serving.loop import Server
@@ -38,10 +38,6 @@ log = logging.getLogger(__name__)
 
 # 110 pods may start at once; a full backlog makes a non-blocking connect fail at once.
 LISTEN_BACKLOG = 1024
-
-
-class ServerError(AgentError):
-    """The pod server could not listen on its socket (message names the path)."""
 
 
 Route = Callable[[PodHandlers, bytes], Reply]
@@ -69,11 +65,11 @@ class _Routes:
             return _response(route(self.handlers, request.body))
         allowed = [m for (m, p) in ROUTES if p == path]
         if allowed:
-            return _response(failure(405, CODE_UNKNOWN, f"{method} {path}: use {allowed[0]}"))
-        return _response(failure(404, CODE_UNKNOWN, f"{method} {path}: no such endpoint"))
+            return _response(failure(405, wire.INTERNAL, f"{method} {path}: use {allowed[0]}"))
+        return _response(failure(404, wire.INTERNAL, f"{method} {path}: no such endpoint"))
 
     def refuse(self, status: int, message: str) -> Response:
-        code = CODE_UNKNOWN if status >= 500 else CODE_DECODE
+        code = wire.INTERNAL if status >= 500 else wire.DECODING_FAILURE
         return _response(failure(status, code, message), close=True)
 
 
@@ -131,5 +127,5 @@ def _bind(sock: socket.socket, path: str) -> int:
     """Bind `sock` at `path` with mode 0600 (agent.unix_socket); returns the inode."""
     try:
         return unix_socket.bind_private(sock, path, what="pod server socket")
-    except unix_socket.SocketPathError as e:
+    except SocketPathError as e:
         raise ServerError(str(e)) from e

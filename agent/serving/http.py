@@ -12,12 +12,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
 
+from agent.errors import AgentError
+
 HEAD_END = b"\r\n\r\n"
 _TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
-class FramingError(Exception):
+class FramingError(AgentError):
     """A request the server will not read further: answered with `status`, then closed."""
 
     def __init__(self, status: int, message: str) -> None:

@@ -6,14 +6,9 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
-from agent.ambient.dataplane import (
-    AmbientPod,
-    SnapshotSource,
-    ZtunnelError,
-    ZtunnelNotConnected,
-)
+from agent.ambient.dataplane import AmbientPod, SnapshotSource
 from agent.ambient.enrollment import AnnotationPatch
-from agent.errors import RedirectError
+from agent.errors import RedirectError, ZtunnelError, ZtunnelNotConnected
 from agent.rules.ambient.options import PodRuleOptions
 
 Journal = list[tuple[str, ...]]

@@ -13,8 +13,8 @@ from prometheus_client import CollectorRegistry
 
 from agent.ambient.enroller import AmbientEnroller
 from agent.ambient.mesh import MeshDataplane, rule_options_for
+from agent.errors import ApiLookupError
 from agent.label_selectors import DEFAULT_ENABLEMENT_SELECTORS
-from agent.pods.cache import PodLookupError
 from agent.podserver.handlers import PodHandlers
 from agent.podserver.metrics import PluginMetrics
 from agent.podserver.sandboxes import SandboxStore
@@ -142,7 +142,7 @@ def test_namespace_lookup_failure_without_retry_still_fails_closed(tmp_path: Pat
     """Istio's value without the retry: one try, and when it fails the ADD fails (the runtime
     retries): the agent cannot tell whether the pod must be captured."""
     rig = Rig(tmp_path, new_pod())
-    rig.namespaces.error = PodLookupError("get namespace app: API server answered 503")
+    rig.namespaces.error = ApiLookupError("get namespace app: API server answered 503")
     reply = rig.handlers.add(rig.body())
     assert reply.status == 503 and reply.body["code"] == 11
     assert "ambient detection" in str(reply.body["msg"])
@@ -151,7 +151,7 @@ def test_namespace_lookup_failure_without_retry_still_fails_closed(tmp_path: Pat
 
 def test_namespace_lookup_failure_fails_open_only_when_the_user_opts_out(tmp_path: Path) -> None:
     rig = Rig(tmp_path, new_pod(), fail_open=True)
-    rig.namespaces.error = PodLookupError("get namespace app: API server answered 503")
+    rig.namespaces.error = ApiLookupError("get namespace app: API server answered 503")
     reply = rig.handlers.add(rig.body())
     assert reply.status == 200 and reply.result == wire.RESULT_SKIPPED  # sidecar decision
     assert rig.namespaces.retries == [False] and rig.mesh.snapshot() == []
@@ -159,7 +159,7 @@ def test_namespace_lookup_failure_fails_open_only_when_the_user_opts_out(tmp_pat
 
 def test_namespace_lookup_failure_with_retry_fails_closed(tmp_path: Path) -> None:
     rig = Rig(tmp_path, new_pod(), retry=True)
-    rig.namespaces.error = PodLookupError("get namespace app: API server answered 503")
+    rig.namespaces.error = ApiLookupError("get namespace app: API server answered 503")
     reply = rig.handlers.add(rig.body())
     assert reply.status == 503 and reply.body["code"] == 11
     assert "ambient detection" in str(reply.body["msg"])

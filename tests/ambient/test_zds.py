@@ -16,9 +16,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from agent.ambient import zds_pb2
-from agent.ambient.dataplane import AmbientPod, ZtunnelError, ZtunnelNotConnected
+from agent.ambient.dataplane import AmbientPod
 from agent.ambient.zds import MAX_CONNECTIONS as ZDS_CAP
-from agent.ambient.zds import ZdsMetrics, ZdsServer, ZdsServerError
+from agent.ambient.zds import ZdsMetrics, ZdsServer
+from agent.errors import ZdsServerError, ZtunnelError, ZtunnelNotConnected
 from agent.netns import run_in_netns
 from testbed import netns
 from testbed.wait import wait_for

@@ -11,7 +11,7 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from agent.config import KubeApiSettings
-from agent.errors import AgentError
+from agent.errors import AgentError, ApiConflict, ApiForbidden, ApiGone, ApiNotFound, KubeApiError
 from agent.kube import api
 
 
@@ -30,19 +30,19 @@ def failing(error: BaseException) -> Any:
 @pytest.mark.parametrize(
     ("status", "kind"),
     [
-        (404, api.ApiNotFound),
-        (401, api.ApiForbidden),
-        (403, api.ApiForbidden),
-        (409, api.ApiConflict),
-        (422, api.ApiConflict),
-        (410, api.ApiGone),
-        (500, api.KubeApiError),
-        (503, api.KubeApiError),
+        (404, ApiNotFound),
+        (401, ApiForbidden),
+        (403, ApiForbidden),
+        (409, ApiConflict),
+        (422, ApiConflict),
+        (410, ApiGone),
+        (500, KubeApiError),
+        (503, KubeApiError),
     ],
 )
 def test_an_answer_becomes_the_error_of_its_status(status: int, kind: type) -> None:
     cause = ApiException(status=status, reason="Because")
-    with pytest.raises(api.KubeApiError) as err:
+    with pytest.raises(KubeApiError) as err:
         api.call(failing(cause), timeout=1.0)
     assert type(err.value) is kind and isinstance(err.value, AgentError)
     assert (err.value.status, err.value.reason, err.value.answered) == (status, "Because", True)
@@ -56,15 +56,15 @@ def test_an_answer_becomes_the_error_of_its_status(status: int, kind: type) -> N
     ids=["urllib3", "oserror"],
 )
 def test_no_answer_is_retry_later_in_the_transports_words(cause: BaseException) -> None:
-    with pytest.raises(api.KubeApiError) as err:
+    with pytest.raises(KubeApiError) as err:
         api.call(failing(cause), timeout=1.0)
-    assert type(err.value) is api.KubeApiError
+    assert type(err.value) is KubeApiError
     assert not err.value.answered and err.value.status is None
     assert str(err.value) == str(cause)
 
 
 def test_an_answer_that_is_not_json_is_retry_later() -> None:
-    with pytest.raises(api.KubeApiError) as err:
+    with pytest.raises(KubeApiError) as err:
         api.get_json(lambda **kw: Response(b"<html>"), timeout=1.0)
     assert not err.value.answered and isinstance(err.value.cause, ValueError)
 
@@ -86,9 +86,9 @@ def test_the_call_is_raw_with_the_timeout_and_decoded() -> None:
 def test_the_api_servers_message_is_read_from_its_status_object() -> None:
     cause = ApiException(status=422, reason="Unprocessable Entity")
     cause.body = json.dumps({"message": "the test failed"})
-    assert api.ApiConflict(cause, 422, cause.reason).message == "the test failed"
+    assert ApiConflict(cause, 422, cause.reason).message == "the test failed"
     plain = ApiException(status=409, reason="Conflict")
-    assert api.ApiConflict(plain, 409, "Conflict").message == "Conflict"
+    assert ApiConflict(plain, 409, "Conflict").message == "Conflict"
 
 
 def test_timeouts_come_from_the_settings() -> None:

@@ -21,8 +21,9 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from agent.errors import TaintChanged
 from agent.kube import KubeClients, build_clients
-from agent.node_taint import TAINT_KEY, NodeTaintRemover, TaintChanged, TaintTiming, remove_taint
+from agent.node_taint import TAINT_KEY, NodeTaintRemover, TaintTiming, remove_taint
 from testbed.agent_host import Node, agent_command, agent_env, http_get
 from testbed.ports import free_port
 from testbed.wait import wait_for

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY, CollectorRegistry
 
-from agent.errors import RedirectError
+from agent.errors import ApiLookupError, RedirectError
 from agent.install.installer import Installer
 from agent.install.watcher import InstallWatcher
-from agent.pods.cache import PodCache, PodLookupError
+from agent.pods.cache import PodCache
 from agent.pods.metrics import CacheMetrics
 from agent.podserver.metrics import REFUSAL_REASONS, PluginMetrics
 from agent.rules.sidecar.redirector import RulesRedirector
@@ -58,7 +58,7 @@ def test_every_refusal_reason_is_exported_at_zero() -> None:
     ("setup", "reason"),
     [
         (
-            lambda rig: setattr(rig.pods, "error", PodLookupError("get pod app/web-0: 500")),
+            lambda rig: setattr(rig.pods, "error", ApiLookupError("get pod app/web-0: 500")),
             "lookup_failed",
         ),
         (lambda rig: rig.pods.pods.clear(), "pod_not_found"),

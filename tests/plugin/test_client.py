@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from plugin import errors, framing, wire
+from plugin import framing, wire
 from plugin.client import AgentClient, AgentUnavailable
 from plugin.errors import CniError
 from tests.plugin.helpers import AgentTestDouble, Answer
@@ -38,7 +38,7 @@ def test_body_over_one_mib_is_cut(status: int, agent: AgentTestDouble) -> None:
     agent.answers["/v1/cni/add"] = Answer(status, huge)
     with pytest.raises(CniError) as caught:
         AgentClient(str(agent.run_dir), timeout=5).cni("ADD", ADD)
-    assert caught.value.code == errors.INTERNAL
+    assert caught.value.code == wire.INTERNAL
     assert len(caught.value.msg) + len(caught.value.details) < 4096
 
 
@@ -78,7 +78,7 @@ def test_total_timeout_covers_a_slow_body(tmp_path: Path) -> None:
     try:
         with pytest.raises(AgentUnavailable) as caught:
             AgentClient(str(tmp_path), timeout=0.4).cni("ADD", ADD)
-        assert caught.value.code == errors.TRY_AGAIN_LATER
+        assert caught.value.code == wire.TRY_AGAIN_LATER
     finally:
         stop.set()
         server.close()
@@ -102,7 +102,7 @@ def test_not_http_is_internal_error(tmp_path: Path) -> None:
     try:
         with pytest.raises(CniError) as caught:
             AgentClient(str(tmp_path), timeout=2).cni("ADD", ADD)
-        assert caught.value.code == errors.INTERNAL and "malformed" in caught.value.msg
+        assert caught.value.code == wire.INTERNAL and "malformed" in caught.value.msg
     finally:
         server.close()
         thread.join(timeout=5)
@@ -115,7 +115,7 @@ def test_invalid_ok_reply_is_internal_error(body: bytes, agent: AgentTestDouble)
     agent.answers["/v1/cni/add"] = Answer(200, body)
     with pytest.raises(CniError) as caught:
         AgentClient(str(agent.run_dir), timeout=2).cni("ADD", ADD)
-    assert caught.value.code == errors.INTERNAL
+    assert caught.value.code == wire.INTERNAL
 
 
 def test_log_is_best_effort(tmp_path: Path, agent: AgentTestDouble) -> None:

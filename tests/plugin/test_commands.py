@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from plugin import errors
+from plugin import wire
 from tests.plugin.helpers import (
     VERSIONS,
     AgentTestDouble,
@@ -92,7 +92,7 @@ def test_agent_error_becomes_cni_error(command: str, agent: AgentTestDouble) -> 
 def test_agent_error_without_cni_body(agent: AgentTestDouble) -> None:
     agent.answers["/v1/cni/add"] = Answer(502, b"<html>bad gateway</html>")
     run = run_plugin(cni_env("ADD"), net_conf(run_dir=str(agent.run_dir)))
-    assert run.out["code"] == errors.INTERNAL
+    assert run.out["code"] == wire.INTERNAL
     assert "502" in run.out["msg"] and "bad gateway" in run.out["details"]
 
 
@@ -100,7 +100,7 @@ def test_agent_error_without_cni_body(agent: AgentTestDouble) -> None:
 def test_agent_down_fails_closed_with_try_again(command: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
     run = run_plugin(cni_env(command), net_conf(run_dir=str(tmp_path)))
     assert run.code == 1
-    assert run.out["code"] == errors.TRY_AGAIN_LATER
+    assert run.out["code"] == wire.TRY_AGAIN_LATER
     assert str(tmp_path / "pluginevent.sock") in run.out["details"]
     assert "level=error" in run.err
 
@@ -112,7 +112,7 @@ def test_agent_socket_refusing_is_try_again(tmp_path) -> None:  # type: ignore[n
     stale.bind(str(tmp_path / "pluginevent.sock"))
     stale.close()  # the file stays, nobody listens: ECONNREFUSED
     run = run_plugin(cni_env("ADD"), net_conf(run_dir=str(tmp_path)))
-    assert run.out["code"] == errors.TRY_AGAIN_LATER
+    assert run.out["code"] == wire.TRY_AGAIN_LATER
 
 
 def test_agent_timeout_is_try_again(agent: AgentTestDouble) -> None:
@@ -120,7 +120,7 @@ def test_agent_timeout_is_try_again(agent: AgentTestDouble) -> None:
     conf = net_conf(run_dir=str(agent.run_dir), agent_timeout_seconds=0.3)
     run = run_plugin(cni_env("ADD"), conf)
     assert run.code == 1
-    assert run.out["code"] == errors.TRY_AGAIN_LATER
+    assert run.out["code"] == wire.TRY_AGAIN_LATER
     assert "0.3 s" in run.out["msg"]
 
 
@@ -146,14 +146,14 @@ def test_status_ready(agent: AgentTestDouble) -> None:
 def test_status_not_ready(agent: AgentTestDouble) -> None:
     agent.answers["/v1/status"] = Answer(503, {"ready": False, "reason": "pod cache not synced"})
     run = run_plugin(cni_env("STATUS"), net_conf("1.1.0", str(agent.run_dir)))
-    assert run.out["code"] == errors.NOT_AVAILABLE
+    assert run.out["code"] == wire.NOT_AVAILABLE
     assert run.out["msg"] == "the plugin is not available"
     assert "pod cache not synced" in run.out["details"]
 
 
 def test_status_agent_down(tmp_path) -> None:  # type: ignore[no-untyped-def]
     run = run_plugin(cni_env("STATUS"), net_conf("1.1.0", str(tmp_path)))
-    assert run.out["code"] == errors.NOT_AVAILABLE
+    assert run.out["code"] == wire.NOT_AVAILABLE
     assert "not reachable" in run.out["details"]
 
 
@@ -189,14 +189,14 @@ def test_gc_rejects_bad_attachments(value: object, agent: AgentTestDouble) -> No
     if value is not None:
         conf["cni.dev/valid-attachments"] = value
     run = run_plugin(cni_env("GC"), conf)
-    assert run.out["code"] == errors.INVALID_CONFIG
+    assert run.out["code"] == wire.INVALID_CONFIG
     assert "valid-attachments" in run.out["msg"]
     assert agent.requests == []
 
 
 def test_gc_agent_down_is_try_again(tmp_path) -> None:  # type: ignore[no-untyped-def]
     conf = net_conf("1.1.0", str(tmp_path), **{"cni.dev/valid-attachments": []})
-    assert run_plugin(cni_env("GC"), conf).out["code"] == errors.TRY_AGAIN_LATER
+    assert run_plugin(cni_env("GC"), conf).out["code"] == wire.TRY_AGAIN_LATER
 
 
 def test_log_lines_reach_the_agent_with_the_pod(agent: AgentTestDouble) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from plugin import errors, log, wire
+from plugin import log, wire
 from plugin.log import PluginLog, append_line
 from tests.plugin.helpers import AgentTestDouble, Answer, cni_env, net_conf, run_plugin
 
@@ -106,7 +106,7 @@ def test_json_stderr_from_the_entry(agent: AgentTestDouble) -> None:
 
 def test_log_as_json_must_be_a_bool() -> None:
     run = run_plugin(cni_env("ADD"), net_conf(log_as_json="yes"))
-    assert run.out["code"] == errors.INVALID_CONFIG and "log_as_json" in run.out["msg"]
+    assert run.out["code"] == wire.INVALID_CONFIG and "log_as_json" in run.out["msg"]
 
 
 # -- the fallback file --------------------------------------------------------------------------
@@ -114,7 +114,7 @@ def test_log_as_json_must_be_a_bool() -> None:
 
 def test_agent_down_lines_go_to_the_file(tmp_path: Path) -> None:
     run = run_plugin(cni_env("ADD"), net_conf(run_dir=str(tmp_path)))
-    assert run.out["code"] == errors.TRY_AGAIN_LATER
+    assert run.out["code"] == wire.TRY_AGAIN_LATER
     run = run_plugin(cni_env("DEL"), net_conf(run_dir=str(tmp_path)))
     assert run.code == 0
     lines = file_lines(tmp_path)
@@ -161,7 +161,7 @@ def test_no_usable_run_dir_only_loses_the_line(tmp_path: Path, run_dir: str) -> 
     path = str(tmp_path / run_dir)
     assert append_line(path, '{"msg":"x"}\n') is False
     run = run_plugin(cni_env("ADD"), net_conf(run_dir=path))
-    assert run.out["code"] == errors.TRY_AGAIN_LATER  # the CNI answer, not a crash
+    assert run.out["code"] == wire.TRY_AGAIN_LATER  # the CNI answer, not a crash
     run = run_plugin(cni_env("DEL"), net_conf(run_dir=path))
     assert (run.code, run.out) == (0, None)
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from plugin import errors
+from plugin import wire
 from plugin.commands import Plugin
 from plugin.skel import REQUIRED, dispatch, parse_cni_args
 from tests.plugin.helpers import VERSIONS, cni_env, net_conf, run_plugin
@@ -38,12 +38,12 @@ def test_version_lists_supported_versions(version: str, stdin: str) -> None:
 
 def test_missing_command_names_it_and_prints_about() -> None:
     run = run_plugin({}, net_conf())
-    assert_error(run, errors.INVALID_ENV, "CNI_COMMAND")
+    assert_error(run, wire.INVALID_ENV, "CNI_COMMAND")
     assert "istio-cni" in run.err and "0.3.0" in run.err
 
 
 def test_unknown_command() -> None:
-    assert_error(run_plugin(cni_env("FINALIZE"), net_conf()), errors.INVALID_ENV, "FINALIZE")
+    assert_error(run_plugin(cni_env("FINALIZE"), net_conf()), wire.INVALID_ENV, "FINALIZE")
 
 
 CASES = [(cmd, var) for cmd in COMMANDS for var in REQUIRED[cmd]]
@@ -54,12 +54,12 @@ def test_missing_required_variable(command: str, var: str) -> None:
     env = cni_env(command)
     del env[var]
     run = run_plugin(env, net_conf("1.1.0"))
-    assert_error(run, errors.INVALID_ENV, var)
+    assert_error(run, wire.INVALID_ENV, var)
 
 
 def test_all_missing_variables_named_at_once() -> None:
     run = run_plugin({"CNI_COMMAND": "ADD"}, net_conf())
-    assert_error(run, errors.INVALID_ENV, "CNI_CONTAINERID,CNI_NETNS,CNI_IFNAME,CNI_PATH")
+    assert_error(run, wire.INVALID_ENV, "CNI_CONTAINERID,CNI_NETNS,CNI_IFNAME,CNI_PATH")
 
 
 def test_del_needs_no_netns(agent) -> None:  # type: ignore[no-untyped-def]
@@ -73,12 +73,12 @@ def test_del_needs_no_netns(agent) -> None:  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize(
     ("var", "value", "code"),
     [
-        ("CNI_CONTAINERID", "-bad", errors.INVALID_ENV),
-        ("CNI_CONTAINERID", "a b", errors.INVALID_ENV),
-        ("CNI_IFNAME", "a-name-longer-than-15", errors.INVALID_ENV),
-        ("CNI_IFNAME", "..", errors.INVALID_ENV),
-        ("CNI_IFNAME", "eth/0", errors.INVALID_ENV),
-        ("CNI_ARGS", "K8S_POD_NAME", errors.INVALID_ENV),
+        ("CNI_CONTAINERID", "-bad", wire.INVALID_ENV),
+        ("CNI_CONTAINERID", "a b", wire.INVALID_ENV),
+        ("CNI_IFNAME", "a-name-longer-than-15", wire.INVALID_ENV),
+        ("CNI_IFNAME", "..", wire.INVALID_ENV),
+        ("CNI_IFNAME", "eth/0", wire.INVALID_ENV),
+        ("CNI_ARGS", "K8S_POD_NAME", wire.INVALID_ENV),
     ],
     ids=["id-dash", "id-space", "ifname-long", "ifname-dots", "ifname-slash", "args-no-equals"],
 )
@@ -91,55 +91,55 @@ def test_invalid_variable_values(var: str, value: str, code: int) -> None:
 @pytest.mark.parametrize(
     ("stdin", "code", "word"),
     [
-        (b"", errors.DECODING_FAILURE, "not JSON"),
-        (b"{not json", errors.DECODING_FAILURE, "not JSON"),
-        (b"\xff\xfe", errors.DECODING_FAILURE, "not JSON"),
-        (b"[1, 2]", errors.DECODING_FAILURE, "object"),
-        (b'"text"', errors.DECODING_FAILURE, "object"),
-        (b'{"cniVersion": "1.1.0", "type": "istio-cni"}', errors.INVALID_CONFIG, "name"),
-        (b'{"cniVersion": "1.1.0", "name": "n"}', errors.INVALID_CONFIG, "type"),
-        (b'{"cniVersion": 1, "name": "n", "type": "t"}', errors.INVALID_CONFIG, "cniVersion"),
-        (b'{"cniVersion": "1.1.0", "name": ["n"], "type": "t"}', errors.INVALID_CONFIG, "name"),
-        (b'{"cniVersion": "1.1.0", "name": "n", "type": ""}', errors.INVALID_CONFIG, "type"),
-        (b'{"cniVersion": "1.1.0", "name": "-n", "type": "t"}', errors.INVALID_CONFIG, "name"),
+        (b"", wire.DECODING_FAILURE, "not JSON"),
+        (b"{not json", wire.DECODING_FAILURE, "not JSON"),
+        (b"\xff\xfe", wire.DECODING_FAILURE, "not JSON"),
+        (b"[1, 2]", wire.DECODING_FAILURE, "object"),
+        (b'"text"', wire.DECODING_FAILURE, "object"),
+        (b'{"cniVersion": "1.1.0", "type": "istio-cni"}', wire.INVALID_CONFIG, "name"),
+        (b'{"cniVersion": "1.1.0", "name": "n"}', wire.INVALID_CONFIG, "type"),
+        (b'{"cniVersion": 1, "name": "n", "type": "t"}', wire.INVALID_CONFIG, "cniVersion"),
+        (b'{"cniVersion": "1.1.0", "name": ["n"], "type": "t"}', wire.INVALID_CONFIG, "name"),
+        (b'{"cniVersion": "1.1.0", "name": "n", "type": ""}', wire.INVALID_CONFIG, "type"),
+        (b'{"cniVersion": "1.1.0", "name": "-n", "type": "t"}', wire.INVALID_CONFIG, "name"),
         (
             b'{"cniVersion": "9.9.9", "name": "n", "type": "t"}',
-            errors.INCOMPATIBLE_VERSION,
+            wire.INCOMPATIBLE_VERSION,
             "9.9.9",
         ),
         (
             b'{"cniVersion": "0.0.9", "name": "n", "type": "t"}',
-            errors.INCOMPATIBLE_VERSION,
+            wire.INCOMPATIBLE_VERSION,
             "0.0.9",
         ),
         (
             b'{"cniVersion": "1.1.0", "name": "n", "type": "t", "prevResult": []}',
-            errors.INVALID_CONFIG,
+            wire.INVALID_CONFIG,
             "prevResult",
         ),
         (
             b'{"cniVersion": "1.1.0", "name": "n", "type": "t", "exclude_namespaces": "a"}',
-            errors.INVALID_CONFIG,
+            wire.INVALID_CONFIG,
             "exclude_namespaces",
         ),
         (
             b'{"cniVersion": "1.1.0", "name": "n", "type": "t", "cni_agent_run_dir": "rel"}',
-            errors.INVALID_CONFIG,
+            wire.INVALID_CONFIG,
             "cni_agent_run_dir",
         ),
         (
             b'{"cniVersion": "1.1.0", "name": "n", "type": "t", "plugin_log_level": "loud"}',
-            errors.INVALID_CONFIG,
+            wire.INVALID_CONFIG,
             "plugin_log_level",
         ),
         (
             b'{"cniVersion": "1.1.0", "name": "n", "type": "t", "agent_timeout_seconds": true}',
-            errors.INVALID_CONFIG,
+            wire.INVALID_CONFIG,
             "agent_timeout_seconds",
         ),
         (
             b'{"cniVersion": "1.1.0", "name": "n", "type": "t", "pod_name": 5}',
-            errors.INVALID_CONFIG,
+            wire.INVALID_CONFIG,
             "pod_name",
         ),
     ],
@@ -180,7 +180,7 @@ def test_commands_need_their_spec_version(command: str, version: str, agent) -> 
         assert run.code == 0, run.raw
         assert run.out is None
     else:
-        assert_error(run, errors.INCOMPATIBLE_VERSION, command)
+        assert_error(run, wire.INCOMPATIBLE_VERSION, command)
         assert run.out["cniVersion"] == version
         assert agent.requests == []
 
@@ -188,7 +188,7 @@ def test_commands_need_their_spec_version(command: str, version: str, agent) -> 
 def test_error_object_carries_config_version() -> None:
     run = run_plugin(cni_env("ADD"), net_conf("0.4.0"))
     assert run.out["cniVersion"] == "0.4.0"
-    assert run.out["code"] == errors.TRY_AGAIN_LATER
+    assert run.out["code"] == wire.TRY_AGAIN_LATER
 
 
 def test_unexpected_exception_becomes_error_999() -> None:
@@ -204,7 +204,7 @@ def test_unexpected_exception_becomes_error_999() -> None:
         stderr=err,
     )
     assert code == 1
-    assert json.loads(out.getvalue())["code"] == errors.INTERNAL
+    assert json.loads(out.getvalue())["code"] == wire.INTERNAL
     assert "kaput" in json.loads(out.getvalue())["msg"]
     assert "Traceback" in err.getvalue()
 
@@ -222,7 +222,7 @@ def test_stdin_read_failure_is_io_error() -> None:
         stdout=out,
         stderr=io.StringIO(),
     )
-    assert code == 1 and json.loads(out.getvalue())["code"] == errors.IO_FAILURE
+    assert code == 1 and json.loads(out.getvalue())["code"] == wire.IO_FAILURE
 
 
 @pytest.mark.parametrize(

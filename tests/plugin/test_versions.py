@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from plugin import errors
+from plugin import wire
 from plugin.errors import CniError
 from plugin.versions import SUPPORTED, convert_result
 from tests.conformance_data import CONFORMANCE_DIR
@@ -89,15 +89,15 @@ def test_lower_case_cniversion_key_is_replaced() -> None:
 @pytest.mark.parametrize(
     ("prev", "code", "word"),
     [
-        ({"cniVersion": "0.0.9", "ips": []}, errors.INCOMPATIBLE_VERSION, "0.0.9"),
-        ({"cniVersion": "0.2.0", "ip4": "10.0.0.1/24"}, errors.INVALID_CONFIG, "prevResult.ip4"),
-        ({"ips": {"address": "10.0.0.1/24"}}, errors.INVALID_CONFIG, "prevResult.ips"),
-        ({"ips": [{"gateway": "10.0.0.1"}]}, errors.INVALID_CONFIG, "prevResult.ips[0].address"),
-        ({"ips": ["10.0.0.1/24"]}, errors.INVALID_CONFIG, "prevResult.ips[0]"),
-        ({"ips": [{"address": "banana"}]}, errors.INVALID_CONFIG, "banana"),
-        ({"interfaces": [1]}, errors.INVALID_CONFIG, "prevResult.interfaces[0]"),
-        ({"routes": "none"}, errors.INVALID_CONFIG, "prevResult.routes"),
-        ({"dns": []}, errors.INVALID_CONFIG, "prevResult.dns"),
+        ({"cniVersion": "0.0.9", "ips": []}, wire.INCOMPATIBLE_VERSION, "0.0.9"),
+        ({"cniVersion": "0.2.0", "ip4": "10.0.0.1/24"}, wire.INVALID_CONFIG, "prevResult.ip4"),
+        ({"ips": {"address": "10.0.0.1/24"}}, wire.INVALID_CONFIG, "prevResult.ips"),
+        ({"ips": [{"gateway": "10.0.0.1"}]}, wire.INVALID_CONFIG, "prevResult.ips[0].address"),
+        ({"ips": ["10.0.0.1/24"]}, wire.INVALID_CONFIG, "prevResult.ips[0]"),
+        ({"ips": [{"address": "banana"}]}, wire.INVALID_CONFIG, "banana"),
+        ({"interfaces": [1]}, wire.INVALID_CONFIG, "prevResult.interfaces[0]"),
+        ({"routes": "none"}, wire.INVALID_CONFIG, "prevResult.routes"),
+        ({"dns": []}, wire.INVALID_CONFIG, "prevResult.dns"),
     ],
     ids=[
         "unknown-version",
@@ -121,7 +121,7 @@ def test_bad_prev_result(prev: dict[str, object], code: int, word: str) -> None:
 def test_bad_prev_result_fails_add_even_when_pod_passes() -> None:
     conf = net_conf("0.4.0", prevResult={"ips": [{"address": 7}]}, exclude_namespaces=["default"])
     run = run_plugin(cni_env("ADD"), conf)
-    assert run.code == 1 and run.out["code"] == errors.INVALID_CONFIG
+    assert run.code == 1 and run.out["code"] == wire.INVALID_CONFIG
 
 
 @pytest.mark.parametrize("stdin_version", [None, ""], ids=["absent", "empty"])

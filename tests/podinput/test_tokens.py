@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent.errors import TokenError
 from agent.podinput.tokens import (
     TOKEN_KINDS,
     Address,
@@ -18,7 +19,6 @@ from agent.podinput.tokens import (
     Padded,
     Port,
     Token,
-    TokenError,
 )
 from agent.rules.model import Match, Rule, Target, check_nft_rule
 

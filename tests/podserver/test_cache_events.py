@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from agent.pods.cache import PodCache, ResourceExpired, WatchError
+from agent.errors import ResourceExpired, WatchError
+from agent.pods.cache import PodCache
 from tests.podserver.helpers import make_pod
 
 

@@ -1,5 +1,5 @@
 """The pod cache when the API server cannot be reached (a real client, a loopback port nobody
-listens on): lookups fail with PodLookupError (the server turns it into CNI code 11), the
+listens on): lookups fail with ApiLookupError (the server turns it into CNI code 11), the
 cache never claims to be ready, and stop() still returns."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from agent.pods.cache import PodCache, PodLookupError
+from agent.errors import ApiLookupError
+from agent.pods.cache import PodCache
 from testbed.wait import wait_for
 from tests.podserver.helpers import ObservedCore
 
@@ -35,7 +36,7 @@ def dead_core() -> Iterator[Any]:
 
 def test_get_raises_lookup_error_naming_the_pod(dead_core: Any) -> None:
     cache = PodCache(dead_core, "node-1", get_tries=3, get_first_delay_seconds=0.01)
-    with pytest.raises(PodLookupError, match="get pod app/web-0"):
+    with pytest.raises(ApiLookupError, match="get pod app/web-0"):
         cache.get("app", "web-0")
 
 

@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from agent.errors import InvalidAnnotationError, RedirectError
-from agent.pods.cache import PodLookupError
+from agent.errors import ApiLookupError, InvalidAnnotationError, RedirectError
 from agent.podserver.handlers import CniRequest
 from plugin import wire
 from tests.podserver.helpers import (
@@ -54,7 +53,7 @@ def _remove_pod(pods: InMemoryPods, redirector: ScriptedRedirector) -> None:
 
 
 def _api_down(pods: InMemoryPods, redirector: ScriptedRedirector) -> None:
-    pods.error = PodLookupError("get pod app/web-0: API server answered 503 Service Unavailable")
+    pods.error = ApiLookupError("get pod app/web-0: API server answered 503 Service Unavailable")
 
 
 def _apply_fails(pods: InMemoryPods, redirector: ScriptedRedirector) -> None:
@@ -255,7 +254,7 @@ def test_del_removes_state_and_is_idempotent(rig: HandlerRig) -> None:
 
 
 def test_del_needs_no_pod(rig: HandlerRig) -> None:
-    rig.pods.error = PodLookupError("API server down")
+    rig.pods.error = ApiLookupError("API server down")
     assert rig.handlers.delete(cni_body("DEL")).status == 200
     assert rig.pods.lookups == []
 

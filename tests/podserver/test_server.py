@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from agent.podserver.server import PodServer, ServerError
+from agent.errors import ServerError
+from agent.podserver.server import PodServer
 from plugin import framing, wire
 from tests.podserver.helpers import (
     HandlerRig,

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.podserver.server import PodServer, ServerError
+from agent.errors import ServerError
+from agent.podserver.server import PodServer
 from plugin import wire
 from tests.podserver.helpers import (
     InMemoryPods,

@@ -13,11 +13,11 @@ import sys
 from typing import Final
 
 from agent.config import DEFAULT_CONFIG_PATH, load_settings
-from agent.errors import ConfigError, InvalidPodInputError, RedirectError
+from agent.errors import ConfigError, InvalidPodInputError, RedirectError, TokenError
 from agent.podinput import pod as podinput
 from agent.podinput.grammar import parse_bool
 from agent.podinput.manifest import load_pod_manifest
-from agent.podinput.tokens import Address, Id, InterfaceName, TokenError
+from agent.podinput.tokens import Address, Id, InterfaceName
 from agent.rules.ambient import nft
 from agent.rules.ambient.builder import host_rules, pod_rules
 from agent.rules.ambient.kubelet import kubelet_uid

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Literal, TypeVar
 
 from agent import constants
+from agent.errors import TokenError
 from agent.podinput.tokens import (
     Address,
     Cidr,
@@ -23,7 +24,6 @@ from agent.podinput.tokens import (
     Padded,
     Port,
     Token,
-    TokenError,
     canonical_cidr,
     core,
 )
