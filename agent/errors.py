@@ -3,7 +3,7 @@
 Every exception the agent raises on purpose is an AgentError. `retry_later` says whether the
 same request may succeed later (the API server answers again, ztunnel connects, the namespace
 shows up) or never will as it stands (bad input, a bug, rules that do not apply); the pod server
-turns that one axis into the CNI error code of a failed ADD (agent.podserver.handlers:
+turns that one axis into the CNI error code of a failed ADD (agent.podserver.requests:
 FAILURE_REPLY), so no step maps its errors by hand. `+` marks retry later.
 
 AgentError
@@ -36,7 +36,7 @@ AgentError
  └── SocketPathError            a Unix socket cannot be made at its path (also an OSError)
 
 Control flow inside one module stays there, each an AgentError too: the pod server's `Refused`
-(a request answered early, agent.podserver.handlers), the HTTP server's `FramingError`
+(a request answered early, agent.podserver.requests), the HTTP server's `FramingError`
 (agent.serving.http) and the ZDS connection's `ConnectionClosed`, `AckTimeout`, `ProtocolError`
 (agent.ambient.zds_conn).
 """

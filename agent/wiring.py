@@ -34,7 +34,7 @@ from agent.pods.cache import PodCache
 from agent.pods.namespaces import NamespaceCache
 from agent.podserver.sandboxes import SandboxStore
 from agent.podserver.service import PodService
-from agent.readiness.build import build_readiness
+from agent.readiness.build import ReadinessParts, build_readiness
 from agent.repair.service import RepairService
 from agent.rules.ambient.options import PodRuleOptions
 from agent.rules.ambient.overrides import rule_options_for
@@ -126,18 +126,28 @@ def node_services(
         built.services.append(
             _repair_service(settings, node_name, pods, clients, redirector, find_netns)
         )
-    # After the parts it checks: its first round runs as it starts.
-    built.services.append(readiness.service())
-    built.services.append(
+    built.services += _readiness_and_after(
+        settings, readiness, node_name=node_name, clients=clients
+    )
+    return built
+
+
+def _readiness_and_after(
+    settings: Settings, readiness: ReadinessParts, *, node_name: str, clients: KubeClients
+) -> list[Service]:
+    """Readiness (after the parts it checks: its first round runs as it starts), the HTTP
+    server that reports it, the node taint that follows it, and the plugin-log forwarder."""
+    services: list[Service] = [
+        readiness.service(),
         HttpServer(
             port=settings.metricsPort,
             host=settings.metricsAddress,
             readiness=readiness.service().failing,
-        )
-    )
+        ),
+    ]
     if settings.removeNotReadyTaint:
         # Ready as /readyz reports it: every readiness check passes.
-        built.services.append(
+        services.append(
             NodeTaintRemover(
                 clients.core,
                 node_name,
@@ -145,8 +155,8 @@ def node_services(
                 timeouts=api.Timeouts(settings.kubeApi),
             )
         )
-    built.services.append(plugin_log_file.Forwarding(settings.cniAgentRunDir))  # an absent agent's
-    return built
+    services.append(plugin_log_file.Forwarding(settings.cniAgentRunDir))  # an absent agent's
+    return services
 
 
 def _repair_service(

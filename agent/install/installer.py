@@ -14,7 +14,6 @@ the mode it has when we write it (also a .conf we turn into a .conflist, and on 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import stat
@@ -24,7 +23,7 @@ from typing import Any
 
 from agent.config import Settings
 from agent.errors import ChangedUnderUs, InstallError, TransientInstallError
-from agent.install import conflist, jsontext
+from agent.install import conflist, edits
 from agent.install.atomic import (
     FileId,
     atomic_rename,
@@ -69,10 +68,6 @@ class UndoStep:
     kind: str
     """'entry': remove our entry from a list; 'file': remove a file of ours; 'binaries'."""
     path: str
-
-
-def _canonical(value: object) -> str:
-    return json.dumps(value, sort_keys=True)
 
 
 class Installer:
@@ -204,7 +199,7 @@ class Installer:
             return self._convert(plan.convert_from, target, conflist.dumps(plan.config))
         expect = self._seen.get(plan.target) if plan.target == plan.primary else None
         current = self.read(plan.target)
-        data = _edited(current, plan.config)
+        data = edits.edited(current, plan.config)
         own = self.owns_file
         if current is not None and self._equal(current, plan.config):
             if not own or self._mode_of(target) == self.file_mode:
@@ -276,7 +271,7 @@ class Installer:
     @staticmethod
     def _equal(data: bytes, config: dict[str, Any]) -> bool:
         try:
-            return _canonical(conflist.parse(data, source="")) == _canonical(config)
+            return edits.canonical(conflist.parse(data, source="")) == edits.canonical(config)
         except InstallError:
             return False
 
@@ -388,7 +383,7 @@ class Installer:
         self._refuse_symlink(step.path)
         if step.kind == "file" or conflist.only_ours(config):
             return self._delete(step.path)
-        self._write(step.path, _without_entries(data, config), expect=self._seen.get(name))
+        self._write(step.path, edits.without_entries(data, config), expect=self._seen.get(name))
         return [step.path]
 
     def _delete(self, path: str) -> list[str]:
@@ -411,7 +406,7 @@ class Installer:
             original = None
         if os.path.lexists(conf_path):
             return self._delete(path)
-        if original is None or _canonical(rest) != _canonical(
+        if original is None or edits.canonical(rest) != edits.canonical(
             conflist.remove(conflist.as_list(original))
         ):
             if not rest["plugins"]:
@@ -434,36 +429,6 @@ class Installer:
 
 def _remove(path: str) -> None:
     remove_file(path)
-
-
-def _edited(current: bytes | None, config: dict[str, Any]) -> bytes:
-    """The bytes that make `current` hold `config`: where only istio-cni entries differ, the
-    current text with just those entries edited (every other byte kept), else `config` whole."""
-    if current is not None and "plugins" in config:
-        try:
-            before = conflist.parse(current, source="")
-        except InstallError:
-            before = None
-        if before is not None and "plugins" in before and _same_but_ours(before, config):
-            text = jsontext.rewrite(
-                current.decode("utf-8"), conflist.is_ours, config["plugins"][-1]
-            )
-            if text is not None and _canonical(json.loads(text)) == _canonical(config):
-                return text.encode("utf-8")
-    return conflist.dumps(config)
-
-
-def _same_but_ours(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return _canonical(conflist.remove(a)) == _canonical(conflist.remove(b))
-
-
-def _without_entries(data: bytes, config: dict[str, Any]) -> bytes:
-    """`data` with every istio-cni entry taken out, every other byte kept where it can be."""
-    remaining = conflist.remove(config)
-    text = jsontext.rewrite(data.decode("utf-8"), conflist.is_ours, None)
-    if text is not None and _canonical(json.loads(text)) == _canonical(remaining):
-        return text.encode("utf-8")
-    return conflist.dumps(remaining)
 
 
 def _is_ours_anywhere(config: dict[str, Any]) -> bool:

@@ -27,7 +27,8 @@ from collections.abc import Callable
 
 from agent import unix_socket
 from agent.errors import ServerError, SocketPathError
-from agent.podserver.handlers import PodHandlers, Reply, failure
+from agent.podserver.handlers import PodHandlers
+from agent.podserver.requests import Reply, failure
 from agent.serving import limits
 from agent.serving.http import Request, Response
 from agent.serving.loop import Server

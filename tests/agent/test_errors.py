@@ -9,7 +9,7 @@ import pkgutil
 
 import agent
 from agent import errors
-from agent.podserver.handlers import FAILURE_REPLY
+from agent.podserver.requests import FAILURE_REPLY
 from plugin import wire
 
 

@@ -24,8 +24,9 @@ from agent.ambient.enroller import AmbientEnroller
 from agent.ambient.mesh import MeshDataplane, rule_options_for
 from agent.config import Settings
 from agent.label_selectors import DEFAULT_ENABLEMENT_SELECTORS
-from agent.podserver.handlers import PodHandlers, Reply
+from agent.podserver.handlers import PodHandlers
 from agent.podserver.metrics import PluginMetrics
+from agent.podserver.requests import Reply
 from agent.podserver.sandboxes import SandboxStore
 from agent.rules.ambient.apply import InpodRules
 from agent.rules.ambient.options import PodRuleOptions

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agent.errors import RedirectError
-from agent.podserver.handlers import MAX_REPLY_TEXT, failure, ok
+from agent.podserver.requests import MAX_REPLY_TEXT, failure, ok
 from agent.repair.actions import MAX_EVENT_MESSAGE, event_for
 from agent.rules import backend_nft, backend_restore
 from testbed import netns

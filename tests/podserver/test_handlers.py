@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from agent.errors import ApiLookupError, InvalidAnnotationError, RedirectError
-from agent.podserver.handlers import CniRequest
+from agent.podserver.requests import CniRequest
 from plugin import wire
 from tests.podserver.helpers import (
     HandlerRig,

@@ -249,67 +249,93 @@ def request_from_flags(
     uid_text = v["proxy-uid"] or _envoy_uid(environ)
     proxy_uids = _field("proxy-uid", uid_text, cfg.parse_ids)
     proxy_gids = _field("proxy-gid", v["proxy-gid"] or uid_text, cfg.parse_ids)
+    # Read in Istio's order: the first refused flag is the one reported.
+    ports = _port_fields(v)
+    traffic = _traffic_fields(v)
     config = CaptureConfig(
-        proxy_port=_field("envoy-port", v["envoy-port"], cfg.parse_port),
-        inbound_capture_port=_field(
-            "inbound-capture-port", v["inbound-capture-port"], cfg.parse_port
-        ),
-        inbound_tunnel_port=_field("inbound-tunnel-port", v["inbound-tunnel-port"], cfg.parse_port),
         proxy_uids=proxy_uids,
         proxy_gids=proxy_gids,
-        interception_mode=_field(
-            "istio-inbound-interception-mode",
-            v["istio-inbound-interception-mode"],
-            cfg.parse_interception_mode,
-        ),
-        tproxy_mark=_field(
-            "istio-inbound-tproxy-mark", v["istio-inbound-tproxy-mark"], cfg.parse_mark
-        ),
-        tproxy_route_table=_field(
-            "istio-inbound-tproxy-route-table",
-            v["istio-inbound-tproxy-route-table"],
-            cfg.parse_route_table,
-        ),
-        inbound_ports_include=_field(
-            "istio-inbound-ports", v["istio-inbound-ports"], _ports_or_wildcard
-        ),
-        inbound_ports_set=v["istio-inbound-ports"] != "",
-        inbound_ports_exclude=_field(
-            "istio-local-exclude-ports", v["istio-local-exclude-ports"], _ports
-        ),
-        outbound_ports_include=_field("istio-outbound-ports", v["istio-outbound-ports"], _ports),
-        outbound_ports_exclude=_field(
-            "istio-local-outbound-ports-exclude", v["istio-local-outbound-ports-exclude"], _ports
-        ),
-        outbound_ip_ranges_include=_field(
-            "istio-service-cidr", v["istio-service-cidr"], _cidrs_or_wildcard
-        ),
-        outbound_ip_ranges_exclude=_field(
-            "istio-service-exclude-cidr", v["istio-service-exclude-cidr"], _cidrs
-        ),
-        exclude_interfaces=_field(
-            "istio-exclude-interfaces", v["istio-exclude-interfaces"], cfg.parse_interfaces
-        ),
-        reroute_virtual_interfaces=_field(
-            "kube-virt-interfaces", v["kube-virt-interfaces"], cfg.parse_interfaces
-        ),
+        **ports,
+        **traffic,
         redirect_dns=redirect_dns,
         capture_all_dns=capture_all,
         dns_servers_v4=servers_v4,
         dns_servers_v6=servers_v6,
         drop_invalid=flag_bool["drop-invalid"],
         enable_ipv6=ipv6,
-        owner_groups_include=_env_field(
-            environ, "ISTIO_OUTBOUND_OWNER_GROUPS", "*", _groups_include
-        ),
-        owner_groups_exclude=_env_field(
-            environ, "ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE", "", cfg.parse_groups
-        ),
-        host_ipv4_loopback_cidr=_env_field(
-            environ, "ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR", "127.0.0.1/32", cfg.parse_loopback_cidr
-        ),
+        **_env_fields(environ),
     )
     return RulesRequest(config, flag_bool["native-nftables"], flag_bool["dual-stack"])
+
+
+def _port_fields(v: Mapping[str, str]) -> dict[str, Any]:
+    """The proxy's ports and the inbound interception settings."""
+    return {
+        "proxy_port": _field("envoy-port", v["envoy-port"], cfg.parse_port),
+        "inbound_capture_port": _field(
+            "inbound-capture-port", v["inbound-capture-port"], cfg.parse_port
+        ),
+        "inbound_tunnel_port": _field(
+            "inbound-tunnel-port", v["inbound-tunnel-port"], cfg.parse_port
+        ),
+        "interception_mode": _field(
+            "istio-inbound-interception-mode",
+            v["istio-inbound-interception-mode"],
+            cfg.parse_interception_mode,
+        ),
+        "tproxy_mark": _field(
+            "istio-inbound-tproxy-mark", v["istio-inbound-tproxy-mark"], cfg.parse_mark
+        ),
+        "tproxy_route_table": _field(
+            "istio-inbound-tproxy-route-table",
+            v["istio-inbound-tproxy-route-table"],
+            cfg.parse_route_table,
+        ),
+    }
+
+
+def _traffic_fields(v: Mapping[str, str]) -> dict[str, Any]:
+    """Which ports, CIDRs and interfaces are captured or left alone."""
+    return {
+        "inbound_ports_include": _field(
+            "istio-inbound-ports", v["istio-inbound-ports"], _ports_or_wildcard
+        ),
+        "inbound_ports_set": v["istio-inbound-ports"] != "",
+        "inbound_ports_exclude": _field(
+            "istio-local-exclude-ports", v["istio-local-exclude-ports"], _ports
+        ),
+        "outbound_ports_include": _field("istio-outbound-ports", v["istio-outbound-ports"], _ports),
+        "outbound_ports_exclude": _field(
+            "istio-local-outbound-ports-exclude", v["istio-local-outbound-ports-exclude"], _ports
+        ),
+        "outbound_ip_ranges_include": _field(
+            "istio-service-cidr", v["istio-service-cidr"], _cidrs_or_wildcard
+        ),
+        "outbound_ip_ranges_exclude": _field(
+            "istio-service-exclude-cidr", v["istio-service-exclude-cidr"], _cidrs
+        ),
+        "exclude_interfaces": _field(
+            "istio-exclude-interfaces", v["istio-exclude-interfaces"], cfg.parse_interfaces
+        ),
+        "reroute_virtual_interfaces": _field(
+            "kube-virt-interfaces", v["kube-virt-interfaces"], cfg.parse_interfaces
+        ),
+    }
+
+
+def _env_fields(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The settings Istio reads from the environment only."""
+    return {
+        "owner_groups_include": _env_field(
+            environ, "ISTIO_OUTBOUND_OWNER_GROUPS", "*", _groups_include
+        ),
+        "owner_groups_exclude": _env_field(
+            environ, "ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE", "", cfg.parse_groups
+        ),
+        "host_ipv4_loopback_cidr": _env_field(
+            environ, "ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR", "127.0.0.1/32", cfg.parse_loopback_cidr
+        ),
+    }
 
 
 def _field(name: str, value: Any, parse: Callable[[Any], T]) -> T:
