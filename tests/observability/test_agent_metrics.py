@@ -187,7 +187,7 @@ def test_cache_size_and_last_event_follow_watch_events(
 
 class ListOnly:
     """A CoreV1Api stand-in answering one list (the list itself is tested against the real API
-    server in tests/podserver/test_cache.py; here only the counting is)."""
+    server in tests/pods/test_cache.py; here only the counting is)."""
 
     def __init__(self, pods: list[dict[str, Any]]) -> None:
         self.body = json.dumps({"metadata": {"resourceVersion": "5"}, "items": pods}).encode()

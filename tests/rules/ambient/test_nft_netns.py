@@ -25,15 +25,15 @@ from agent.rules.ambient.builder import PROBE_IPSET_V4
 from agent.rules.ambient.ipset import AddressSets
 from agent.rules.ambient.options import PodRuleOptions
 from agent.rules.backend_nft import COUNTERS, expected_listing
-from tests.rules.podnet import PodNet, sh
-from tests.rules.test_ambient_netns import (
+from tests.rules.ambient.test_apply_netns import (
     PROBE_V4,
     PROBE_V6,
     check_entries_carry_the_pod_uid,
     landed,
     serve,
 )
-from tests.rules.test_ambient_nft import CASES
+from tests.rules.ambient.test_nft import CASES
+from tests.rules.podnet import PodNet, sh
 
 pytestmark = pytest.mark.netns
 

@@ -12,8 +12,8 @@ import pytest
 from agent.errors import RedirectError
 from agent.rules.ambient.kubelet import kubelet_uid
 from tests.conformance_data import CONFORMANCE_DIR
+from tests.rules.ambient.test_rules import ambient_argv
 from tests.rules.conftest import run_rules
-from tests.rules.test_ambient import ambient_argv
 
 NFT_DIR = CONFORMANCE_DIR / "ambient-nft"
 CASES = sorted(p for p in NFT_DIR.iterdir() if (p / "golden.txt").is_file())

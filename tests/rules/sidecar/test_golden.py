@@ -8,7 +8,7 @@ import pytest
 
 from tests.rules.conftest import read_args, read_env, run_rules
 
-TESTDATA = Path(__file__).parent / "testdata"
+TESTDATA = Path(__file__).parents[1] / "testdata"
 FLAG_CASES = sorted(p for p in TESTDATA.iterdir() if (p / "args.txt").is_file())
 POD_CASES = sorted(p for p in (TESTDATA / "pods").iterdir() if (p / "pod.yaml").is_file())
 
