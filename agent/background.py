@@ -32,12 +32,13 @@ class BackgroundLoop:
     def __init__(
         self,
         name: str,
-        body: Callable[[], None],
+        body: Callable[[], object],
         *,
         wake: Callable[[], None] | None = None,
         join_timeout: float | None = JOIN_TIMEOUT_SECONDS,
     ) -> None:
-        """`join_timeout` None: stop() waits as long as the thread runs."""
+        """`body`'s return value is ignored; `join_timeout` None: stop() waits as long as the
+        thread runs."""
         self.name = name
         self.stopping = threading.Event()
         """Set by stop(): the body's waits use it so that they end at once."""

@@ -34,7 +34,7 @@ def test_runs_on_a_named_daemon_thread_until_stopped() -> None:
 
 
 def test_a_running_loop_is_not_started_twice() -> None:
-    loop = BackgroundLoop("twice", lambda: loop.stopping.wait() and None, join_timeout=5)
+    loop = BackgroundLoop("twice", lambda: loop.stopping.wait(), join_timeout=5)
     loop.start()
     try:
         with pytest.raises(RuntimeError, match="twice is already running"):
@@ -90,7 +90,7 @@ def test_a_thread_that_does_not_stop_in_time_is_reported_and_kept(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     release = threading.Event()
-    loop = BackgroundLoop("stuck", lambda: release.wait() and None, join_timeout=0.05)
+    loop = BackgroundLoop("stuck", lambda: release.wait(), join_timeout=0.05)
     loop.start()
     try:
         with caplog.at_level(logging.WARNING, logger="agent.background"):
