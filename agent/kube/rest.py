@@ -19,6 +19,7 @@ from urllib.parse import quote, urlencode
 
 import urllib3
 
+from agent.errors import AgentError
 from agent.kube.config import Configuration
 
 POOL_SIZE = 32
@@ -41,8 +42,11 @@ QUERY_NAMES = {
 }
 
 
-class ApiError(Exception):
-    """The API server answered, with a status other than 2xx."""
+class ApiError(AgentError):
+    """The API server answered, with a status other than 2xx (agent.kube.api turns it into the
+    KubeApiError of its status)."""
+
+    retry_later = True
 
     def __init__(self, status: int, reason: str, body: bytes = b"") -> None:
         super().__init__(f"({status}) Reason: {reason}")

@@ -62,9 +62,9 @@ POD: Shape = {
 NAMESPACE: Shape = {
     "apiVersion": KEEP,
     "kind": KEEP,
-    "metadata": {"name": KEEP, "uid": KEEP, "resourceVersion": KEEP, "labels": KEEP},
+    "metadata": {"name": KEEP, "resourceVersion": KEEP, "labels": KEEP},
 }
-"""Enrolment reads a namespace's labels only."""
+"""Enrolment reads a namespace's labels only (the version tells a relist what changed)."""
 
 
 def slim(obj: Any, shape: Shape) -> Any:

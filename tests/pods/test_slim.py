@@ -209,7 +209,6 @@ def test_a_namespace_is_its_name_and_labels() -> None:
         "kind": "Namespace",
         "metadata": {
             "name": "shop",
-            "uid": "n-1",
             "resourceVersion": "9",
             "labels": {"istio.io/dataplane-mode": "ambient"},
         },
