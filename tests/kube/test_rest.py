@@ -11,6 +11,7 @@ import pytest
 
 from agent.errors import ApiConflict, ApiNotFound
 from agent.kube import KubeClients, api, build_clients
+from agent.repair.actions import event_for
 from testbed.node import NodePods
 
 pytestmark = pytest.mark.cluster
@@ -90,13 +91,8 @@ def test_nodes_namespaces_events_and_daemonsets(
     assert api.get_json(core.read_namespace, namespace, timeout=5.0)["metadata"]["name"]
     listed = api.get_json(core.list_namespace, limit=1, timeout=5.0)
     assert len(listed["items"]) == 1
-    event = {
-        "metadata": {"generateName": "rest-"},
-        "involvedObject": {"kind": "Namespace", "name": namespace},
-        "reason": "Test",
-        "message": "from agent.kube.rest",
-        "type": "Normal",
-    }
+    pod = {"metadata": {"name": "some-pod", "namespace": namespace, "uid": "u-1"}}
+    event = event_for(pod, reason="Test", message="from agent.kube.rest", node_name=sim_node)
     api.call(core.create_namespaced_event, namespace, event, timeout=5.0, raw=False)
     with pytest.raises(ApiNotFound):
         api.get_json(clients.apps.read_namespaced_daemon_set, "none", namespace, timeout=5.0)

@@ -174,16 +174,17 @@ def loaded_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoadedApi]:
     PODS pods of other nodes; stopped and removed at the end of the session."""
     workdir = tmp_path_factory.mktemp("scale")
     network = NodeNetwork()
-    plane = ControlPlane(
-        workdir / "controlplane",
-        Binaries.from_cache(),
-        address=network.gateway,
-        audit_policy=AUDIT_POLICY,
-        etcd_fsync=False,
-    )
+    plane: ControlPlane | None = None
     core = None
     try:
         network.create()
+        plane = ControlPlane(
+            workdir / "controlplane",
+            Binaries.from_cache(),
+            address=network.gateway,
+            audit_policy=AUDIT_POLICY,
+            etcd_fsync=False,
+        )
         plane.start()
         core = new_core(str(plane.kubeconfig))
         register_node(core, NODE, address=network.node_ip)
@@ -210,5 +211,6 @@ def loaded_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoadedApi]:
     finally:
         if core is not None:
             core.api_client.close()
-        plane.stop()
+        if plane is not None:
+            plane.stop()
         network.delete()
