@@ -48,8 +48,12 @@ class _UnixConnection(http.client.HTTPConnection):
 
     def connect(self) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(TIMEOUT)
-        sock.connect(self._path)
+        try:
+            sock.settimeout(TIMEOUT)
+            sock.connect(self._path)
+        except BaseException:
+            sock.close()
+            raise
         self.sock = sock
 
 
@@ -76,7 +80,7 @@ def query(path: str, target: str) -> tuple[int, dict[str, Any]]:
 
 
 def show(value: object, limit: int = 1024) -> str:
-    return bounded(str(value), limit, escape_backslash=True)
+    return bounded(str(value), limit)  # the agent escaped it reversibly; escapes stay readable
 
 
 def print_listing(data: Mapping[str, Any], out: TextIO) -> int:
