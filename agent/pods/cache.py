@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from agent.background import BackgroundLoop
 from agent.errors import (
     ApiGone,
     ApiLookupError,
@@ -80,11 +81,11 @@ class ListWatchCache:
         self._pods: dict[tuple[str, str], Pod] = {}
         self._changed = threading.Condition()  # guards _pods; notified on every change
         self._synced = threading.Event()
-        self._stopping = threading.Event()
+        self._loop = BackgroundLoop(f"{self.kind}-cache", self._run, wake=self._cut_watch)
+        self._stopping = self._loop.stopping
         self._next_resync = 0.0
         self._response: Any = None  # the open watch response, so stop() can cut it
         self._response_lock = threading.Lock()
-        self._thread: threading.Thread | None = None
         self._listeners: list[Listener] = []
         self.relists = 0
         """How many full lists were done (first one included); read by tests and logs."""
@@ -115,20 +116,17 @@ class ListWatchCache:
     # -- service -----------------------------------------------------------------------------
 
     def start(self) -> None:
-        if self._thread is not None:
-            return
-        self._stopping.clear()
-        self._thread = threading.Thread(target=self._run, name=f"{self.kind}-cache", daemon=True)
-        self._thread.start()
+        if not self._loop.running():
+            self._loop.start()
 
     def stop(self) -> None:
-        self._stopping.set()
+        self._loop.stop()
+
+    def _cut_watch(self) -> None:
+        """Ends the open watch at once (stop() has set `_stopping` first)."""
         with self._response_lock:
             if self._response is not None:
                 _cut(self._response)
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
 
     def ready(self) -> bool:
         """True once the first list of this node's pods is in the cache."""

@@ -16,13 +16,13 @@ who edits an annotation, make every meshed pod a repair target (with `delete`: d
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from prometheus_client import Counter
 
+from agent.background import BackgroundLoop
 from agent.config import Settings
 from agent.pods import states as pod_states
 from agent.repair import actions
@@ -87,33 +87,25 @@ class RepairService:
         self._rules_in_place = rules_in_place
         self._ours_present = ours_present
         self._find_netns = find_netns
-        self._interval = interval
         self._handled: set[str] = set()
         self._failed: set[str] = set()
         """UIDs whose failure was reported: retried each round, reported (Event, metric) once."""
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = BackgroundLoop.every(
+            "repair", interval, self._round, failed="repair round failed"
+        )
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="repair", daemon=True)
-        self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        self._stopping.set()
-        if self._thread is not None:
-            self._thread.join()
+        self._loop.stop()
 
     def ready(self) -> bool:
         return True
 
-    def _loop(self) -> None:
-        while not self._stopping.wait(self._interval):
-            if not self._pods.ready():
-                continue
-            try:
-                self.run_once()
-            except Exception:  # one bad round must not end repair for the agent's lifetime
-                log.exception("repair round failed")
+    def _round(self) -> None:
+        if self._pods.ready():
+            self.run_once()
 
     def run_once(self) -> list[Outcome]:
         pods = self._pods.list_pods()
