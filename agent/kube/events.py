@@ -25,6 +25,7 @@ from typing import Any
 
 from prometheus_client import Counter
 
+from agent.background import BackgroundLoop
 from agent.errors import ApiConflict, ApiNotFound, KubeApiError
 from agent.excerpt import bounded
 from agent.kube import api
@@ -94,8 +95,7 @@ class EventRecorder:
         self._tokens_at = clock()
         self._entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
         self._cond = threading.Condition()
-        self._stopping = False
-        self._thread: threading.Thread | None = None
+        self._loop = BackgroundLoop("events", self._run, wake=self._wake)
 
     def record(self, pod: Mapping[str, Any], *, reason: str, message: str) -> None:
         meta = pod.get("metadata") or {}
@@ -130,26 +130,24 @@ class EventRecorder:
         return False
 
     def start(self) -> None:
-        self._stopping = False
-        self._thread = threading.Thread(target=self._loop, name="events", daemon=True)
-        self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._loop.stop()
 
-    def _loop(self) -> None:
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
+
+    def _run(self) -> None:
+        stopping = self._loop.stopping
         while True:
             with self._cond:
                 entry, wait = self._next()
-                while entry is None and not self._stopping:
+                while entry is None and not stopping.is_set():
                     self._cond.wait(wait)
                     entry, wait = self._next()
-                if self._stopping or entry is None:
+                if stopping.is_set() or entry is None:
                     return
                 self._tokens -= 1
                 create = entry.sent == 0
