@@ -7,12 +7,15 @@ and failing naming the node and the reason once the test's namespace is excluded
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import subprocess
+import threading
 import time
 from typing import Any
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from testbed import chart as agent_mod
 from testbed import kubepods
@@ -66,12 +69,33 @@ def refused_events(core: Any, ns: str) -> list[Any]:
     return [e for e in core.list_namespaced_event(ns).items if e.reason == REFUSED_EVENT]
 
 
-def helm_test(helm: Helm) -> tuple[int, str]:
-    proc = helm.call(
-        "test", agent_mod.RELEASE, "-n", agent_mod.AGENT_NAMESPACE, "--logs", "--timeout", "120s",
-        check=False, timeout=180,
-    )  # fmt: skip
-    return proc.returncode, proc.stdout + proc.stderr
+def helm_test(helm: Helm, core: Any) -> tuple[int, str]:
+    """`helm test`: (its exit code, its output and the test pod's verdict, read from the check
+    container's log while the pod exists: a passed test's pod is deleted at once)."""
+    verdict: list[str] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set() and not verdict:
+            with contextlib.suppress(ApiException):
+                for pod in core.list_namespaced_pod(TEST_NS).items:
+                    by_name = {c.name: c.state for c in pod.status.container_statuses or []}
+                    if by_name.get("check") and by_name["check"].terminated:
+                        verdict.append(kubepods.logs(core, TEST_NS, pod.metadata.name, "check"))
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        proc = helm.call(
+            "test", agent_mod.RELEASE, "-n", agent_mod.AGENT_NAMESPACE, "--timeout", "120s",
+            check=False, timeout=180,
+        )  # fmt: skip
+    finally:
+        time.sleep(1)
+        stop.set()
+        watcher.join()
+    return proc.returncode, proc.stdout + proc.stderr + "".join(verdict)
 
 
 def test_status_of_pods_in_each_state_and_helm_test_both_ways(
@@ -135,7 +159,7 @@ def test_status_of_pods_in_each_state_and_helm_test_both_ways(
 
     # helm test: passes here; fails naming the node and why once its namespace is excluded.
     began = time.monotonic()
-    code, text = helm_test(helm)
+    code, text = helm_test(helm, node_core)
     assert code == 0, text
     assert (
         f"passed on node {real_cluster.node_name}" in text and "original_dst=192.0.2.1:80" in text
@@ -153,7 +177,7 @@ def test_status_of_pods_in_each_state_and_helm_test_both_ways(
     old = agent
     agent = wait_for(lambda: new_agent(node_core, real_cluster, old), "the new agent", 120)
     try:
-        code, text = helm_test(helm)
+        code, text = helm_test(helm, node_core)
         assert code != 0, text
         assert f"FAILED on node {real_cluster.node_name}" in text, text
         assert f"namespace {TEST_NS} is in the agent's excludeNamespaces" in text, text
