@@ -8,7 +8,6 @@ and failing naming the node and the reason once the test's namespace is excluded
 from __future__ import annotations
 
 import contextlib
-import itertools
 import subprocess
 import threading
 import time
@@ -29,18 +28,10 @@ pytestmark = [pytest.mark.node]
 OUTSIDE = "203.0.113.10"
 TEST_NS = "istio-cni-test"
 REFUSED_EVENT = "RedirectRefused"
-_exec_ids = itertools.count()
 
 
 def status(cluster: RealCluster, agent: agent_mod.Agent, *argv: str) -> tuple[int, str]:
-    """`istio-cni-agent status ARGV` in the agent's container: (exit code, output)."""
-    assert cluster.runtime is not None
-    container, _ = cluster.runtime.running_container(agent.pod.uid, agent_mod.AGENT_CONTAINER)
-    done = cluster.runtime.ctr(
-        "tasks", "exec", "--exec-id", f"status-{next(_exec_ids)}", container,
-        "istio-cni-agent", "status", *argv, check=False, timeout=60,
-    )  # fmt: skip
-    return done.returncode, done.stdout + done.stderr
+    return agent_mod.agent_status(cluster, agent, *argv)
 
 
 def states(text: str) -> dict[str, tuple[str, str]]:
