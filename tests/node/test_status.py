@@ -37,7 +37,9 @@ def status(cluster: RealCluster, agent: agent_mod.Agent, *argv: str) -> tuple[in
 def states(text: str) -> dict[str, tuple[str, str]]:
     """POD -> (STATE, the rest of its line) from the listing."""
     out = {}
-    for line in text.splitlines()[2:]:
+    lines = text.splitlines()
+    header = next((i for i, line in enumerate(lines) if line.startswith("NAMESPACE ")), len(lines))
+    for line in lines[header + 1 :]:
         parts = line.split(None, 3)
         if len(parts) == 4:
             out[parts[1]] = (parts[2], parts[3])
