@@ -127,7 +127,10 @@ def test_status_of_pods_in_each_state_and_helm_test_both_ways(
     assert found["plain"] == ("skipped", "- pod has no istio-proxy container"), found
     assert found["bad"][0] == "refused" and "includeOutboundPorts" in found["bad"][1]
     assert "\x1b" not in text and "\\x1b[2J" in found["bad"][1]
-    assert found[agent.pod.name][0] == "skipped" and "host network" in found[agent.pod.name][1]
+    assert (
+        found[agent.pod.name][0] == "skipped"
+        and "kube-system is excluded" in found[agent.pod.name][1]
+    )
     assert early.uid
 
     # The pod keeps being retried by kubelet: still one Event for it.
