@@ -107,7 +107,7 @@ def _diff(chosen: str, want: list[str], have: list[str]) -> RulesDiff:
     missing = tuple(_in_order(want, wanted - had))
     extra = tuple(_in_order(have, had - wanted))
     reordered: tuple[str, ...] = ()
-    if not missing and not extra and want != have:
+    if not missing and not extra:
         reordered = tuple(sorted(_containers(want) - _same_order(want, have)))
     return RulesDiff(chosen, missing, extra, reordered)
 
@@ -132,16 +132,21 @@ def _container(line: str) -> str:
     return " ".join(parts[:2])
 
 
+def _is_rule(line: str) -> bool:
+    """A rule, not a chain's or a table's declaration (whose order the tools choose)."""
+    return " -A " in line or ": " in line
+
+
 def _containers(lines: Iterable[str]) -> set[str]:
-    return {_container(line) for line in lines}
+    return {_container(line) for line in lines if _is_rule(line)}
 
 
 def _same_order(want: list[str], have: list[str]) -> set[str]:
-    """Chains whose lines come in the same order in both."""
+    """Chains whose rules come in the same order in both."""
     by_want: dict[str, list[str]] = collections.defaultdict(list)
     by_have: dict[str, list[str]] = collections.defaultdict(list)
-    for line in want:
+    for line in filter(_is_rule, want):
         by_want[_container(line)].append(line)
-    for line in have:
+    for line in filter(_is_rule, have):
         by_have[_container(line)].append(line)
     return {c for c in by_want if by_want[c] == by_have.get(c)}

@@ -35,12 +35,14 @@ def status(cluster: RealCluster, agent: agent_mod.Agent, *argv: str) -> tuple[in
 
 
 def states(text: str) -> dict[str, tuple[str, str]]:
-    """POD -> (STATE, the rest of its line) from the listing."""
+    """POD -> (STATE, REASON) from the listing."""
     out = {}
-    for line in text.splitlines()[2:]:
-        parts = line.split(None, 3)
-        if len(parts) == 4:
-            out[parts[1]] = (parts[2], parts[3])
+    lines = text.splitlines()
+    header = next((i for i, line in enumerate(lines) if line.startswith("NAMESPACE ")), len(lines))
+    for line in lines[header + 1 :]:
+        parts = line.split(None, 4)
+        if len(parts) == 5:
+            out[parts[1]] = (parts[2], parts[4])
     return out
 
 
@@ -122,10 +124,13 @@ def test_status_of_pods_in_each_state_and_helm_test_both_ways(
     code, text = status(real_cluster, agent)
     assert code == 1, text  # a refused pod is not as expected
     assert found["meshed"][0] == "captured" and "iptables-nft" in found["meshed"][1]
-    assert found["plain"] == ("skipped", "- pod has no istio-proxy container"), found
+    assert found["plain"] == ("skipped", "pod has no istio-proxy container"), found
     assert found["bad"][0] == "refused" and "includeOutboundPorts" in found["bad"][1]
     assert "\x1b" not in text and "\\x1b[2J" in found["bad"][1]
-    assert found[agent.pod.name][0] == "skipped" and "host network" in found[agent.pod.name][1]
+    assert (
+        found[agent.pod.name][0] == "skipped"
+        and "kube-system is excluded" in found[agent.pod.name][1]
+    )
     assert early.uid
 
     # The pod keeps being retried by kubelet: still one Event for it.

@@ -26,6 +26,9 @@ def test_diff_names_missing_extra_and_reordered_rules() -> None:
     assert (diff.missing, diff.extra) == (("ipv4 nat -A A -j X",), ("ipv4 nat -A A -j Z",))
     swapped = compare._diff("b", want, ["ipv4 nat :A", "ipv4 nat -A A -j Y", "ipv4 nat -A A -j X"])
     assert (swapped.missing, swapped.extra, swapped.reordered) == ((), (), ("ipv4 nat A",))
+    # Chains declared in another order (iptables-save sorts them) are the same rules.
+    declared = ["ipv4 nat :B", *want]
+    assert compare._diff("b", ["ipv4 nat :A", "ipv4 nat :B", *want[1:]], declared).same
     twice = compare._diff("b", want, [*want, "ipv4 nat -A A -j Y"])  # a duplicate is extra
     assert twice.extra == ("ipv4 nat -A A -j Y",)
 
