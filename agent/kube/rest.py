@@ -165,6 +165,12 @@ class CoreV1:
         path = f"/api/v1/namespaces/{_segment(namespace)}/events"
         return self.api_client.request("POST", path, body=body, options=kw)
 
+    def patch_namespaced_event(self, name: str, namespace: str, body: Any, **kw: Any) -> Any:
+        path = f"/api/v1/namespaces/{_segment(namespace)}/events/{_segment(name)}"
+        return self.api_client.request(
+            "PATCH", path, body=body, content_type=_patch_type(body), options=kw
+        )
+
     def list_namespace(self, **kw: Any) -> Any:
         return self.api_client.request("GET", "/api/v1/namespaces", options=kw)
 

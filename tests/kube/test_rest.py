@@ -93,6 +93,9 @@ def test_nodes_namespaces_events_and_daemonsets(
     assert len(listed["items"]) == 1
     pod = {"metadata": {"name": "some-pod", "namespace": namespace, "uid": "u-1"}}
     event = event_for(pod, reason="Test", message="from agent.kube.rest", node_name=sim_node)
-    api.call(core.create_namespaced_event, namespace, event, timeout=5.0, raw=False)
+    made = api.get_json(core.create_namespaced_event, namespace, event, timeout=5.0)
+    patch = {"count": 2, "message": "again"}
+    name = made["metadata"]["name"]
+    api.call(core.patch_namespaced_event, name, namespace, patch, timeout=5.0, raw=False)
     with pytest.raises(ApiNotFound):
         api.get_json(clients.apps.read_namespaced_daemon_set, "none", namespace, timeout=5.0)
