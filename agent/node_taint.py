@@ -24,8 +24,9 @@ import random
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+from agent.background import BackgroundLoop
 from agent.errors import ApiConflict, KubeApiError, TaintChanged
 from agent.kube import api
 
@@ -92,6 +93,14 @@ def remove_taint(
     return [str(t.get("effect", "")) for t in taints if t.get("key") == key]
 
 
+class Stopping(Protocol):
+    """What the retries wait on (a threading.Event): tests count the back-off waits."""
+
+    def is_set(self) -> bool: ...
+
+    def wait(self, timeout: float) -> bool: ...
+
+
 class NodeTaintRemover:
     """Service: removes TAINT_KEY from `node_name` each time `is_ready` becomes true."""
 
@@ -111,40 +120,35 @@ class NodeTaintRemover:
         self._is_ready = is_ready
         self.key = key
         self.timing = timing or TaintTiming()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = BackgroundLoop("node-taint", self._run)
         self.attempts = 0
         """API rounds made (read + patch), for tests and debugging."""
         self.done = threading.Event()
         """Set once the taint is known to be gone (removed or absent) for the current readiness."""
 
     def start(self) -> None:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="node-taint", daemon=True)
-        self._thread.start()
+        self._loop.start()
         log.info(
             "will remove the node's not-ready taint once ready",
             extra={"fields": {"node": self.node_name, "taint": self.key}},
         )
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._loop.stop()
 
     # -- loop -------------------------------------------------------------------------------
 
     def _run(self) -> None:
         poll = self.timing.ready_poll_seconds
-        while not self._stop.is_set():
-            while not self._ready() and not self._stop.wait(poll):
+        stop = self._loop.stopping
+        while not stop.is_set():
+            while not self._ready() and not stop.wait(poll):
                 pass
-            if self._stop.is_set():
+            if stop.is_set():
                 return
-            if self._remove_until_done():
+            if self._remove_until_done(stop):
                 self.done.set()
-            while self._ready() and not self._stop.wait(poll):
+            while self._ready() and not stop.wait(poll):
                 pass
             self.done.clear()  # not ready any more: check again once ready again
 
@@ -155,11 +159,11 @@ class NodeTaintRemover:
             log.exception("readiness check for the node taint raised")
             return False
 
-    def _remove_until_done(self) -> bool:
-        """Retry until the taint is gone (True) or we are stopped (False)."""
+    def _remove_until_done(self, stop: Stopping) -> bool:
+        """Retry until the taint is gone (True) or `stop` is set (False)."""
         backoff = self.timing.initial_backoff_seconds
         changed_in_a_row = 0
-        while not self._stop.is_set():
+        while not stop.is_set():
             self.attempts += 1
             try:
                 effects = remove_taint(self._core, self.node_name, self.key, self._timeouts)
@@ -206,7 +210,7 @@ class NodeTaintRemover:
             )
             backoff = min(backoff * 2, self.timing.max_backoff_seconds)
             changed_in_a_row = 0
-            if self._stop.wait(wait):
+            if stop.wait(wait):
                 return False
         return False
 

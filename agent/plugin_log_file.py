@@ -27,9 +27,9 @@ import datetime
 import json
 import logging
 import os
-import threading
 import time
 
+from agent.background import BackgroundLoop
 from agent.logs import LEVELS, PLUGIN_LOGGER
 from plugin import wire
 
@@ -150,43 +150,25 @@ def _emit(level: int, msg: str, when: datetime.datetime | None, fields: dict[str
     plugin_log.handle(record)
 
 
-def start_forwarding(
-    run_dir: str,
-    stop: threading.Event,
-    *,
-    interval: float = INTERVAL_SECONDS,
-    settle: float = SETTLE_SECONDS,
-) -> threading.Thread:
-    """Forward now, then every `interval` seconds until `stop` is set (a daemon thread)."""
-
-    def loop() -> None:
-        while True:
-            try:
-                forward_once(run_dir, settle=settle)
-            except Exception:  # one bad file must not end forwarding for good
-                log.exception("forwarding the plugin's log file failed")
-            if stop.wait(interval):
-                return
-
-    thread = threading.Thread(target=loop, name="plugin-log-file", daemon=True)
-    thread.start()
-    return thread
-
-
 class Forwarding:
-    """start_forwarding as a lifecycle service: the lines the plugin wrote while no agent ran."""
+    """Lifecycle service: forward now, then every `interval` seconds, the lines the plugin wrote
+    while no agent could be reached."""
 
-    def __init__(self, run_dir: str) -> None:
+    def __init__(
+        self, run_dir: str, *, interval: float = INTERVAL_SECONDS, settle: float = SETTLE_SECONDS
+    ) -> None:
         self.run_dir = run_dir
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = BackgroundLoop.every(
+            "plugin-log-file",
+            interval,
+            lambda: forward_once(run_dir, settle=settle),
+            # one bad file must not end forwarding for good
+            failed="forwarding the plugin's log file failed",
+            at_start=True,
+        )
 
     def start(self) -> None:
-        self._stop.clear()
-        self._thread = start_forwarding(self.run_dir, self._stop)
+        self._loop.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._loop.stop()

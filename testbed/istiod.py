@@ -52,6 +52,7 @@ import http.client
 import os
 import shutil
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -180,30 +181,67 @@ def host_env(container: Any, *, service_account: str, kubeconfig: Path) -> dict[
     return env
 
 
-class Istiod:
-    """start() then stop() (always; idempotent). `workdir/istiod.log` is istiod's log."""
+def merged(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` with `override` merged in as Helm merges values files: maps key by key, anything
+    else (lists included) replaced."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
+    return out
 
-    def __init__(self, cluster: RealCluster, helm: Helm, proxy: Image, workdir: Path) -> None:
+
+class Istiod:
+    """start() then stop() (always; idempotent). `workdir/istiod.log` is istiod's log.
+
+    `values` and `base_values` are merged over the test bed's values of the istiod and base
+    charts (the test bed's own keys, the webhook URLs and CAs, win only where not overridden).
+    start() is three steps, each public for a caller that installs Istio's charts its own way
+    (say, as dependencies of a parent chart): make_certificates(), install_charts(),
+    run_on_host() (which reads the `istiod` Deployment, whoever installed it)."""
+
+    def __init__(
+        self,
+        cluster: RealCluster,
+        helm: Helm,
+        proxy: Image,
+        workdir: Path,
+        *,
+        values: Mapping[str, Any] | None = None,
+        base_values: Mapping[str, Any] | None = None,
+    ) -> None:
         self.cluster = cluster
         self.helm = helm
         self.proxy = proxy
         self.workdir = workdir
+        self.values_override = dict(values or {})
+        self.base_values_override = dict(base_values or {})
         self.binary = pilot_discovery().require()
         self.pki_dir = workdir / "pki"
         self.run_dir = workdir / "run"
         self.log_path = workdir / "istiod.log"
         self.ports = Ports.free()
         self.ca: pki.KeyPair | None = None
+        self.serving: pki.KeyPair | None = None
         self.daemon: Daemon | None = None
         self._made_namespace = False
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
+        self.make_certificates()
+        self.install_charts()
+        self.run_on_host()
+
+    def make_certificates(self) -> None:
+        """The CA the webhooks name and istiod's serving certificate (before any chart values:
+        they carry the CA)."""
         for d in (self.pki_dir, self.run_dir):
             d.mkdir(parents=True, exist_ok=True)
         self.ca = pki.make_ca(self.pki_dir, "testbed-istiod-ca")
-        serving = pki.issue(
+        self.serving = pki.issue(
             self.ca,
             self.pki_dir,
             "istiod",
@@ -211,18 +249,34 @@ class Istiod:
             server_names=["istiod", f"istiod.{NAMESPACE}", f"istiod.{NAMESPACE}.svc"],
             server_ips=["127.0.0.1"],
         )
-        core = self.cluster.core()
-        core.create_namespace({"metadata": {"name": NAMESPACE}})
+
+    def base_chart_values(self) -> dict[str, Any]:
+        assert self.ca is not None, "make_certificates() first"
+        return merged(base_values(self.ports, self.ca), self.base_values_override)
+
+    def istiod_chart_values(self) -> dict[str, Any]:
+        assert self.ca is not None, "make_certificates() first"
+        return merged(istiod_values(self.ports, self.ca, self.proxy), self.values_override)
+
+    def make_namespace(self) -> None:
+        self.cluster.core().create_namespace({"metadata": {"name": NAMESPACE}})
         self._made_namespace = True
+
+    def install_charts(self) -> None:
+        """istio-system, then `helm install` of Istio's base and istiod charts."""
+        self.make_namespace()
         self.helm.install(
-            BASE_RELEASE, BASE_CHART, namespace=NAMESPACE, values=base_values(self.ports, self.ca)
+            BASE_RELEASE, BASE_CHART, namespace=NAMESPACE, values=self.base_chart_values()
         )
         self.helm.install(
-            ISTIOD_RELEASE,
-            ISTIOD_CHART,
-            namespace=NAMESPACE,
-            values=istiod_values(self.ports, self.ca, self.proxy),
+            ISTIOD_RELEASE, ISTIOD_CHART, namespace=NAMESPACE, values=self.istiod_chart_values()
         )
+
+    def run_on_host(self) -> None:
+        """istiod as the chart's Deployment would run it (its args and env, the changes the
+        module docstring lists), on the host; then its Deployment scaled to 0; Ready."""
+        assert self.ca is not None and self.serving is not None, "make_certificates() first"
+        core = self.cluster.core()
         apps = self.cluster.apps()
         deployment = apps.read_namespaced_deployment(DEPLOYMENT, NAMESPACE)
         apps.patch_namespaced_deployment_scale(DEPLOYMENT, NAMESPACE, {"spec": {"replicas": 0}})
@@ -243,8 +297,8 @@ class Istiod:
             *(container.args or []),
             f"--kubeconfig={identity.kubeconfig}",
             *self.ports.flags(),
-            f"--tlsCertFile={serving.cert}",
-            f"--tlsKeyFile={serving.key}",
+            f"--tlsCertFile={self.serving.cert}",
+            f"--tlsKeyFile={self.serving.key}",
             f"--caCertFile={self.ca.cert}",
         ]
         env = host_env(

@@ -4,7 +4,8 @@
 Session: `control_plane` (etcd + kube-apiserver + kube-controller-manager; sets KUBECONFIG),
 `kube_config` (its admin kubeconfig; also feeds pytest-helm-charts' `kube_cluster` and namespace
 fixtures), `kube_core`, `sim_node`.
-Per test: `node_pods`, `make_identity`, `cni_node`, `helm_binaries`, `helm_releases`.
+Per test: `node_pods`, `make_identity`, `cni_node`, `pod_netns`, `pod_namespaces`,
+`helm_binaries`, `helm_releases`.
 A part that is missing or does not start fails the test with a message naming the part.
 """
 
@@ -19,12 +20,13 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
-from testbed import parts
+from testbed import netns, parts
 from testbed.cni import CniNode
 from testbed.controlplane import Binaries, ControlPlane
 from testbed.helm import Helm, uninstall_all
 from testbed.identity import Identity, service_account_identity
 from testbed.node import NodePods, TerminationFinisher, register_node
+from testbed.podnetns import PodNamespaces
 from testbed.process import PartFailedError
 
 NODE_NAME = "node-1"
@@ -135,6 +137,27 @@ def cni_node(tmp_path: Path) -> Iterator[CniNode]:
         yield node
     finally:
         node.close()
+
+
+@pytest.fixture
+def pod_netns() -> Iterator[Path]:
+    """A fresh named network namespace (lo up, nothing else), deleted after the test: its path."""
+    name = netns.unique_name("podns")
+    path = netns.add(name)
+    try:
+        yield path
+    finally:
+        netns.delete(name)
+
+
+@pytest.fixture
+def pod_namespaces() -> Iterator[PodNamespaces]:
+    """Simulated pods' named namespaces and sandbox processes, all removed after the test."""
+    made = PodNamespaces()
+    try:
+        yield made
+    finally:
+        made.close()
 
 
 @pytest.fixture(scope="session")

@@ -30,6 +30,7 @@ from agent.ambient.mesh import (
     ReconcileReport,
 )
 from agent.ambient.watch import AmbientWatch
+from agent.background import BackgroundLoop
 from agent.config import AmbientSettings
 
 log = logging.getLogger(__name__)
@@ -61,18 +62,15 @@ class AmbientService:
         self._start_pod_cache = start_pod_cache
         self._exclude = tuple(exclude_namespaces)
         self._started = threading.Event()
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = BackgroundLoop("ambient-start", self._start_up)
         self.reconciled: ReconcileReport | None = None
         pods.add_listener(watch.on_pod)
         namespaces.add_listener(watch.on_namespace)
 
     def start(self) -> None:
-        self._stopping.clear()
         if self._start_pod_cache:
             self._pods.start()
-        self._thread = threading.Thread(target=self._start_up, name="ambient-start", daemon=True)
-        self._thread.start()
+        self._loop.start()
 
     def _start_up(self) -> None:
         if not self._wait_for(self._pods.ready):
@@ -88,7 +86,7 @@ class AmbientService:
             )
         except Exception:  # Istio goes on: pods are re-examined by the watch
             log.exception("ambient reconcile on start-up failed")
-        if self._stopping.is_set():
+        if self._loop.stopping.is_set():
             return
         self._ztunnel.start()
         self.watch.start()
@@ -115,15 +113,12 @@ class AmbientService:
 
     def _wait_for(self, ready: Callable[[], bool]) -> bool:
         while not ready():
-            if self._stopping.wait(0.1):
+            if self._loop.stopping.wait(0.1):
                 return False
         return True
 
     def stop(self) -> None:
-        self._stopping.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._loop.stop()
         if self._started.is_set():
             self.watch.stop()
             self._ztunnel.stop()

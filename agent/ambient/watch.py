@@ -29,6 +29,7 @@ from agent.ambient.enrollment import (
     pod_update_action,
     release_on_delete,
 )
+from agent.background import BackgroundLoop
 from agent.errors import NonRetryableAdd
 from agent.label_selectors import EnablementSelector
 
@@ -99,8 +100,7 @@ class AmbientWatch:
         self._queue: list[tuple[float, int, Event, float]] = []  # (due, seq, event, last delay)
         self._seq = itertools.count()
         self._cond = threading.Condition()
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = BackgroundLoop("ambient-watch", self._run, wake=self._wake)
         self.processed = 0
         """Events handled without error (tests wait on it)."""
 
@@ -122,24 +122,21 @@ class AmbientWatch:
     # -- service -----------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._stopping.clear()
-        self._thread = threading.Thread(target=self._run, name="ambient-watch", daemon=True)
-        self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        self._stopping.set()
+        self._loop.stop()
+
+    def _wake(self) -> None:
         with self._cond:
             self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
 
     def pending(self) -> int:
         with self._cond:
             return len(self._queue)
 
     def _run(self) -> None:
-        while not self._stopping.is_set():
+        while not self._loop.stopping.is_set():
             item = self._next()
             if item is None:
                 continue

@@ -56,6 +56,7 @@ from agent.ambient.zds_conn import (
     SnapshotItem,
     delete_request,
 )
+from agent.background import BackgroundLoop
 from agent.errors import SocketPathError, ZdsServerError, ZtunnelError, ZtunnelNotConnected
 from agent.serving.peer import untrusted_peer
 
@@ -118,8 +119,8 @@ class ZdsServer:
         self._threads: dict[Connection, threading.Thread] = {}
         self._listener: socket.socket | None = None
         self._inode: int | None = None
-        self._stopping = threading.Event()
-        self._accept_thread: threading.Thread | None = None
+        self._accept = BackgroundLoop("zds-accept", self._accept_loop)
+        self._stopping = self._accept.stopping
         self._unreported: dict[str, int] = {}
         self._next_report = 0.0
 
@@ -128,7 +129,6 @@ class ZdsServer:
     def start(self) -> None:
         if self._listener is not None:
             return
-        self._stopping.clear()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         try:
             self._inode = _bind(sock, self.socket_path)
@@ -139,20 +139,14 @@ class ZdsServer:
             raise
         self._listener = sock
         self._metrics.connected.set(0)
-        self._accept_thread = threading.Thread(
-            target=self._accept_loop, name="zds-accept", daemon=True
-        )
-        self._accept_thread.start()
+        self._accept.start()
         log.info("ZDS server listening", extra={"fields": {"socket": self.socket_path}})
 
     def stop(self) -> None:
         listener, self._listener = self._listener, None
         if listener is None:
             return
-        self._stopping.set()
-        if self._accept_thread is not None:
-            self._accept_thread.join()
-            self._accept_thread = None
+        self._accept.stop()
         listener.close()
         self._remove_socket()
         with self._lock:

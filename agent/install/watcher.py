@@ -26,6 +26,7 @@ from typing import Literal
 import watchfiles
 
 from agent import metrics
+from agent.background import BackgroundLoop
 from agent.config import Settings, load_settings
 from agent.errors import AgentError, InstallError, TransientInstallError
 from agent.install import conflist
@@ -85,9 +86,8 @@ class InstallWatcher:
         self.conflicts = ConflictTracker(installer.settings.conflictsPerMinuteWarning)
         self._config_hashes = HashCache()
         self._config_digest = self._config_digest_now()
-        self._stop = threading.Event()
+        self._loop = BackgroundLoop("install-watcher", self.run)
         self._ready = False
-        self._thread: threading.Thread | None = None
         self._last_wait_log = -1e9
         self._last_error = ""
         self._was_ready = False
@@ -96,15 +96,10 @@ class InstallWatcher:
     # -- service ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self.run, name="install-watcher", daemon=True)
-        self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._loop.stop()
 
     def ready(self) -> bool:
         return self._ready
@@ -117,11 +112,12 @@ class InstallWatcher:
         if not self._reconciled:
             self._guarded(lambda: self.reconcile("start"))
         count = 0
-        while not self._stop.is_set():
+        stop = self._loop.stopping
+        while not stop.is_set():
             dirs = self._watched_dirs()
             identity = _identity(dirs)
             if not dirs:
-                self._stop.wait(self.timing.recheck_seconds)
+                stop.wait(self.timing.recheck_seconds)
                 self._guarded(lambda: self.reconcile("recheck"))
                 continue
             try:
@@ -137,7 +133,7 @@ class InstallWatcher:
                     recursive=False,
                     step=self.timing.step_ms,
                     debounce=self.timing.debounce_ms,
-                    stop_event=self._stop,
+                    stop_event=stop,
                     rust_timeout=int(self.timing.recheck_seconds * 1000),
                     yield_on_timeout=True,
                     raise_interrupt=False,
@@ -153,7 +149,7 @@ class InstallWatcher:
                         break
             except (OSError, RuntimeError) as e:
                 log.warning("watch failed; re-arming", extra={"fields": {"error": str(e)}})
-                self._stop.wait(1.0)
+                stop.wait(1.0)
 
     def _on_changes(self, changes: set[tuple[watchfiles.Change, str]]) -> None:
         relevant = self._relevant([p for _, p in changes])

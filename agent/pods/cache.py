@@ -7,7 +7,10 @@
             ├─ error / connection lost ────────► back off, then watch again
             └─ resync period passed ───────────► list again (heals anything a watch missed)
 
-Pods are kept as the API's JSON (camelCase dicts), the form the redirect decision reads. A pod
+Objects are kept as slim records of the API's JSON (camelCase dicts, only the fields the agent
+reads: agent.pods.slim), the form the redirect decision reads; a list comes in pages of
+LIST_PAGE_SIZE objects, so neither the cache nor one list's answer grows with the cluster beyond
+what is kept. Both list and watch read the raw JSON (the client's models are never built). A pod
 not in the cache yet (its sandbox can be created before the watch delivers it) is fetched with a
 GET, retried a few times over about two seconds.
 """
@@ -23,6 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from agent.background import BackgroundLoop
 from agent.errors import (
     ApiGone,
     ApiLookupError,
@@ -33,6 +37,7 @@ from agent.errors import (
 )
 from agent.kube import api
 from agent.pods.metrics import CacheMetrics, default_cache_metrics
+from agent.pods.slim import POD, slim
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +50,10 @@ Listener = Callable[[str, "Obj | None", "Obj | None"], None]
 update, or delete (new None). Runs in the watch thread: it must only hand the change on."""
 
 HTTP_GONE = 410
+LIST_PAGE_SIZE = 500
+"""Objects per page of a list: the API server's own chunk for its clients (kubectl's default),
+large enough that a node's pods come in one page, small enough that a cluster's namespaces
+never sit in memory as one answer."""
 
 
 class ListWatchCache:
@@ -80,11 +89,11 @@ class ListWatchCache:
         self._pods: dict[tuple[str, str], Pod] = {}
         self._changed = threading.Condition()  # guards _pods; notified on every change
         self._synced = threading.Event()
-        self._stopping = threading.Event()
+        self._loop = BackgroundLoop(f"{self.kind}-cache", self._run, wake=self._cut_watch)
+        self._stopping = self._loop.stopping
         self._next_resync = 0.0
         self._response: Any = None  # the open watch response, so stop() can cut it
         self._response_lock = threading.Lock()
-        self._thread: threading.Thread | None = None
         self._listeners: list[Listener] = []
         self.relists = 0
         """How many full lists were done (first one included); read by tests and logs."""
@@ -115,20 +124,17 @@ class ListWatchCache:
     # -- service -----------------------------------------------------------------------------
 
     def start(self) -> None:
-        if self._thread is not None:
-            return
-        self._stopping.clear()
-        self._thread = threading.Thread(target=self._run, name=f"{self.kind}-cache", daemon=True)
-        self._thread.start()
+        if not self._loop.running():
+            self._loop.start()
 
     def stop(self) -> None:
-        self._stopping.set()
+        self._loop.stop()
+
+    def _cut_watch(self) -> None:
+        """Ends the open watch at once (stop() has set `_stopping` first)."""
         with self._response_lock:
             if self._response is not None:
                 _cut(self._response)
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
 
     def ready(self) -> bool:
         """True once the first list of this node's pods is in the cache."""
@@ -246,9 +252,7 @@ class ListWatchCache:
     def relist(self) -> str:
         """Replace the cache with a fresh list; returns its version. Listeners hear the difference
         (what a watch that missed events would have told them)."""
-        body = api.get_json(self._list, timeout=self._timeouts.list())
-        pods = {self._obj_key(p): self._as_obj(p) for p in body.get("items") or []}
-        version = str(body["metadata"]["resourceVersion"])
+        pods, version = self._list_pages()
         with self._changed:
             old = self._pods
             self._pods = pods
@@ -265,6 +269,21 @@ class ListWatchCache:
         if self._listeners:
             self._notify(_differences(old, pods))
         return version
+
+    def _list_pages(self) -> tuple[dict[tuple[str, str], Obj], str]:
+        """Every object, page by page (one consistent snapshot); the list's version."""
+        objs: dict[tuple[str, str], Obj] = {}
+        options: dict[str, Any] = {"limit": LIST_PAGE_SIZE}
+        while True:
+            body = api.get_json(self._list, timeout=self._timeouts.list(), **options)
+            for item in body.get("items") or []:
+                obj = self._as_obj(item)
+                objs[self._obj_key(obj)] = obj
+            meta = body.get("metadata") or {}
+            token = meta.get("continue")
+            if not token:
+                return objs, str(meta["resourceVersion"])
+            options["_continue"] = token
 
     def watch_once(self, resource_version: str) -> str:
         """Apply watch events from `resource_version` until the server ends the watch.
@@ -320,7 +339,7 @@ class ListWatchCache:
             with self._changed:
                 old = self._pods.pop(self._obj_key(obj), None)
                 self._changed.notify_all()
-            self._notify([("delete", old or obj, None)])
+            self._notify([("delete", old or self._as_obj(obj), None)])
         elif kind != "BOOKMARK":
             log.debug("ignored watch event", extra={"fields": {"type": kind}})
         self._metrics.changed(self.kind, len(self._pods))
@@ -338,12 +357,17 @@ class PodCache(ListWatchCache):
         )
 
     def _as_obj(self, obj: Obj) -> Obj:
-        return _as_pod(obj)
+        return _as_pod(slim(obj, POD))
 
     def _read(self, namespace: str, name: str) -> Pod | None:
         try:
-            return api.get_json(
-                self._core.read_namespaced_pod, name, namespace, timeout=self._timeouts.lookup()
+            return self._as_obj(
+                api.get_json(
+                    self._core.read_namespaced_pod,
+                    name,
+                    namespace,
+                    timeout=self._timeouts.lookup(),
+                )
             )
         except ApiNotFound:
             return None

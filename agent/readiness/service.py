@@ -19,6 +19,8 @@ from typing import Protocol
 
 from prometheus_client import Gauge
 
+from agent.background import BackgroundLoop
+
 log = logging.getLogger(__name__)
 
 CHECK_GAUGE = Gauge(
@@ -61,13 +63,13 @@ class Readiness:
     ) -> None:
         self.checks = list(checks)
         self._held = list(held)
-        self._tick = tick
         self._clock = clock
         self._lock = threading.Lock()
         self._results: dict[str, str | None] = {c.name: NOT_CHECKED for c in self.checks}
         self._due: dict[str, float] = {c.name: 0.0 for c in self.checks}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = BackgroundLoop.every(
+            "readiness", tick, self.run_due, failed="readiness round failed"
+        )
         self._was_ready: bool | None = None
 
     def start(self) -> None:
@@ -76,15 +78,10 @@ class Readiness:
         for part in self._held:
             part.start()
         self.run_due()  # /readyz answers from the first request on
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="readiness", daemon=True)
-        self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._loop.stop()
         for part in reversed(self._held):
             part.stop()
         for check in self.checks:  # a reload may drop a check (ambient off): no stale series
@@ -111,10 +108,6 @@ class Readiness:
                 self._due[check.name] = now + check.period
                 self._record(check, _run(check))
         self._log_overall()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self._tick):
-            self.run_due()
 
     def _record(self, check: Check, result: str | None) -> None:
         with self._lock:

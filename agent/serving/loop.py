@@ -23,13 +23,13 @@ import errno
 import logging
 import selectors
 import socket
-import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
+from agent.background import JOIN_TIMEOUT_SECONDS, BackgroundLoop
 from agent.serving.http import CONTINUE, FramingError, Head, Request, Response, parse_head
 from agent.serving.limits import Limits
 
@@ -132,8 +132,11 @@ class Server:
         self._conns: OrderedDict[int, _Conn] = OrderedDict()
         """Oldest wait first: the order connections are closed in when over the cap."""
         self._done: deque[tuple[_Conn, Future[Response]]] = deque()
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        # The loop bounds its own stop (STOP_GRACE): the join's limit only catches a bug.
+        self._loop = BackgroundLoop(
+            name, self._run, wake=self._wake, join_timeout=STOP_GRACE + JOIN_TIMEOUT_SECONDS
+        )
+        self._stopping = self._loop.stopping
         self._pool: ThreadPoolExecutor | None = None
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -152,17 +155,12 @@ class Server:
         self._sel.register(self._wake_r, selectors.EVENT_READ, _Wake)
         if self._workers:
             self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix=f"{self.name}-work")
-        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-        self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
         """Stop accepting, close idle connections, send the replies being worked on (at most
         STOP_GRACE), then return with every thread of the server ended."""
-        self._stopping.set()
-        self._wake()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._loop.stop()
 
     @property
     def connections(self) -> int:

@@ -10,7 +10,6 @@ import json
 import logging
 import os
 import shutil
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from agent.logs import PLUGIN_LOGGER, KeyValueFormatter
-from agent.plugin_log_file import CLAIMED_SUFFIX, forward_once, start_forwarding
+from agent.plugin_log_file import CLAIMED_SUFFIX, Forwarding, forward_once
 from agent.podserver.server import PodServer
 from plugin import wire
 from plugin.log import PluginLog, append_line, json_line
@@ -182,8 +181,8 @@ def test_the_timer_forwards_at_start_and_then_periodically(
     run_dir: Path, agent_log: pytest.LogCaptureFixture
 ) -> None:
     write(run_dir, "warn", "before the agent")
-    stop = threading.Event()
-    thread = start_forwarding(str(run_dir), stop, interval=0.05, settle=0)
+    forwarding = Forwarding(str(run_dir), interval=0.05, settle=0)
+    forwarding.start()
     try:
         wait_for(lambda: plugin_records(agent_log), "the forward at start", 5, interval=0.01)
         write(run_dir, "warn", "while the agent runs")
@@ -191,9 +190,8 @@ def test_the_timer_forwards_at_start_and_then_periodically(
             lambda: len(plugin_records(agent_log)) >= 2, "a periodic forward", 5, interval=0.01
         )
     finally:
-        stop.set()
-        thread.join(5)
-    assert not thread.is_alive()
+        forwarding.stop()
+    assert not forwarding._loop.running()
     assert [r.getMessage() for r in plugin_records(agent_log)] == [
         "before the agent",
         "while the agent runs",

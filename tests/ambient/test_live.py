@@ -36,8 +36,8 @@ from plugin import wire
 from testbed import kubepods, netns
 from testbed.kubepods import wait_for
 from testbed.node import NodePods
-from testbed.podcgroup import PodSandboxes
 from testbed.podnet import saved_rules
+from testbed.podnetns import PodNamespaces
 from testbed.ztunnel_double import ZtunnelDouble
 from tests.podserver.helpers import call
 
@@ -129,39 +129,18 @@ def namespace(kube_core: Any) -> Iterator[str]:
         yield name
 
 
-class PodNets:
-    """The pods' namespaces (named netns) and their sandbox processes, in the pods' cgroups."""
-
-    def __init__(self) -> None:
-        self.names: list[str] = []
-        self.sandboxes = PodSandboxes()
-
-
-@pytest.fixture
-def pod_netns() -> Iterator[PodNets]:
-    made = PodNets()
-    try:
-        yield made
-    finally:
-        made.sandboxes.close()
-        for name in made.names:
-            netns.delete(name)
-
-
 def running_pod(
-    node_pods: NodePods, pod_netns: PodNets, namespace: str, name: str, **options: Any
+    node_pods: NodePods, pod_namespaces: PodNamespaces, namespace: str, name: str, **options: Any
 ) -> tuple[dict[str, Any], str]:
     """An API pod reported Running with an IP that a real netns of ours holds, with a sandbox
     process in it that is in the pod's cgroup (how the agent tells the pod's netns)."""
     ip = f"10.77.{next(_ips)}.5"
-    ns_name = netns.unique_name("amb-pod")
-    netns.add(ns_name)
-    pod_netns.names.append(ns_name)
+    ns_name = Path(pod_namespaces.netns()).name
     netns.ip("link", "add", "eth0", "type", "veth", "peer", "name", "peer0", netns=ns_name)
     netns.ip("addr", "add", f"{ip}/24", "dev", "eth0", netns=ns_name)
     netns.ip("link", "set", "eth0", "up", netns=ns_name)
     created = node_pods.create(namespace, name, **options)
-    pod_netns.sandboxes.start(f"/run/netns/{ns_name}", created["metadata"]["uid"])
+    pod_namespaces.sandboxes.start(f"/run/netns/{ns_name}", created["metadata"]["uid"])
     return node_pods.set_running(namespace, name, ip), ns_name
 
 
@@ -194,12 +173,12 @@ def test_namespace_label_enrolls_and_releases_running_pods(
     ztunnel: ZtunnelDouble,
     kube_core: Any,
     node_pods: NodePods,
-    pod_netns: PodNets,
+    pod_namespaces: PodNamespaces,
     namespace: str,
 ) -> None:
-    pod, ns_name = running_pod(node_pods, pod_netns, namespace, "web")
+    pod, ns_name = running_pod(node_pods, pod_namespaces, namespace, "web")
     _opted_out, out_ns = running_pod(
-        node_pods, pod_netns, namespace, "quiet", labels={"istio.io/dataplane-mode": "none"}
+        node_pods, pod_namespaces, namespace, "quiet", labels={"istio.io/dataplane-mode": "none"}
     )
     bed.start()
     ztunnel.connect()
@@ -224,10 +203,10 @@ def test_pod_label_enrolls_and_opt_out_releases(
     ztunnel: ZtunnelDouble,
     kube_core: Any,
     node_pods: NodePods,
-    pod_netns: PodNets,
+    pod_namespaces: PodNamespaces,
     namespace: str,
 ) -> None:
-    _pod, ns_name = running_pod(node_pods, pod_netns, namespace, "web")
+    _pod, ns_name = running_pod(node_pods, pod_namespaces, namespace, "web")
     bed.start()
     ztunnel.connect()
     kube_core.patch_namespaced_pod("web", namespace, {"metadata": {"labels": AMBIENT}})
@@ -245,11 +224,11 @@ def test_agent_restart_keeps_pods_captured_without_duplicates(
     ztunnel: ZtunnelDouble,
     kube_core: Any,
     node_pods: NodePods,
-    pod_netns: PodNets,
+    pod_namespaces: PodNamespaces,
     namespace: str,
 ) -> None:
     label_namespace(kube_core, namespace, AMBIENT)
-    pod, ns_name = running_pod(node_pods, pod_netns, namespace, "web")
+    pod, ns_name = running_pod(node_pods, pod_namespaces, namespace, "web")
     uid = pod["metadata"]["uid"]
     bed.start()  # a running pod of an ambient namespace is enrolled live at start
     ztunnel.connect()
@@ -272,11 +251,11 @@ def test_pod_deleted_while_ztunnel_is_away(
     ztunnel: ZtunnelDouble,
     kube_core: Any,
     node_pods: NodePods,
-    pod_netns: PodNets,
+    pod_namespaces: PodNamespaces,
     namespace: str,
 ) -> None:
     label_namespace(kube_core, namespace, AMBIENT)
-    pod, _ = running_pod(node_pods, pod_netns, namespace, "web")
+    pod, _ = running_pod(node_pods, pod_namespaces, namespace, "web")
     uid, ip = pod["metadata"]["uid"], pod["status"]["podIP"]
     bed.start()
     ztunnel.connect()
@@ -297,16 +276,14 @@ def test_cni_add_of_ambient_pod_through_the_pod_server(
     kube_core: Any,
     sim_node: str,
     node_pods: NodePods,
-    pod_netns: PodNets,
+    pod_namespaces: PodNamespaces,
     namespace: str,
     tmp_path: Path,
 ) -> None:
     label_namespace(kube_core, namespace, AMBIENT)
     service = bed.start()
     ztunnel.connect()
-    ns_name = netns.unique_name("amb-pod")
-    netns.add(ns_name)
-    pod_netns.names.append(ns_name)
+    ns_name = Path(pod_namespaces.netns()).name
     pod = node_pods.create(namespace, "fresh")  # no IP yet: the ADD brings it
     enroller = AmbientEnroller(
         namespaces=NamespaceCache(kube_core, sim_node),

@@ -16,7 +16,6 @@ from agent.config import Settings
 from agent.podserver.server import PodServer
 from agent.rules.sidecar.redirector import RulesRedirector
 from plugin import wire
-from testbed import netns
 from tests.foreign.roots import REPO, ForeignRoot, setup_roots
 from tests.podserver.helpers import HandlerRig, InMemoryPods, build_rig, make_pod
 
@@ -66,13 +65,11 @@ class RealAgent:
 
 
 @pytest.fixture
-def real_agent() -> Iterator[RealAgent]:
+def real_agent(pod_netns: Path) -> Iterator[RealAgent]:
     """PodServer + PodHandlers + RulesRedirector (iptables-nft) into a real pod netns; the pod
     comes from memory instead of the API server (what the cache would hold for it)."""
     # sun_path is 108 bytes: a short dir, not pytest's tmp_path.
     base = Path(tempfile.mkdtemp(prefix="icni-", dir="/tmp"))
-    name = netns.unique_name("foreign")
-    path = netns.add(name)
     server = None
     try:
         redirector = RulesRedirector(
@@ -83,9 +80,8 @@ def real_agent() -> Iterator[RealAgent]:
         server = PodServer(str(base / "run" / wire.SOCKET_NAME), rig.handlers)
         server.start()
         os.chmod(base, 0o755)
-        yield RealAgent(base / "run", path, rig)
+        yield RealAgent(base / "run", pod_netns, rig)
     finally:
         if server is not None:
             server.stop()
-        netns.delete(name)
         shutil.rmtree(base, ignore_errors=True)

@@ -486,14 +486,21 @@ def random_trials(
     count: int,
     *,
     seed: int,
+    until_killed: int | None = None,
     progress: Callable[[int, Tally], None] | None = None,
 ) -> Tally:
     """`count` trials over random providers and scenarios, each killed at a random instant in
-    [0, span]; span starts at the scenario's unkilled duration x 1.2 and follows the load."""
+    [0, span]; span starts at the scenario's unkilled duration x 1.2 and follows the load.
+
+    With `until_killed`, trials stop as soon as that many were killed mid-command (`count` is
+    then the cap): how many kills land inside the command depends on the machine's load, the
+    number a test asks for does not."""
     rng = random.Random(seed)
     spans = {s: command_duration(Trial(PROVIDERS[0], s, root, builds)) * 1.2 for s in SCENARIOS}
     tally = Tally()
     for i in range(count):
+        if until_killed is not None and tally.killed >= until_killed:
+            break
         trial = Trial(rng.choice(PROVIDERS), rng.choice(SCENARIOS), root, builds)
         delay = rng.uniform(0, spans[trial.scenario])
         outcome = run_trial(trial, delay=delay)

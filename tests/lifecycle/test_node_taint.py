@@ -198,8 +198,7 @@ def test_backoff_doubles_up_to_the_cap() -> None:
             waits.append(seconds)
             return self.is_set()
 
-    remover._stop = Stop()  # type: ignore[assignment]
-    assert remover._remove_until_done() is False
+    assert remover._remove_until_done(Stop()) is False
     for got, base in zip(waits, [1.0, 2.0, 4.0, 4.0, 4.0], strict=True):
         assert 0.8 * base <= got <= 1.2 * base
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -81,9 +81,15 @@ def node_helm(
         return made[-1]
 
     yield helm_for
+    release_node(real_cluster, node_core, made, reference)
+
+
+def release_node(real_cluster: RealCluster, core: Any, made: list[Helm], reference: str) -> None:
+    """Uninstall what `made` installed, wait the agent pods away and put the node's own CNI
+    config (`reference`) back if the agent left its entry; raise naming what went wrong."""
     errors = uninstall_all(made)
     with contextlib.suppress(AssertionError):
-        wait_agent_gone(node_core)
+        wait_agent_gone(core)
     # The next test starts from the node's own CNI config even when this one left the agent no
     # chance to remove itself (say, its image was off the node).
     if made and real_cluster.conflist_path.read_text() != reference:
@@ -94,18 +100,25 @@ def node_helm(
         raise RuntimeError("helm uninstall at teardown: " + "; ".join(errors))
 
 
-@pytest.fixture(scope="module")
-def istiod(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Istiod]:
-    """One istiod for the test module (the `istiod` tier, testbed/istiod.py): the proxy image
-    on the node, Istio's charts installed, istiod Ready; all it made removed at the end."""
+@contextlib.contextmanager
+def istiod_running(
+    real_cluster: RealCluster,
+    workdir: Path,
+    *,
+    values: Mapping[str, Any] | None = None,
+    base_values: Mapping[str, Any] | None = None,
+) -> Iterator[Istiod]:
+    """istiod for the `istiod` tier (testbed/istiod.py): the proxy image on the node, Istio's
+    charts installed with the test bed's values and `values` / `base_values` merged over them,
+    istiod Ready; all it made removed at the end. A missing part or a failed start fails the
+    tests needing it, naming it."""
     try:
         proxy = images.image("proxy")
         real_cluster.import_image(proxy)
-        workdir = tmp_path_factory.mktemp("istiod")
         helm = Helm(
             binary=helm_by_major("4"), kubeconfig=real_cluster.kubeconfig, home=workdir / "helm"
         )
-        control = Istiod(real_cluster, helm, proxy, workdir)
+        control = Istiod(real_cluster, helm, proxy, workdir, values=values, base_values=base_values)
     except MissingPartError as e:
         pytest.fail(str(e), pytrace=False)
     try:
@@ -115,6 +128,14 @@ def istiod(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory) 
         pytest.fail(str(e), pytrace=False)
     finally:
         control.stop()
+
+
+@pytest.fixture(scope="module")
+def istiod(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Istiod]:
+    """One istiod for the test module, with the test bed's values (tests/node/istiod/ has one
+    for its whole package)."""
+    with istiod_running(real_cluster, tmp_path_factory.mktemp("istiod")) as control:
+        yield control
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,6 @@ from agent.pods.cache import PodCache
 from agent.pods.metrics import CacheMetrics
 from agent.podserver.metrics import REFUSAL_REASONS, PluginMetrics
 from agent.rules.sidecar.redirector import RulesRedirector
-from testbed import netns
 from testbed.agent_host import Node, make_node
 from testbed.wait import wait_for
 from tests.podserver.helpers import (
@@ -211,16 +209,6 @@ def test_relists_count_and_set_the_size() -> None:
 
 
 # -- rules apply failures (real network namespace) ------------------------------------------------
-
-
-@pytest.fixture
-def pod_netns() -> Iterator[Path]:
-    name = netns.unique_name("obsrv")
-    path = netns.add(name)
-    try:
-        yield path
-    finally:
-        netns.delete(name)
 
 
 def apply_failures(backend: str) -> float:

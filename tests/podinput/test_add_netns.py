@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,6 @@ from agent.rules.ambient.apply import InpodRules
 from agent.rules.ambient.options import PodRuleOptions
 from agent.rules.sidecar.redirector import RulesRedirector
 from plugin import wire
-from testbed import netns
 from tests.ambient.fakes import (
     FakeAnnotator,
     FakeHostProbeRules,
@@ -75,16 +73,6 @@ def snapshot(name: str) -> dict[str, str]:
         lines = [line for line in done.stdout.splitlines() if not line.startswith("#")]
         out[" ".join(argv)] = f"exit {done.returncode}\n" + "\n".join(lines)
     return out
-
-
-@pytest.fixture
-def pod_netns() -> Iterator[Path]:
-    name = netns.unique_name("hostile")
-    path = netns.add(name)
-    try:
-        yield path
-    finally:
-        netns.delete(name)
 
 
 def add_body(path: Path) -> bytes:

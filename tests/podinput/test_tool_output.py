@@ -5,7 +5,6 @@ escaped summary and the node's log the whole output. Replies and Events are one 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,21 +13,10 @@ from agent.errors import RedirectError
 from agent.podserver.requests import MAX_REPLY_TEXT, failure, ok
 from agent.repair.actions import MAX_EVENT_MESSAGE, event_for
 from agent.rules import backend_nft, backend_restore
-from testbed import netns
 
 pytestmark = pytest.mark.hostile
 
 SECRET = "SECRET-LINE-0b5e a b"
-
-
-@pytest.fixture
-def pod_netns() -> Iterator[Path]:
-    name = netns.unique_name("hostile-out")
-    path = netns.add(name)
-    try:
-        yield path
-    finally:
-        netns.delete(name)
 
 
 @pytest.mark.netns

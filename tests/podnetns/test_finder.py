@@ -5,7 +5,6 @@ whatever other namespaces hold its IP; an IP alone names no pod."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,41 +14,11 @@ from prometheus_client import REGISTRY
 from agent.netns.look import netns_addresses
 from agent.podnetns.finder import PodNetnsFinder
 from testbed import netns
-from testbed.podcgroup import PodSandboxes
+from testbed.podnetns import PodNamespaces
 
 pytestmark = pytest.mark.netns
 
 CONFLICTS = "istio_cni_pod_netns_conflicts_total"
-
-
-class Node:
-    """Named namespaces (each with an address on lo) and sandbox processes, all removed after."""
-
-    def __init__(self) -> None:
-        self.names: list[str] = []
-        self.sandboxes = PodSandboxes()
-
-    def netns(self, *addresses: str) -> str:
-        name = netns.unique_name("pnf")
-        netns.add(name)
-        self.names.append(name)
-        for address in addresses:
-            netns.ip("addr", "add", f"{address}/32", "dev", "lo", netns=name)
-        return str(netns.NETNS_DIR / name)
-
-    def close(self) -> None:
-        self.sandboxes.close()
-        for name in self.names:
-            netns.delete(name)
-
-
-@pytest.fixture
-def node() -> Iterator[Node]:
-    made = Node()
-    try:
-        yield made
-    finally:
-        made.close()
 
 
 def pod(uid: str, *ips: str) -> dict[str, Any]:
@@ -69,38 +38,42 @@ def conflicts(kind: str) -> float:
     return REGISTRY.get_sample_value(CONFLICTS, {"kind": kind}) or 0.0
 
 
-def test_found_by_the_cgroup_of_its_sandbox_process(node: Node) -> None:
+def test_found_by_the_cgroup_of_its_sandbox_process(pod_namespaces: PodNamespaces) -> None:
     uid = str(uuid.uuid4())
-    path = node.netns("10.251.1.2")
-    node.sandboxes.start(path, uid)
+    path = pod_namespaces.netns("10.251.1.2")
+    pod_namespaces.sandboxes.start(path, uid)
     assert finder()([pod(uid, "10.251.1.2")]) == {uid: path}  # the runtime's mount names it
 
 
-def test_a_netns_held_only_by_a_process_is_found_through_proc(node: Node, tmp_path: Path) -> None:
+def test_a_netns_held_only_by_a_process_is_found_through_proc(
+    pod_namespaces: PodNamespaces, tmp_path: Path
+) -> None:
     uid = str(uuid.uuid4())
-    path = node.netns("10.251.1.3")
-    pid = node.sandboxes.start(path, uid)
+    path = pod_namespaces.netns("10.251.1.3")
+    pid = pod_namespaces.sandboxes.start(path, uid)
     # No mount dir to look in: only /proc leads to the namespace.
     assert finder(str(tmp_path))([pod(uid, "10.251.1.3")]) == {uid: f"/proc/{pid}/ns/net"}
 
 
 @pytest.mark.hostile
-def test_an_ip_alone_names_no_pod(node: Node) -> None:
+def test_an_ip_alone_names_no_pod(pod_namespaces: PodNamespaces) -> None:
     """A namespace that holds the pod's IP but in which no process of the pod runs."""
     uid = str(uuid.uuid4())
-    node.netns("10.251.1.4")
-    other = node.netns("10.251.1.40")
-    node.sandboxes.start(other, str(uuid.uuid4()))  # a neighbour, not this pod
+    pod_namespaces.netns("10.251.1.4")
+    other = pod_namespaces.netns("10.251.1.40")
+    pod_namespaces.sandboxes.start(other, str(uuid.uuid4()))  # a neighbour, not this pod
     assert finder()([pod(uid, "10.251.1.4")]) == {}
 
 
 @pytest.mark.hostile
-def test_a_neighbour_holding_the_victims_ip_changes_nothing_and_is_reported(node: Node) -> None:
+def test_a_neighbour_holding_the_victims_ip_changes_nothing_and_is_reported(
+    pod_namespaces: PodNamespaces,
+) -> None:
     victim, attacker = str(uuid.uuid4()), str(uuid.uuid4())
-    victim_ns = node.netns("10.251.2.2")
-    attacker_ns = node.netns("10.251.2.3", "10.251.2.2")  # what NET_ADMIN lets it add
-    node.sandboxes.start(victim_ns, victim)
-    node.sandboxes.start(attacker_ns, attacker)
+    victim_ns = pod_namespaces.netns("10.251.2.2")
+    attacker_ns = pod_namespaces.netns("10.251.2.3", "10.251.2.2")  # what NET_ADMIN lets it add
+    pod_namespaces.sandboxes.start(victim_ns, victim)
+    pod_namespaces.sandboxes.start(attacker_ns, attacker)
     before = conflicts("address")
     look = finder()
     pods = [pod(victim, "10.251.2.2"), pod(attacker, "10.251.2.3")]
@@ -111,32 +84,36 @@ def test_a_neighbour_holding_the_victims_ip_changes_nothing_and_is_reported(node
 
 
 @pytest.mark.hostile
-def test_a_process_of_the_pod_in_a_foreign_namespace_is_not_the_pods(node: Node) -> None:
+def test_a_process_of_the_pod_in_a_foreign_namespace_is_not_the_pods(
+    pod_namespaces: PodNamespaces,
+) -> None:
     """The pod's UID in the cgroup, in a namespace that holds none of the pod's IPs (a process
     transiting another namespace): refused and counted."""
     uid = str(uuid.uuid4())
-    elsewhere = node.netns("10.251.3.9")
-    node.sandboxes.start(elsewhere, uid)
+    elsewhere = pod_namespaces.netns("10.251.3.9")
+    pod_namespaces.sandboxes.start(elsewhere, uid)
     before = conflicts("unowned")
     assert finder()([pod(uid, "10.251.3.2")]) == {}
     assert conflicts("unowned") == before + 1
 
 
 @pytest.mark.hostile
-def test_two_namespaces_of_the_pod_with_its_ip_are_an_error_not_a_choice(node: Node) -> None:
+def test_two_namespaces_of_the_pod_with_its_ip_are_an_error_not_a_choice(
+    pod_namespaces: PodNamespaces,
+) -> None:
     uid = str(uuid.uuid4())
-    first, second = node.netns("10.251.4.2"), node.netns("10.251.4.2")
-    node.sandboxes.start(first, uid)
-    node.sandboxes.start(second, uid)
+    first, second = pod_namespaces.netns("10.251.4.2"), pod_namespaces.netns("10.251.4.2")
+    pod_namespaces.sandboxes.start(first, uid)
+    pod_namespaces.sandboxes.start(second, uid)
     before = conflicts("ambiguous")
     assert finder()([pod(uid, "10.251.4.2")]) == {}
     assert conflicts("ambiguous") == before + 1
 
 
-def test_what_the_add_recorded_comes_first(node: Node) -> None:
+def test_what_the_add_recorded_comes_first(pod_namespaces: PodNamespaces) -> None:
     """The netns a CNI ADD named for the pod's UID needs no process at all."""
     uid = str(uuid.uuid4())
-    path = node.netns("10.251.5.2")
+    path = pod_namespaces.netns("10.251.5.2")
     recorded = {uid: path}
     assert finder(recorded=recorded.get)([pod(uid, "10.251.5.2")]) == {uid: path}
     assert finder()([pod(uid, "10.251.5.2")]) == {}  # without the record: no identity, none

@@ -6,49 +6,15 @@ at once. Every failure names the value (cniNetnsDir) and the dir."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from agent.readiness.netns_dir import NetnsDirCheck
 from testbed import netns
-from testbed.podcgroup import PodSandboxes
+from testbed.podnetns import PodNamespaces
 
 pytestmark = pytest.mark.netns
-
-
-class Node:
-    """Named namespaces under /run/netns (as `ip netns` and containerd mount them) and sandbox
-    processes in pod cgroups; all removed after the test."""
-
-    def __init__(self) -> None:
-        self.names: list[str] = []
-        self.sandboxes = PodSandboxes()
-
-    def pod(self) -> tuple[str, str]:
-        """A running pod sandbox: (its UID, the mount of its namespace)."""
-        name = netns.unique_name("rdy")
-        netns.add(name)
-        self.names.append(name)
-        uid = str(uuid.uuid4())
-        path = str(netns.NETNS_DIR / name)
-        self.sandboxes.start(path, uid)
-        return uid, path
-
-    def close(self) -> None:
-        self.sandboxes.close()
-        for name in self.names:
-            netns.delete(name)
-
-
-@pytest.fixture
-def node() -> Iterator[Node]:
-    made = Node()
-    try:
-        yield made
-    finally:
-        made.close()
 
 
 def check(netns_dir: str | Path, *uids: str) -> NetnsDirCheck:
@@ -68,13 +34,15 @@ def test_an_empty_dir_passes_while_no_pod_has_a_namespace(tmp_path: Path) -> Non
     assert check(tmp_path)() is None  # a fresh node: the first ADD decides
 
 
-def test_the_runtimes_dir_holding_the_pods_namespace_passes(node: Node) -> None:
-    uid, _ = node.pod()
+def test_the_runtimes_dir_holding_the_pods_namespace_passes(pod_namespaces: PodNamespaces) -> None:
+    uid, _ = pod_namespaces.pod()
     assert check(netns.NETNS_DIR, uid)() is None
 
 
-def test_a_dir_without_the_pods_namespaces_fails(node: Node, tmp_path: Path) -> None:
-    uid, _ = node.pod()
+def test_a_dir_without_the_pods_namespaces_fails(
+    pod_namespaces: PodNamespaces, tmp_path: Path
+) -> None:
+    uid, _ = pod_namespaces.pod()
     (tmp_path / "cni-stale").write_text("")  # a file is not a namespace of a pod
     reason = check(tmp_path, uid)()
     assert reason == (
@@ -84,21 +52,23 @@ def test_a_dir_without_the_pods_namespaces_fails(node: Node, tmp_path: Path) -> 
     )
 
 
-def test_sandboxes_of_pods_not_on_this_node_are_not_counted(node: Node, tmp_path: Path) -> None:
-    node.pod()  # a process in some pod's cgroup, but no pod of this node (by the API)
+def test_sandboxes_of_pods_not_on_this_node_are_not_counted(
+    pod_namespaces: PodNamespaces, tmp_path: Path
+) -> None:
+    pod_namespaces.pod()  # a process in some pod's cgroup, but no pod of this node (by the API)
     assert check(tmp_path, str(uuid.uuid4()))() is None
 
 
-def test_one_pod_namespace_in_the_dir_is_enough(node: Node) -> None:
-    a, _ = node.pod()
-    b, _ = node.pod()
+def test_one_pod_namespace_in_the_dir_is_enough(pod_namespaces: PodNamespaces) -> None:
+    a, _ = pod_namespaces.pod()
+    b, _ = pod_namespaces.pod()
     assert check(netns.NETNS_DIR, a, b)() is None
 
 
 def test_an_add_naming_an_unseen_namespace_fails_until_one_names_a_seen_one(
-    node: Node, tmp_path: Path
+    pod_namespaces: PodNamespaces, tmp_path: Path
 ) -> None:
-    _, path = node.pod()
+    _, path = pod_namespaces.pod()
     seen = check(netns.NETNS_DIR)
     seen.saw_add("/var/run/docker/netns/3f2a1b0c9d8e")
     assert seen() == (

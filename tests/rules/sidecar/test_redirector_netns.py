@@ -5,29 +5,17 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from agent.config import Settings
 from agent.rules.sidecar.redirector import RulesRedirector
-from testbed import netns
 from tests.podserver.helpers import InMemoryPods, build_rig, cni_body, make_pod
 
 pytestmark = pytest.mark.netns
 
 BACKENDS = ["iptables-nft", "iptables-legacy", "nftables"]
-
-
-@pytest.fixture
-def pod_netns() -> Iterator[Path]:
-    name = netns.unique_name("podsrv")
-    path = netns.add(name)
-    try:
-        yield path
-    finally:
-        netns.delete(name)
 
 
 def nat_rules(path: Path, backend: str) -> str:
