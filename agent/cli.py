@@ -16,6 +16,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "install": ("agent.install.commands", "Install the plugin and its config entry once."),
     "uninstall": ("agent.install.commands", "Remove what install put on the node."),
     "rules": ("agent.rules.cli", "Print the redirect rules for a configuration or a pod."),
+    "status": (
+        "agent.status.cli",
+        "Ask the running agent what it did to this node's pods, or compare one pod's rules.",
+    ),
 }
 
 USAGE = "usage: istio-cni-agent {" + ",".join(SUBCOMMANDS) + "} [--config FILE] [FLAGS]\n"

@@ -37,8 +37,9 @@ AgentError
 
 Control flow inside one module stays there, each an AgentError too: the pod server's `Refused`
 (a request answered early, agent.podserver.requests), the HTTP server's `FramingError`
-(agent.serving.http) and the ZDS connection's `ConnectionClosed`, `AckTimeout`, `ProtocolError`
-(agent.ambient.zds_conn).
+(agent.serving.http), the ZDS connection's `ConnectionClosed`, `AckTimeout`, `ProtocolError`
+(agent.ambient.zds_conn), and the REST client's `ApiError` (an answer other than 2xx,
+agent.kube.rest), which agent.kube.api turns into the KubeApiError of its status.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ services have it: the lifecycle asks the list, never the services. Readiness is 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -26,20 +27,25 @@ from agent.http_server import HttpServer
 from agent.install.installer import Installer
 from agent.install.watcher import InstallWatcher
 from agent.kube import KubeClients, api
+from agent.kube.events import EventRecorder
 from agent.netns.look import netns_addresses
 from agent.node_taint import NodeTaintRemover
 from agent.podinput.tokens import Address
 from agent.podnetns.finder import PodNetnsFinder
 from agent.pods.cache import PodCache
 from agent.pods.namespaces import NamespaceCache
+from agent.pods.states import PodStates
 from agent.podserver.sandboxes import SandboxStore
 from agent.podserver.service import PodService
 from agent.readiness.build import ReadinessParts, build_readiness
 from agent.repair.service import RepairService
 from agent.rules.ambient.options import PodRuleOptions
 from agent.rules.ambient.overrides import rule_options_for
+from agent.rules.compare import RulesDiff
 from agent.rules.footprint import ours_present
 from agent.rules.sidecar.redirector import RulesRedirector
+from agent.status.report import StatusReport
+from agent.status.server import StatusServer, socket_path
 
 
 class Service(Protocol):
@@ -104,6 +110,10 @@ def node_services(
     readiness = build_readiness(
         settings, watcher, redirector, node_name=node_name, core=clients.core
     )
+    states = PodStates()  # what each ADD and repair did, for `istio-cni-agent status`
+    events = EventRecorder(
+        clients.core, node_name=node_name, timeouts=api.Timeouts(settings.kubeApi)
+    )
     pods = PodService(
         settings,
         node_name,
@@ -113,8 +123,10 @@ def node_services(
         ambient=ambient.enroller if ambient else None,
         sandboxes=sandboxes,
         on_add_netns=readiness.netns_dir.saw_add,
+        states=states,
+        events=events,
     )
-    built = Services([pods])
+    built = Services([events, pods])
     readiness.watch_pods(pods)
     if ambient is not None:
         # After the pod service (its pod cache feeds the watch); ready once ZDS listens.
@@ -124,8 +136,11 @@ def node_services(
         readiness.watch_ambient(zds, settings.ambient.ztunnelSocketPath)
     if settings.repair.enabled:
         built.services.append(
-            _repair_service(settings, node_name, pods, clients, redirector, find_netns)
+            _repair_service(settings, node_name, pods, clients, redirector, find_netns, states)
         )
+    built.services.append(
+        _status_server(settings, node_name, pods, redirector, find_netns, states, ambient)
+    )
     built.services += _readiness_and_after(
         settings, readiness, node_name=node_name, clients=clients
     )
@@ -166,6 +181,7 @@ def _repair_service(
     clients: KubeClients,
     redirector: RulesRedirector,
     find_netns: PodNetnsFinder,
+    states: PodStates,
 ) -> RepairService:
     return RepairService(
         settings=settings,
@@ -177,7 +193,41 @@ def _repair_service(
         rules_in_place=lambda pod, netns: redirector.present(netns, pod),
         ours_present=ours_present,
         find_netns=find_netns,
+        states=states,
     )
+
+
+def _status_server(
+    settings: Settings,
+    node_name: str,
+    pods: PodService,
+    redirector: RulesRedirector,
+    find_netns: PodNetnsFinder,
+    states: PodStates,
+    ambient: AmbientParts | None,
+) -> StatusServer:
+    """The read-only status socket: the pod cache, the outcomes noted, ambient's record, and a
+    comparison of a pod's rules with what the pod server or ambient would program now."""
+
+    def decide(pod: Mapping[str, Any]) -> tuple[bool, str]:
+        decision = redirector.decide(pod)
+        return decision.redirect, decision.reason
+
+    def compare(pod: Mapping[str, Any], netns: str, is_ambient: bool) -> RulesDiff:
+        if is_ambient and ambient is not None:
+            return ambient.pod_rules.compare(netns, ambient.options_for(pod))
+        return redirector.compare(netns, pod)
+
+    report = StatusReport(
+        node_name=node_name,
+        pods=pods.pods,
+        states=states,
+        decide=decide,
+        find_netns=find_netns,
+        compare=compare,
+        ambient_state=(lambda uid: str(ambient.mesh.state(uid))) if ambient else None,
+    )
+    return StatusServer(socket_path(settings.cniAgentRunDir), report)
 
 
 class AmbientParts:
@@ -210,8 +260,11 @@ class AmbientParts:
             probe_snat=Address(amb.hostProbeSnatAddress),
             probe_snat_v6=Address(amb.hostProbeSnatAddressV6),
         )
+        self.pod_rules = InpodRules(backend=settings.ruleBackend)
+        self.options_for = rule_options_for(base)
+        """A pod's in-pod rule options (also for `istio-cni-agent status POD`)."""
         self.mesh = MeshDataplane(
-            pod_rules=InpodRules(backend=settings.ruleBackend),
+            pod_rules=self.pod_rules,
             host_rules=HostProbeRules(
                 host_netns,
                 ipv6=amb.ipv6,
@@ -228,7 +281,7 @@ class AmbientParts:
                 netns_dir=settings.mountedNetnsDir,
                 read_addresses=netns_addresses,
             ),
-            options_for=rule_options_for(base),
+            options_for=self.options_for,
         )
         self.enroller = AmbientEnroller(
             namespaces=self.namespaces,

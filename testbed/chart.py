@@ -3,7 +3,9 @@ readiness probe passed), and look at what the agent did to the node's CNI dirs."
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -117,3 +119,18 @@ def wait_conflist(
     kubepods.wait_for(
         check, what, timeout, on_timeout=lambda: cluster.conflist_path.read_text(errors="replace")
     )
+
+
+_exec_ids = itertools.count()
+
+
+def agent_status(cluster: RealCluster, agent: Agent, *argv: str) -> tuple[int, str]:
+    """`istio-cni-agent status ARGV` run in the agent's container by the runtime (where `kubectl
+    exec` ends): (exit code, stdout and stderr)."""
+    assert cluster.runtime is not None
+    container, _ = cluster.runtime.running_container(agent.pod.uid, AGENT_CONTAINER)
+    done = cluster.runtime.ctr(
+        "tasks", "exec", "--exec-id", f"status-{os.getpid()}-{next(_exec_ids)}", container,
+        "istio-cni-agent", "status", *argv, check=False, timeout=60,
+    )  # fmt: skip
+    return done.returncode, done.stdout + done.stderr

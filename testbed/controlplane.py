@@ -75,8 +75,15 @@ class ControlPlane:
         address: str = "127.0.0.1",
         controllers: str = CONTROLLERS,
         kubelet_client: bool = False,
+        audit_policy: str = "",
+        etcd_fsync: bool = True,
     ) -> None:
+        """`audit_policy`: an audit Policy (YAML) for kube-apiserver's audit log (`audit_log`,
+        one JSON event a line, written as each request is answered); `etcd_fsync=False`: etcd
+        does not sync its log to disk (a test bed loaded with many objects fast, nothing kept)."""
         self.workdir = workdir
+        self.audit_policy = audit_policy
+        self.etcd_fsync = etcd_fsync
         self.address = address
         """Where kube-apiserver listens and every client reaches it."""
         self.controllers = controllers
@@ -92,6 +99,7 @@ class ControlPlane:
         self.server = ""
         self.ca_file = self.pki_dir / "ca.crt"
         self.kubeconfig = workdir / "admin.kubeconfig"
+        self.audit_log = self.log_dir / "audit.log"
         self.daemons: list[Daemon] = []
         self._admin: pki.KeyPair | None = None
         self.ca: pki.KeyPair | None = None
@@ -216,6 +224,7 @@ class ControlPlane:
                 f"--initial-cluster=testbed={peer_url}",
                 "--initial-cluster-state=new",
                 "--log-level=warn",
+                *([] if self.etcd_fsync else ["--unsafe-no-fsync"]),
             ],
         )
         deadline = time.monotonic() + self.ready_timeout
@@ -237,6 +246,16 @@ class ControlPlane:
                 f"--kubelet-client-key={certs['kubelet-client'].key}",
                 f"--kubelet-certificate-authority={certs['ca'].cert}",
                 "--kubelet-preferred-address-types=InternalIP",
+            ]
+        audit_flags = []
+        if self.audit_policy:
+            policy = self.workdir / "audit-policy.yaml"
+            policy.write_text(self.audit_policy)
+            audit_flags = [
+                f"--audit-policy-file={policy}",
+                f"--audit-log-path={self.audit_log}",
+                "--audit-log-format=json",
+                "--audit-log-mode=blocking",  # in the log once answered: tests read it then
             ]
         apiserver = self._daemon(
             "kube-apiserver",
@@ -262,6 +281,7 @@ class ControlPlane:
                 # needs it: do not keep trying.
                 "--endpoint-reconciler-type=none",
                 *kubelet_flags,
+                *audit_flags,
             ],
         )
         self.kubeconfig = write_kubeconfig(
@@ -361,6 +381,11 @@ class ControlPlane:
         ctx = ssl.create_default_context(cafile=str(self.ca_file))
         ctx.load_cert_chain(str(self._admin.cert), str(self._admin.key))
         return ctx
+
+    def get(self, path: str) -> tuple[int, str]:
+        """GET `path` as the admin: (status, the first 4 KiB of the body); (0, why) when the
+        API server gave no answer."""
+        return self._get(path)
 
     def _get(self, path: str) -> tuple[int, str]:
         conn = http.client.HTTPSConnection(

@@ -69,6 +69,7 @@ def kubelet_configuration(
     pod_logs: Path,
     address: str,
     cgroup_root: str,
+    max_pods: int = 110,
 ) -> dict[str, Any]:
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
@@ -105,6 +106,7 @@ def kubelet_configuration(
         # Status soon after start and after a restart; tests wait for Ready.
         "nodeStatusUpdateFrequency": "2s",
         "syncFrequency": "10s",
+        "maxPods": max_pods,
     }
 
 
@@ -124,8 +126,12 @@ class Kubelet:
         prefix: list[str],
         log_path: Path,
         cgroup_root: str,
+        max_pods: int = 110,
     ) -> None:
+        """`max_pods`: kubelet's limit (its default, 110, unless a benchmark fills a node with
+        more beside the DaemonSet's pod)."""
         self.binary = parts.kubelet().require()
+        self.max_pods = max_pods
         self.cgroup_root = cgroup_root
         self.dirs = dirs
         self.node_name = node_name
@@ -171,6 +177,7 @@ class Kubelet:
             pod_logs=self.dirs.pod_logs,
             address=self.node_ip,
             cgroup_root=self.cgroup_root,
+            max_pods=self.max_pods,
         )
         self.dirs.config.write_text(yaml.safe_dump(config, sort_keys=False))
 

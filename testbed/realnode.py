@@ -56,8 +56,10 @@ class RealCluster:
         *,
         node_name: str = NODE_NAME,
         image_names: tuple[str, ...] = ("pause", "workload", "istio-cni"),
+        max_pods: int = 110,
     ) -> None:
         self.workdir = workdir
+        self.max_pods = max_pods
         self.node_name = node_name
         self.log_dir = workdir / "logs"
         self.base = workdir / "node"
@@ -176,6 +178,7 @@ class RealCluster:
             prefix=self.network.nsenter(),
             log_path=self.log_dir / "kubelet.log",
             cgroup_root=self.record.kubelet_cgroup_root,
+            max_pods=self.max_pods,
         )
         self.kubelet.prepare()
         nodeclean.make_cgroups(self.record.kubelet_cgroup_root)

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import urllib3
-from kubernetes.client.exceptions import ApiException
 
 from agent.config import KubeApiSettings
 from agent.errors import ApiConflict, ApiForbidden, ApiGone, ApiNotFound, KubeApiError
+from agent.kube.rest import ApiError
 
 Timeout = float | tuple[float, float]
 """Seconds for the whole call, or (connect, read)."""
@@ -89,11 +89,24 @@ def call(fn: Callable[..., Any], *args: Any, timeout: Timeout, raw: bool = True,
         kw["_preload_content"] = False
     try:
         return fn(*args, _request_timeout=timeout, **kw)
-    except ApiException as e:
-        kind = _BY_STATUS.get(e.status or 0, KubeApiError)
-        raise kind(e, e.status, e.reason, answered=True) from e
     except (urllib3.exceptions.HTTPError, OSError) as e:
         raise KubeApiError(e) from e
+    except Exception as e:
+        if not _is_answer(e):
+            raise
+        status = getattr(e, "status", None)
+        kind = _BY_STATUS.get(status or 0, KubeApiError)
+        raise kind(e, status, getattr(e, "reason", None), answered=True) from e
+
+
+def _is_answer(error: Exception) -> bool:
+    """The API server's answer as an error: ours (agent.kube.rest), or the kubernetes client's
+    ApiException (tests hand its CoreV1Api to the caches; not imported here: its package alone
+    costs what agent.kube.rest saves)."""
+    if isinstance(error, ApiError):
+        return True
+    kind = type(error)
+    return kind.__name__ == "ApiException" and kind.__module__.startswith("kubernetes.")
 
 
 def get_json(fn: Callable[..., Any], *args: Any, timeout: Timeout, **kw: Any) -> dict[str, Any]:

@@ -7,7 +7,10 @@
             ├─ error / connection lost ────────► back off, then watch again
             └─ resync period passed ───────────► list again (heals anything a watch missed)
 
-Pods are kept as the API's JSON (camelCase dicts), the form the redirect decision reads. A pod
+Objects are kept as slim records of the API's JSON (camelCase dicts, only the fields the agent
+reads: agent.pods.slim), the form the redirect decision reads; a list comes in pages of
+LIST_PAGE_SIZE objects, so neither the cache nor one list's answer grows with the cluster beyond
+what is kept. Both list and watch read the raw JSON (the client's models are never built). A pod
 not in the cache yet (its sandbox can be created before the watch delivers it) is fetched with a
 GET, retried a few times over about two seconds.
 """
@@ -34,6 +37,7 @@ from agent.errors import (
 )
 from agent.kube import api
 from agent.pods.metrics import CacheMetrics, default_cache_metrics
+from agent.pods.slim import POD, slim
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +50,10 @@ Listener = Callable[[str, "Obj | None", "Obj | None"], None]
 update, or delete (new None). Runs in the watch thread: it must only hand the change on."""
 
 HTTP_GONE = 410
+LIST_PAGE_SIZE = 500
+"""Objects per page of a list: the API server's own chunk for its clients (kubectl's default),
+large enough that a node's pods come in one page, small enough that a cluster's namespaces
+never sit in memory as one answer."""
 
 
 class ListWatchCache:
@@ -244,9 +252,7 @@ class ListWatchCache:
     def relist(self) -> str:
         """Replace the cache with a fresh list; returns its version. Listeners hear the difference
         (what a watch that missed events would have told them)."""
-        body = api.get_json(self._list, timeout=self._timeouts.list())
-        pods = {self._obj_key(p): self._as_obj(p) for p in body.get("items") or []}
-        version = str(body["metadata"]["resourceVersion"])
+        pods, version = self._list_pages()
         with self._changed:
             old = self._pods
             self._pods = pods
@@ -263,6 +269,21 @@ class ListWatchCache:
         if self._listeners:
             self._notify(_differences(old, pods))
         return version
+
+    def _list_pages(self) -> tuple[dict[tuple[str, str], Obj], str]:
+        """Every object, page by page (one consistent snapshot); the list's version."""
+        objs: dict[tuple[str, str], Obj] = {}
+        options: dict[str, Any] = {"limit": LIST_PAGE_SIZE}
+        while True:
+            body = api.get_json(self._list, timeout=self._timeouts.list(), **options)
+            for item in body.get("items") or []:
+                obj = self._as_obj(item)
+                objs[self._obj_key(obj)] = obj
+            meta = body.get("metadata") or {}
+            token = meta.get("continue")
+            if not token:
+                return objs, str(meta["resourceVersion"])
+            options["_continue"] = token
 
     def watch_once(self, resource_version: str) -> str:
         """Apply watch events from `resource_version` until the server ends the watch.
@@ -318,7 +339,7 @@ class ListWatchCache:
             with self._changed:
                 old = self._pods.pop(self._obj_key(obj), None)
                 self._changed.notify_all()
-            self._notify([("delete", old or obj, None)])
+            self._notify([("delete", old or self._as_obj(obj), None)])
         elif kind != "BOOKMARK":
             log.debug("ignored watch event", extra={"fields": {"type": kind}})
         self._metrics.changed(self.kind, len(self._pods))
@@ -336,12 +357,17 @@ class PodCache(ListWatchCache):
         )
 
     def _as_obj(self, obj: Obj) -> Obj:
-        return _as_pod(obj)
+        return _as_pod(slim(obj, POD))
 
     def _read(self, namespace: str, name: str) -> Pod | None:
         try:
-            return api.get_json(
-                self._core.read_namespaced_pod, name, namespace, timeout=self._timeouts.lookup()
+            return self._as_obj(
+                api.get_json(
+                    self._core.read_namespaced_pod,
+                    name,
+                    namespace,
+                    timeout=self._timeouts.lookup(),
+                )
             )
         except ApiNotFound:
             return None

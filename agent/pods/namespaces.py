@@ -1,5 +1,6 @@
 """A cache of the cluster's Namespaces (their labels decide ambient enrollment), kept current by
-the same list + watch loop as the pod cache."""
+the same list + watch loop as the pod cache. Every namespace of the cluster is kept (a pod may
+land in any), each as its name and labels only (agent.pods.slim.NAMESPACE)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 from agent.errors import ApiLookupError, ApiNotFound, KubeApiError
 from agent.kube import api
 from agent.pods.cache import ListWatchCache, Obj
+from agent.pods.slim import NAMESPACE, slim
 
 Namespace = dict[str, Any]
 
@@ -19,6 +21,10 @@ class NamespaceCache(ListWatchCache):
 
     def _list(self, **options: Any) -> Any:
         return self._core.list_namespace(**options)
+
+    def _as_obj(self, obj: Obj) -> Obj:
+        slimmed: Obj = slim(obj, NAMESPACE)
+        return slimmed
 
     def get_namespace(self, name: str, *, retry: bool = True) -> Namespace | None:
         """The namespace from the cache, else from a GET (retried while missing or failing
@@ -33,7 +39,9 @@ class NamespaceCache(ListWatchCache):
 
     def _read(self, namespace: str, name: str) -> Obj | None:
         try:
-            return api.get_json(self._core.read_namespace, name, timeout=self._timeouts.lookup())
+            return self._as_obj(
+                api.get_json(self._core.read_namespace, name, timeout=self._timeouts.lookup())
+            )
         except ApiNotFound:
             return None
         except KubeApiError as e:

@@ -18,6 +18,8 @@ from typing import Any, Protocol
 from agent.errors import retry_later
 from agent.logs import LEVELS, PLUGIN_LOGGER
 from agent.netns.look import ident as netns_ident
+from agent.pods import states
+from agent.pods.states import PodStates
 from agent.podserver.metrics import PluginMetrics
 from agent.podserver.requests import (
     FAILURE_REPLY,
@@ -46,6 +48,18 @@ STEP_REASONS = {
     "ambient detection": "ambient_detection_failed",
     "ambient enrollment": "ambient_enrollment_failed",
 }
+
+
+REFUSED_EVENT = "RedirectRefused"
+SIDECAR_REFUSALS = ("decision_failed", "apply_failed", "internal_error")
+"""Refusals of a looked-up pod on the sidecar path, which get a Warning Event on the pod
+(ambient's refusals show in its `ambient.istio.io/redirection` annotation)."""
+
+
+class EventSink(Protocol):
+    """Rate-limited pod Events (agent.kube.events.EventRecorder)."""
+
+    def record(self, pod: Mapping[str, Any], *, reason: str, message: str) -> None: ...
 
 
 class PodSource(Protocol):
@@ -128,10 +142,15 @@ class PodHandlers:
         metrics: PluginMetrics | None = None,
         ambient: Ambient | None = None,
         on_add_netns: Callable[[str], None] | None = None,
+        states: PodStates | None = None,
+        events: EventSink | None = None,
     ) -> None:
         """`readiness` returns None when the agent is ready, else the reason it is not;
         `ambient` is set when ambient mode is on; `on_add_netns` sees the netns path of every
-        ADD (readiness learns from it where the runtime keeps namespaces)."""
+        ADD (readiness learns from it where the runtime keeps namespaces); `states` keeps each
+        ADD's outcome (`istio-cni-agent status`); `events` gets a Warning on a refused pod."""
+        self._states = states
+        self._events = events
         self._on_add_netns = on_add_netns
         self._ambient = ambient
         self._pods = pods
@@ -175,7 +194,18 @@ class PodHandlers:
             self._on_add_netns(req.netns)
         if not req.has_pod:
             return ok(wire.RESULT_SKIPPED, "no Kubernetes pod arguments")
-        pod = self._lookup(req)
+        try:
+            pod = self._lookup(req)
+        except Refused as refused:
+            self._note(req, {}, states.REFUSED, str(refused.reply.body.get("msg", "")))
+            raise
+        try:
+            return self._add_pod(req, pod)
+        except Exception as e:
+            self._refused(req, pod, e)
+            raise
+
+    def _add_pod(self, req: CniRequest, pod: Mapping[str, Any]) -> Reply:
         if self._ambient is not None:
             verdict = self._ambient_verdict(req, pod)
             if verdict.enroll:
@@ -184,6 +214,7 @@ class PodHandlers:
         if not decision.redirect:
             self._remember(req, pod, redirected=False)
             self._log_result(req, "skipped", decision.reason)
+            self._note(req, pod, states.SKIPPED, decision.reason)
             return ok(wire.RESULT_SKIPPED, decision.reason)
         try:
             backend = self._redirector.apply(req.netns, pod)
@@ -192,7 +223,33 @@ class PodHandlers:
         self._remember(req, pod, redirected=True)
         reason = f"{decision.reason}; rules applied with {backend}"
         self._log_result(req, "redirected", reason)
+        self._note(req, pod, states.CAPTURED, reason)
         return ok(wire.RESULT_REDIRECTED, reason)
+
+    def _note(self, req: CniRequest, pod: Mapping[str, Any], state: str, reason: str) -> None:
+        if self._states is not None:
+            uid = str((pod.get("metadata") or {}).get("uid") or req.pod_uid)
+            self._states.note(
+                namespace=req.pod_namespace,
+                name=req.pod_name,
+                uid=uid,
+                kind=states.ADD,
+                state=state,
+                reason=reason,
+            )
+
+    def _refused(self, req: CniRequest, pod: Mapping[str, Any], error: Exception) -> None:
+        """Note a refusal; a sidecar pod's gets a Warning Event (rate-limited by the sink)."""
+        reason = error.reason if isinstance(error, Refused) else "internal_error"
+        msg = str(error.reply.body.get("msg", "")) if isinstance(error, Refused) else str(error)
+        self._note(req, pod, states.REFUSED, msg)
+        if self._events is not None and reason in SIDECAR_REFUSALS:
+            self._events.record(
+                pod,
+                reason=REFUSED_EVENT,
+                message="this node's istio-cni agent refused the pod's network set-up (CNI "
+                f"ADD), so it does not start uncaptured; the runtime retries: {msg}",
+            )
 
     def _ambient_verdict(self, req: CniRequest, pod: Mapping[str, Any]) -> AmbientVerdict:
         assert self._ambient is not None
@@ -225,6 +282,7 @@ class PodHandlers:
             )
         )
         self._log_result(req, "redirected", f"{reason}; {done}")
+        self._note(req, pod, states.CAPTURED, f"{reason}; {done}")
         return ok(wire.RESULT_REDIRECTED, f"{reason}; {done}")
 
     def _check(self, body: bytes) -> Reply:

@@ -8,7 +8,8 @@ from collections.abc import Callable
 from agent.config import Settings
 from agent.kube import KubeClients, api
 from agent.pods.cache import PodCache
-from agent.podserver.handlers import Ambient, PodHandlers, Redirector
+from agent.pods.states import PodStates
+from agent.podserver.handlers import Ambient, EventSink, PodHandlers, Redirector
 from agent.podserver.metrics import PluginMetrics, default_metrics
 from agent.podserver.sandboxes import SandboxStore
 from agent.podserver.server import PodServer
@@ -33,11 +34,14 @@ class PodService:
         ambient: Ambient | None = None,
         sandboxes: SandboxStore | None = None,
         on_add_netns: Callable[[str], None] | None = None,
+        states: PodStates | None = None,
+        events: EventSink | None = None,
     ) -> None:
         """`redirector`, `metrics` and `cache` default to the real ones; tests pass their own.
         `ambient` (ambient mode on) enrolls the pods ambient selects on CNI ADD. `sandboxes`:
         where each ADD's pod UID and netns are kept (shared with whoever finds pods' netns).
         `on_add_netns`: sees each ADD's netns path (the readiness check of cniNetnsDir).
+        `states`, `events`: each ADD's outcome noted, a refusal's Event (PodHandlers).
 
         The clients from `kube_client_factory` are not closed here: they may be shared.
         """
@@ -60,6 +64,8 @@ class PodService:
             metrics=metrics or default_metrics(),
             ambient=ambient,
             on_add_netns=on_add_netns,
+            states=states,
+            events=events,
         )
         self._server = PodServer(settings.socket_path, self.handlers)
 

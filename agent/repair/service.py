@@ -24,6 +24,7 @@ from prometheus_client import Counter
 
 from agent.background import BackgroundLoop
 from agent.config import Settings
+from agent.pods import states as pod_states
 from agent.repair import actions
 from agent.repair.detect import is_running_with_addresses, pod_key, validation_failed
 
@@ -73,7 +74,10 @@ class RepairService:
         ours_present: OursPresent,
         find_netns: FindNetns,
         interval: float = 5.0,
+        states: pod_states.PodStates | None = None,
     ) -> None:
+        """`states`: where each pod's outcome is noted (`istio-cni-agent status`)."""
+        self._states = states
         self._settings = settings
         self._node_name = node_name
         self._pods = pods
@@ -112,7 +116,30 @@ class RepairService:
         if not todo:
             return []
         found = self._find_netns(todo)
-        return [self._handle(pod, found.get(str(pod["metadata"]["uid"]))) for pod in todo]
+        outcomes = [self._handle(pod, found.get(str(pod["metadata"]["uid"]))) for pod in todo]
+        for pod, outcome in zip(todo, outcomes, strict=True):
+            self._note(pod, outcome)
+        return outcomes
+
+    def _note(self, pod: Mapping[str, Any], outcome: Outcome) -> None:
+        state = _STATES.get(outcome.result)
+        if outcome.result == "skip" and outcome.detail == "rules in place":
+            state = pod_states.CAPTURED
+        if self._states is None or state is None:
+            return
+        meta = pod["metadata"]
+        if state == pod_states.CAPTURED:
+            known = self._states.get(str(meta.get("uid")))
+            if known is not None and pod_states.ADD in known.outcomes:
+                return  # its ADD's outcome says more
+        self._states.note(
+            namespace=str(meta.get("namespace")),
+            name=str(meta.get("name")),
+            uid=str(meta.get("uid")),
+            kind=pod_states.REPAIR,
+            state=state,
+            reason=f"repair: {outcome.detail}",
+        )
 
     def _is_candidate(self, pod: Mapping[str, Any]) -> bool:
         uid = str(pod["metadata"].get("uid"))
@@ -228,6 +255,12 @@ class RepairService:
         actions.label_pod(self._core, pod, key=repair.labelKey, value=repair.labelValue)
         return f"labeled {repair.labelKey}={repair.labelValue}"
 
+
+_STATES = {
+    "success": pod_states.REPAIRED,
+    "fail": pod_states.REPAIR_FAILED,
+    "differ": pod_states.RULES_DIFFER,
+}
 
 _REASON = {
     "repair-in-place": "RepairBrokenPod",

@@ -392,6 +392,7 @@ def test_cluster_role_grants_ambient_rights_only_when_on(
         ("", "pods", "list"),
         ("", "pods", "watch"),
         ("", "events", "create"),
+        ("", "events", "patch"),
         ("", "nodes", "get"),
     }
     assert grants(role["rules"]) == base | extra

@@ -161,7 +161,10 @@ def test_standard_labels_and_stable_selector(helm: Helm) -> None:
     docs = helm.render()
     for doc in docs:
         labels = doc["metadata"]["labels"]
-        assert labels["app.kubernetes.io/name"] == "istio-cni", doc["kind"]
+        hook = (doc["metadata"].get("annotations") or {}).get("helm.sh/hook")
+        # `helm test`'s pod and namespace: not the agent's selector labels.
+        name = "istio-cni-test" if hook == "test" else "istio-cni"
+        assert labels["app.kubernetes.io/name"] == name, doc["kind"]
         assert labels["app.kubernetes.io/instance"] == "istio-cni"
         assert labels["app.kubernetes.io/managed-by"] == "Helm"
         assert labels["app.kubernetes.io/version"] == "0.1.0"

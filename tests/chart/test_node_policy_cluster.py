@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.chart, pytest.mark.cluster, pytest.mark.hostile]
 CHART = parts.REPO_ROOT / "charts" / "istio-cni"
 RELEASE = "istio-cni"
 # Every mutating right the chart can grant: deletes (repair delete mode), pods/status (ambient),
-# nodes patch (removeNotReadyTaint), events (repair).
+# nodes patch (removeNotReadyTaint), events create and patch (refusals, repair).
 VALUES = {"repair": {"mode": "delete"}, "ambient": {"enabled": True}, "removeNotReadyTaint": True}
 POLICY_LOAD_TIMEOUT = 30.0  # the API server loads a new policy in the background
 
@@ -72,6 +72,13 @@ class Cluster:
         api = k8s_config.new_client_from_config(config_file=str(identity.kubeconfig))
         self.clients.append(api)
         return k8s.CoreV1Api(api)
+
+    def node_event(self, node: str) -> str:
+        """An Event reported as `node`, made by the admin; its name."""
+        pod = self.work_pod(node)
+        body = actions.event_for(pod, reason="PolicyTest", message="admin's", node_name=node)
+        made = self.core.create_namespaced_event(self.namespace, body)
+        return str(made.metadata.name)
 
     def work_pod(self, node: str) -> dict[str, Any]:
         pod = self.core.read_namespaced_pod(f"work-{node}", self.namespace)
@@ -118,6 +125,11 @@ def writes(agent: Any, cluster: Cluster, node: str) -> dict[str, tuple[int | Non
                 actions.event_for(pod, reason="PolicyTest", message="test", node_name=node),
             )
         ),
+        "patch event": status(
+            lambda: agent.patch_namespaced_event(
+                cluster.node_event(node), cluster.namespace, {"count": 2}
+            )
+        ),
         "patch node": status(lambda: agent.patch_node(node, label)),
     }
 
@@ -145,6 +157,7 @@ def test_agent_of_node_a_changes_only_node_a(
     assert {k: v[0] for k, v in writes(agent, cluster, cluster.node_b).items()} == {
         "patch pod status": None,
         "event": None,
+        "patch event": None,
         "patch node": None,
     }
 
@@ -160,6 +173,7 @@ def test_agent_of_node_a_changes_only_node_a(
     assert {k: v[0] for k, v in refused.items()} == {
         "patch pod status": 403,
         "event": 403,
+        "patch event": 403,
         "patch node": 403,
     }
     assert (
@@ -175,6 +189,7 @@ def test_agent_of_node_a_changes_only_node_a(
     assert {k: v[0] for k, v in writes(agent, cluster, cluster.node_a).items()} == {
         "patch pod status": None,
         "event": None,
+        "patch event": None,
         "patch node": None,
     }
     assert delete_work_pod(agent, cluster, cluster.node_a) == (None, "")

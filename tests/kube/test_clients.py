@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from agent.errors import ConfigError
-from agent.kube import build_clients, load_configuration
+from agent.kube import build_clients, load_configuration, rest
 from agent.logs import KeyValueFormatter
 
 TOKEN = "sekret-token-must-never-be-logged"
@@ -38,7 +38,7 @@ def test_kubeconfig_from_env(tmp_path: Path, caplog: pytest.LogCaptureFixture) -
     path = write_kubeconfig(tmp_path / "kubeconfig", "https://127.0.0.1:7443")
     configuration = load_configuration({"KUBECONFIG": str(path)})
     assert configuration.host == "https://127.0.0.1:7443"
-    assert configuration.connection_pool_maxsize >= 32  # many concurrent ADD lookups
+    assert rest.POOL_SIZE >= 32  # many concurrent ADD lookups
     lines = "\n".join(KeyValueFormatter().format(r) for r in caplog.records)
     assert TOKEN not in lines
     assert "server=https://127.0.0.1:7443" in lines
@@ -50,6 +50,7 @@ def test_clients_share_one_api_client(tmp_path: Path) -> None:
     try:
         assert clients.core.api_client is clients.api
         assert clients.apps.api_client is clients.api
+        assert isinstance(clients.api, rest.RestClient)
     finally:
         clients.close()
 

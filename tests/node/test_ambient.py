@@ -193,6 +193,14 @@ def test_ambient_pod_enrolled_captured_probed_and_released(
         )
         assert kubepods.escaped(line) and "unreachable" in line, line
 
+        # `istio-cni-agent status`: the enrolled pod, acknowledged by ztunnel; its in-pod rules
+        # as the agent would program them.
+        code, text = agent_mod.agent_status(real_cluster, agent)
+        row = next(line.split() for line in text.splitlines() if line.startswith(workload_ns))
+        assert row[1:4] == ["web", "ambient-enrolled", "acked"], text
+        code, text = agent_mod.agent_status(real_cluster, agent, f"{workload_ns}/web")
+        assert code == 0 and "as this agent would program them now" in text, text
+
         # Label removed: the running pod is released, live.
         logged = len(kubepods.logs(node_core, workload_ns, "web", "client").splitlines())
         set_mode_label(node_core, workload_ns, None)

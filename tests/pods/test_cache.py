@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from agent.kube import build_clients
 from agent.pods.cache import PodCache
 from testbed.node import NodePods
 from testbed.wait import wait_for
@@ -29,11 +30,21 @@ def namespace(random_namespace_function_scope: Any) -> str:
 
 
 @pytest.fixture
-def make_cache(kube_core: Any, sim_node: str) -> Iterator[Callable[..., PodCache]]:
+def agent_core(kube_config: str) -> Iterator[Any]:
+    """The agent's own client (agent.kube.rest), as the admin."""
+    clients = build_clients({"KUBECONFIG": kube_config})
+    try:
+        yield clients.core
+    finally:
+        clients.close()
+
+
+@pytest.fixture
+def make_cache(agent_core: Any, sim_node: str) -> Iterator[Callable[..., PodCache]]:
     made: list[PodCache] = []
 
     def make(core: Any = None, **options: Any) -> PodCache:
-        made.append(PodCache(core or kube_core, sim_node, **options))
+        made.append(PodCache(core or agent_core, sim_node, **options))
         return made[-1]
 
     yield make
@@ -146,9 +157,9 @@ def test_expired_resource_version_leads_to_a_relist(
 
 
 def test_watch_resumes_after_the_server_ends_it(
-    make_cache: Callable[..., PodCache], node_pods: NodePods, namespace: str, kube_core: Any
+    make_cache: Callable[..., PodCache], node_pods: NodePods, namespace: str, agent_core: Any
 ) -> None:
-    observed = ObservedCore(kube_core)
+    observed = ObservedCore(agent_core)
     # The server closes each watch after 1 s.
     cache = make_cache(core=observed, watch_timeout_seconds=1)
     cache.start()
@@ -203,9 +214,9 @@ def test_get_waits_for_a_pod_created_during_the_retries(
 
 
 def test_stop_returns_while_a_watch_is_open(
-    make_cache: Callable[..., PodCache], kube_core: Any
+    make_cache: Callable[..., PodCache], agent_core: Any
 ) -> None:
-    observed = ObservedCore(kube_core)
+    observed = ObservedCore(agent_core)
     cache = make_cache(core=observed, watch_timeout_seconds=240)
     cache.start()
     wait_for(lambda: observed.watches >= 1, "a watch opened", EVENTUAL, interval=0.01)

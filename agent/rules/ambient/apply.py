@@ -18,7 +18,7 @@ from agent import constants
 from agent.errors import RedirectError
 from agent.netns.look import look
 from agent.podinput.tokens import Address
-from agent.rules import backends, footprint
+from agent.rules import backends, compare, footprint
 from agent.rules.ambient import nft_apply, routes
 from agent.rules.ambient.builder import (
     HOST_OWNERSHIP,
@@ -30,9 +30,11 @@ from agent.rules.ambient.builder import (
 )
 from agent.rules.ambient.ipset import AddressSets
 from agent.rules.ambient.kubelet import kubelet_uid
+from agent.rules.ambient.nft import render_pod
 from agent.rules.ambient.nft_apply import HostTable
 from agent.rules.ambient.nft_sets import NftAddressSets
 from agent.rules.ambient.options import PodRuleOptions
+from agent.rules.backend_nft import expected_listing
 from agent.rules.model import RuleSet
 from agent.rules.ownership import Ownership
 
@@ -118,6 +120,20 @@ class InpodRules:
             owner=POD_OWNERSHIP,
             native=lambda: nft_apply.pod_present(netns_path, options),
         ) and routes.routes_present(netns_path, ipv6=options.ipv6)
+
+    def compare(self, netns_path: str, options: PodRuleOptions) -> compare.RulesDiff:
+        """The in-pod rules there against those for `options`, rule by rule."""
+        return compare.compare(
+            netns_path,
+            lambda: pod_rules(options),
+            backend=self.backend,
+            owner=POD_OWNERSHIP,
+            native=lambda: (
+                nft_apply.list_pod(netns_path),
+                expected_listing(render_pod(options)),
+            ),
+            seen=look(netns_path),
+        )
 
     def installed(self, netns_path: str) -> bool:
         """Any chain or table of ours in the namespace (the pod was enrolled), in any backend."""

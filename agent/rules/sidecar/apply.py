@@ -12,11 +12,14 @@ import logging
 
 from agent.netns import look as netns_look
 from agent.netns.look import NetnsLook
-from agent.rules import backends
+from agent.rules import backends, compare
+from agent.rules.backend_nft import expected_listing
+from agent.rules.model import RuleSet
 from agent.rules.ownership import SIDECAR
 from agent.rules.sidecar import hostfacts, nft_apply, routes
 from agent.rules.sidecar.builder import build
 from agent.rules.sidecar.capture import CaptureConfig
+from agent.rules.sidecar.nft import render_native
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +78,29 @@ def rules_present(
         backend=backend,
         owner=SIDECAR,
         native=lambda: nft_apply.present_native(netns_path, config),
+        seen=seen or netns_look.look(netns_path),
+    )
+
+
+def rules_diff(
+    netns_path: str,
+    config: CaptureConfig | None,
+    *,
+    backend: str = "auto",
+    seen: NetnsLook | None = None,
+) -> compare.RulesDiff:
+    """Our rules in the namespace against those for `config` (None: a pod that gets none)."""
+
+    def native() -> tuple[str, str]:
+        want = expected_listing(render_native(config)) if config is not None else ""
+        return nft_apply.list_native(netns_path), want
+
+    return compare.compare(
+        netns_path,
+        lambda: build(config) if config is not None else RuleSet(()),
+        backend=backend,
+        owner=SIDECAR,
+        native=native,
         seen=seen or netns_look.look(netns_path),
     )
 

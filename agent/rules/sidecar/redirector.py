@@ -11,6 +11,7 @@ from agent.errors import RedirectError
 from agent.netns import look as netns_look
 from agent.netns.look import NetnsLook
 from agent.rules import backends
+from agent.rules.compare import RulesDiff
 from agent.rules.sidecar import apply as sidecar_apply
 from agent.rules.sidecar import pod as pod_rules
 from agent.rules.sidecar.capture import CaptureConfig
@@ -48,6 +49,13 @@ class RulesRedirector:
         look = self._look(netns)
         config = self._config(pod, look)
         return sidecar_apply.rules_present(netns, config, backend=self._backend, seen=look)
+
+    def compare(self, netns: str, pod: Mapping[str, Any]) -> RulesDiff:
+        """The pod's rules there against what this agent would program for it now (none for
+        a pod it skips); InvalidPodInputError when the pod's values are refused."""
+        look = self._look(netns)
+        config = self._config(pod, look) if self.decide(pod).redirect else None
+        return sidecar_apply.rules_diff(netns, config, backend=self._backend, seen=look)
 
     @staticmethod
     def _look(netns: str) -> NetnsLook:
