@@ -1,9 +1,12 @@
 """The images a real node runs, built on this machine: `ci/build-testbed-images` (pause, workload)
 and `ci/build-image` (the agent) write docker-archives under $CACHE_DIR/images and record them in
-manifest.json as {name: {"ref": ..., "archive": ...}}."""
+this checkout's manifest.json as {name: {"ref": ..., "archive": ...}}: one record per checkout
+(ci/image/lib.sh), so a node test runs the images its own checkout built, whatever another
+checkout on the machine built since."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -37,8 +40,10 @@ class Image:
         return self.ref.rsplit(":", 1)[1]
 
 
-def manifest_path() -> Path:
-    return cache_dir() / "images" / "manifest.json"
+def manifest_path(checkout: Path = REPO_ROOT) -> Path:
+    """This checkout's record: the key is ci/image/lib.sh's, over the checkout's real path."""
+    key = hashlib.sha256(str(checkout.resolve()).encode()).hexdigest()[:12]
+    return cache_dir() / "images" / "checkouts" / key / "manifest.json"
 
 
 def image(name: str) -> Image:

@@ -1,14 +1,24 @@
 # Shared helpers for the image scripts (ci/build-image, ci/build-testbed-images): sourced, not run.
 # Every image is built with buildah in a private storage under $CACHE_DIR/buildah (vfs driver,
 # chroot isolation), so nothing global is touched and no registry is ever contacted; each image is
-# written as a docker-archive under $CACHE_DIR/images and recorded in $CACHE_DIR/images/manifest.json.
+# written as a docker-archive under $CACHE_DIR/images, named by its inputs' hash and shared by
+# every checkout on the machine. What a checkout built is recorded for that checkout alone, in
+# $CACHE_DIR/images/checkouts/<key>/manifest.json (<key>: 12 hex digits of the sha256 of the
+# checkout's real path; testbed/images.py computes the same), beside a file `checkout` naming it:
+# two checkouts building different images never run each other's (a single machine-wide record
+# made the last build win for everyone).
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 IMAGE_DIR="$REPO_ROOT/ci/image"
 IMAGES_OUT="$CACHE_DIR/images"
-MANIFEST="$IMAGES_OUT/manifest.json"
+CHECKOUT=$(cd "$REPO_ROOT" && pwd -P)
+RECORD_DIR="$IMAGES_OUT/checkouts/$(printf '%s' "$CHECKOUT" | sha256sum | cut -c1-12)"
+MANIFEST="$RECORD_DIR/manifest.json"
 BUILDAH_ROOT="$CACHE_DIR/buildah"
 TESTBED_HUB=localhost/testbed
-mkdir -p "$IMAGES_OUT" "$BUILDAH_ROOT"
+mkdir -p "$IMAGES_OUT" "$RECORD_DIR" "$BUILDAH_ROOT"
+[[ $(cat "$RECORD_DIR/checkout" 2>/dev/null) == "$CHECKOUT" ]] \
+  || { printf '%s\n' "$CHECKOUT" >"$RECORD_DIR/checkout.tmp" && mv -f "$RECORD_DIR/checkout.tmp" "$RECORD_DIR/checkout"; } \
+  || die "write $RECORD_DIR/checkout"
 
 for tool in buildah jq sha256sum flock; do
   command -v "$tool" >/dev/null || die "no $tool on PATH: run ci/setup-apt"
@@ -67,12 +77,26 @@ manifest_set() {
   mv -f "$MANIFEST.tmp" "$MANIFEST"
 }
 
-# Keep the newest N archives NAME-<12 hex>.tar and the images of the same repo that are not among them.
+# The archives some checkout's record names (one per line); a checkout whose dir is gone names none.
+recorded_archives() {
+  local dir
+  for dir in "$IMAGES_OUT"/checkouts/*/; do
+    [[ -s $dir/manifest.json && -d $(cat "$dir/checkout" 2>/dev/null) ]] || continue
+    jq -r '.. | objects | .archive? // empty' "$dir/manifest.json" 2>/dev/null || true
+  done
+}
+
+# prune_old NAME N [REPO]: remove the archives NAME-<12 hex>.tar past the newest N, except those a
+# checkout's record names (another checkout's build is not ours to remove), and with REPO, the
+# image REPO:<12 hex> of each.
 prune_old() {
-  local name=$1 keep=${2:-3} repo=$3 f
+  local name=$1 keep=${2:-3} repo=${3:-} f recorded
+  recorded=$(recorded_archives)
   ls -1t "$IMAGES_OUT/$name"-????????????.tar 2>/dev/null | tail -n +$((keep + 1)) | while read -r f; do
+    grep -qxF -- "$f" <<<"$recorded" && continue
     local t=${f##*/"$name"-}; t=${t%.tar}
-    rm -f "$f"; bah rmi -f "$repo:$t" >/dev/null 2>&1 || true
+    rm -f "$f"
+    [[ -z $repo ]] || bah rmi -f "$repo:$t" >/dev/null 2>&1 || true
   done
 }
 

@@ -1,6 +1,7 @@
 """Fixtures of the image tests: the images built by ci/build-testbed-images and ci/build-image
-(once per session), read from $CACHE_DIR/images/manifest.json, and a throwaway containerd with
-them imported. A build that fails fails the tests, naming the script and the end of its output."""
+(once per session), read from this checkout's manifest.json (testbed.images.manifest_path), and
+a throwaway containerd with them imported. A build that fails fails the tests, naming the script
+and the end of its output."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from testbed.parts import REPO_ROOT, cache_dir
+from testbed.images import manifest_path
+from testbed.parts import REPO_ROOT
 from tests.image.archive import Archive
 from tests.image.containerd import Containerd, throwaway_containerd
 
@@ -62,7 +64,7 @@ def run_build(script: str, *args: str, timeout: float = BUILD_TIMEOUT) -> BuildR
 
 
 def manifest() -> dict[str, dict[str, Any]]:
-    path = cache_dir() / "images" / "manifest.json"
+    path = manifest_path()
     data: dict[str, dict[str, Any]] = json.loads(path.read_text())
     return data
 
