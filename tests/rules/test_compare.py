@@ -4,14 +4,12 @@ missing or extra rule named: the pure diff, and real namespaces for each backend
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from agent.rules import compare
 from agent.rules.sidecar.redirector import RulesRedirector
-from testbed import netns
 from tests.podserver.helpers import make_pod
 
 BACKENDS = ["iptables-nft", "iptables-legacy", "nftables"]
@@ -43,16 +41,6 @@ def test_nft_lines_carry_their_table_and_chain() -> None:
         "inet t c: type nat hook output priority 0;",
         "inet t c: return",
     ]
-
-
-@pytest.fixture
-def pod_netns() -> Iterator[Path]:
-    name = netns.unique_name("cmp")
-    path = netns.add(name)
-    try:
-        yield path
-    finally:
-        netns.delete(name)
 
 
 def run(path: Path, *argv: str) -> None:
