@@ -3,7 +3,7 @@
 
 Session: `control_plane` (etcd + kube-apiserver + kube-controller-manager; sets KUBECONFIG),
 `kube_config` (its admin kubeconfig; also feeds pytest-helm-charts' `kube_cluster` and namespace
-fixtures), `kube_core`, `sim_node`.
+fixtures), `kube_core`, `kube_apps`, `sim_node`.
 Per test: `node_pods`, `make_identity`, `cni_node`, `pod_netns`, `pod_namespaces`,
 `helm_binaries`, `helm_releases`.
 A part that is missing or does not start fails the test with a message naming the part.
@@ -68,6 +68,17 @@ def kube_core(kube_config: str) -> Iterator[Any]:
     api = k8s_config.new_client_from_config(config_file=kube_config)
     try:
         yield k8s.CoreV1Api(api)
+    finally:
+        api.close()
+
+
+@pytest.fixture(scope="session")
+def kube_apps(kube_config: str) -> Iterator[Any]:
+    """kubernetes.client.AppsV1Api as cluster admin (the test's own writes; the agent's calls
+    go through agent.kube)."""
+    api = k8s_config.new_client_from_config(config_file=kube_config)
+    try:
+        yield k8s.AppsV1Api(api)
     finally:
         api.close()
 

@@ -97,11 +97,13 @@ def test_removal_leaves_the_other_taints(
     assert next(t for t in after if t["key"] == OTHER["key"])["value"] == "planned"
 
 
-def test_missing_taint_is_no_write(clients: KubeClients, make_node: Callable[..., str]) -> None:
+def test_missing_taint_is_no_write(
+    clients: KubeClients, kube_core: Any, make_node: Callable[..., str]
+) -> None:
     name = make_node([OTHER])
-    before = clients.core.read_node(name).metadata.resource_version
+    before = kube_core.read_node(name).metadata.resource_version
     assert remove_taint(clients.core, name) == []
-    assert clients.core.read_node(name).metadata.resource_version == before
+    assert kube_core.read_node(name).metadata.resource_version == before
 
 
 def test_the_patch_fails_when_the_taints_changed_meanwhile(

@@ -58,12 +58,12 @@ def _daemonset(node: str) -> dict[str, Any]:
     }
 
 
-def _clear_finalizers(clients: KubeClients, namespace: str, pod: str) -> None:
+def _clear_finalizers(kube_core: Any, kube_apps: Any, namespace: str, pod: str) -> None:
     for patch in (
-        lambda: clients.core.patch_namespaced_pod(
+        lambda: kube_core.patch_namespaced_pod(
             pod, namespace, {"metadata": {"finalizers": None}}
         ),
-        lambda: clients.apps.patch_namespaced_daemon_set(
+        lambda: kube_apps.patch_namespaced_daemon_set(
             "istio-cni-node", namespace, {"metadata": {"finalizers": None}}
         ),
     ):
@@ -76,14 +76,14 @@ def _clear_finalizers(clients: KubeClients, namespace: str, pod: str) -> None:
 
 @pytest.fixture
 def agent_pod(
-    clients: KubeClients, sim_node: str, random_namespace_function_scope: Any
+    kube_core: Any, kube_apps: Any, sim_node: str, random_namespace_function_scope: Any
 ) -> Iterator[tuple[str, str]]:
     """(namespace, pod name) of an agent pod owned by DaemonSet istio-cni-node."""
     namespace = random_namespace_function_scope.name
-    ds = clients.apps.create_namespaced_daemon_set(namespace, _daemonset(sim_node))
+    ds = kube_apps.create_namespaced_daemon_set(namespace, _daemonset(sim_node))
     pod = "istio-cni-node-abcde"
     template = _daemonset(sim_node)["spec"]["template"]
-    clients.core.create_namespaced_pod(
+    kube_core.create_namespaced_pod(
         namespace,
         {
             "apiVersion": "v1",
@@ -110,19 +110,19 @@ def agent_pod(
     try:
         yield namespace, pod
     finally:
-        _clear_finalizers(clients, namespace, pod)
+        _clear_finalizers(kube_core, kube_apps, namespace, pod)
         try:  # no kubelet confirms the end of its containers: delete it for good
-            clients.core.delete_namespaced_pod(pod, namespace, grace_period_seconds=0)
+            kube_core.delete_namespaced_pod(pod, namespace, grace_period_seconds=0)
         except ApiException as e:
             if e.status != 404:
                 raise
         wait_for(
-            lambda: not clients.core.list_namespaced_pod(namespace).items, "the pod to be gone"
+            lambda: not kube_core.list_namespaced_pod(namespace).items, "the pod to be gone"
         )
 
 
 def test_decision_follows_the_daemonset(
-    clients: KubeClients, sim_node: str, agent_pod: tuple[str, str]
+    clients: KubeClients, kube_apps: Any, sim_node: str, agent_pod: tuple[str, str]
 ) -> None:
     namespace, pod = agent_pod
 
@@ -132,27 +132,27 @@ def test_decision_follows_the_daemonset(
     upgrade = decide("auto", state())
     assert upgrade.uninstall is False, upgrade.reason
 
-    clients.apps.patch_namespaced_daemon_set(
+    kube_apps.patch_namespaced_daemon_set(
         "istio-cni-node",
         namespace,
         {"spec": {"template": {"spec": {"nodeSelector": {"kubernetes.io/hostname": "elsewhere"}}}}},
     )
     moved = decide("auto", state())
     assert moved.uninstall is True and "no longer matches" in moved.reason
-    clients.apps.patch_namespaced_daemon_set(
+    kube_apps.patch_namespaced_daemon_set(
         "istio-cni-node",
         namespace,
         {"spec": {"template": {"spec": {"nodeSelector": {"kubernetes.io/hostname": sim_node}}}}},
     )
 
-    clients.apps.patch_namespaced_daemon_set(
+    kube_apps.patch_namespaced_daemon_set(
         "istio-cni-node", namespace, {"metadata": {"finalizers": [HOLD]}}
     )
-    clients.apps.delete_namespaced_daemon_set("istio-cni-node", namespace)
+    kube_apps.delete_namespaced_daemon_set("istio-cni-node", namespace)
     deleting = decide("auto", state())
     assert deleting.uninstall is True and "being deleted" in deleting.reason
 
-    clients.apps.patch_namespaced_daemon_set(
+    kube_apps.patch_namespaced_daemon_set(
         "istio-cni-node", namespace, {"metadata": {"finalizers": None}}
     )
     wait_for(
@@ -163,7 +163,7 @@ def test_decision_follows_the_daemonset(
 
 @pytest.mark.parametrize("daemonset_deleted", [False, True], ids=["upgrade", "ds-deleted"])
 def test_run_on_sigterm_asks_the_api_server(
-    clients: KubeClients,
+    kube_apps: Any,
     sim_node: str,
     agent_pod: tuple[str, str],
     kube_config: str,
@@ -184,7 +184,7 @@ def test_run_on_sigterm_asks_the_api_server(
     try:
         wait_for(lambda: _ready(port), "the agent to be ready", timeout=30)
         if daemonset_deleted:
-            clients.apps.delete_namespaced_daemon_set("istio-cni-node", namespace)
+            kube_apps.delete_namespaced_daemon_set("istio-cni-node", namespace)
         agent.send_signal(signal.SIGTERM)
         assert agent.wait(timeout=60) == 0
     finally:
