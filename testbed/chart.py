@@ -38,29 +38,34 @@ def node_values(cluster: RealCluster, image: Image, **extra: Any) -> dict[str, A
     }
 
 
-def agent_pods(core: Any) -> list[Any]:
-    return list(core.list_namespaced_pod(AGENT_NAMESPACE, label_selector=AGENT_SELECTOR).items)
+def agent_pods(core: Any, namespace: str = AGENT_NAMESPACE) -> list[Any]:
+    return list(core.list_namespaced_pod(namespace, label_selector=AGENT_SELECTOR).items)
 
 
-def wait_agent_gone(core: Any, timeout: float = 90.0) -> None:
-    kubepods.wait_for(lambda: not agent_pods(core), "the agent pods to be gone", timeout)
+def wait_agent_gone(core: Any, timeout: float = 90.0, namespace: str = AGENT_NAMESPACE) -> None:
+    kubepods.wait_for(lambda: not agent_pods(core, namespace), "the agent pods to be gone", timeout)
 
 
 @dataclass(frozen=True)
 class Agent:
     pod: kubepods.PodView
+    namespace: str = AGENT_NAMESPACE
 
     def logs(self, core: Any) -> str:
-        return kubepods.logs(core, AGENT_NAMESPACE, self.pod.name, AGENT_CONTAINER)
+        return kubepods.logs(core, self.namespace, self.pod.name, AGENT_CONTAINER)
 
 
 def ready_agent(
-    core: Any, cluster: RealCluster, timeout: float = READY_TIMEOUT, image: Image | None = None
+    core: Any,
+    cluster: RealCluster,
+    timeout: float = READY_TIMEOUT,
+    image: Image | None = None,
+    namespace: str = AGENT_NAMESPACE,
 ) -> Agent:
     """The agent pod on the node, once Running and Ready (and of `image`, when given)."""
 
     def check() -> kubepods.PodView | None:
-        for pod in agent_pods(core):
+        for pod in agent_pods(core, namespace):
             view = kubepods.PodView.of(pod)
             if pod.metadata.deletion_timestamp or view.node != cluster.node_name:
                 continue
@@ -73,19 +78,19 @@ def ready_agent(
     def state() -> str:
         cluster.check_alive()
         lines = []
-        for pod in agent_pods(core):
+        for pod in agent_pods(core, namespace):
             view = kubepods.PodView.of(pod)
             lines += [
                 f"{view}",
-                kubepods.pod_events(core, AGENT_NAMESPACE, view.name),
-                kubepods.logs(core, AGENT_NAMESPACE, view.name, AGENT_CONTAINER)[-3000:],
+                kubepods.pod_events(core, namespace, view.name),
+                kubepods.logs(core, namespace, view.name, AGENT_CONTAINER)[-3000:],
             ]
         return "\n".join(lines) or "no agent pod"
 
     view: kubepods.PodView = kubepods.wait_for(
         check, "the agent pod Running and Ready", timeout, interval=0.5, on_timeout=state
     )
-    return Agent(view)
+    return Agent(view, namespace)
 
 
 def install(helm: Helm, cluster: RealCluster, core: Any, image: Image, **values: Any) -> Agent:

@@ -12,8 +12,10 @@ test made (the CNI node's bridge, the pod itself).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,6 +26,8 @@ from testbed.cni import CniNode, Sandbox
 OUTBOUND_PORT = 15001
 INBOUND_PORT = 15006
 ISTIO_CHAINS = ("ISTIO_OUTPUT", "ISTIO_INBOUND", "ISTIO_REDIRECT", "ISTIO_IN_REDIRECT")
+IPTABLES_VARIANTS = ("nft", "legacy")
+COUNTERS = re.compile(r"\[\d+:\d+\]")
 
 _PROXY = r"""
 import socket, struct, sys, threading
@@ -87,6 +91,80 @@ def in_netns(netns: str, *argv: str, check: bool = True) -> str:
 def saved_rules(netns: str) -> str:
     """iptables-save of the netns through both iptables flavours (the agent picks one)."""
     return in_netns(netns, "iptables-nft-save") + "\n" + in_netns(netns, "iptables-legacy-save")
+
+
+def non_empty_tables(save: str) -> list[str]:
+    """-save output, counters and comments stripped, without tables that hold nothing: looking
+    at a legacy table (Istio's plugin does, to pick its backend) makes the kernel create it
+    empty."""
+    kept: list[str] = []
+    table: list[str] = []
+    for line in save.splitlines():
+        if line.startswith("#"):
+            continue
+        table.append(COUNTERS.sub("[0:0]", line))
+        if line == "COMMIT":
+            chains = [t for t in table if t.startswith(":")]
+            if any(t.startswith("-A") for t in table) or any(
+                not t.endswith(" ACCEPT [0:0]") for t in chains
+            ):
+                kept += table
+            table = []
+    return kept
+
+
+def iptables_in_use(netns: str) -> str:
+    """ "nft" or "legacy": the iptables variant holding Istio's chains in `netns`."""
+    for variant in IPTABLES_VARIANTS:
+        saved = in_netns(netns, f"iptables-{variant}-save")
+        if any(f":{chain} " in saved for chain in ISTIO_CHAINS):
+            return variant
+    raise AssertionError(f"no Istio chains in {netns} (iptables-nft or -legacy)")
+
+
+def programmed_tables(netns: str, variant: str) -> list[str]:
+    """Both families' non-empty tables in `netns`, through the given iptables variant."""
+    return [
+        *non_empty_tables(in_netns(netns, f"iptables-{variant}-save")),
+        *non_empty_tables(in_netns(netns, f"ip6tables-{variant}-save")),
+    ]
+
+
+def restored_tables(restore_input: str, variant: str) -> list[str]:
+    """What `iptables-<variant>-restore` of the text leaves in a new, empty network namespace,
+    read back as programmed_tables reads a pod's: the tools' own spelling on both sides.
+    The text holds the IPv4 tables, then (when there are any) the IPv6 ones, each ending in
+    COMMIT, as `istio-cni-agent rules` prints them."""
+    v4, v6 = _split_families(restore_input)
+    script = (
+        f'iptables-{variant}-restore < "$1" && ip6tables-{variant}-restore < "$2" && '
+        f"iptables-{variant}-save && echo '# ipv6' && ip6tables-{variant}-save"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = [f"{tmp}/v4", f"{tmp}/v6"]
+        for path, text in zip(paths, (v4, v6), strict=True):
+            with open(path, "w") as f:
+                f.write(text)
+        done = subprocess.run(
+            ["unshare", "--net", "--", "sh", "-c", script, "sh", *paths],
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+    if done.returncode != 0:
+        raise AssertionError(f"iptables-{variant}-restore in a new netns: {done.stderr.strip()}")
+    saved4, saved6 = done.stdout.split("# ipv6\n", 1)
+    return [*non_empty_tables(saved4), *non_empty_tables(saved6)]
+
+
+def _split_families(restore_input: str) -> tuple[str, str]:
+    """(IPv4 tables, IPv6 tables): a table name seen again starts the IPv6 half."""
+    lines = restore_input.splitlines(keepends=True)
+    seen: set[str] = set()
+    for i, line in enumerate(lines):
+        if line.startswith("*"):
+            if line in seen:
+                return "".join(lines[:i]), "".join(lines[i:])
+            seen.add(line)
+    return restore_input, ""
 
 
 def has_istio_rules(netns: str) -> bool:

@@ -10,6 +10,10 @@ the same line on stdout (so tests can read it from the container log instead of 
 original_dst is getsockopt(SOL_IP, SO_ORIGINAL_DST) (IPv6: SOL_IPV6, IP6T_SO_ORIGINAL_DST), the
 address the client dialled before iptables/nftables redirected it (the address it reached when
 not redirected; "none" when the kernel tracks no connections in the pod's network namespace).
+Listeners are transparent (IP_TRANSPARENT) when the container may make them so (NET_ADMIN, as
+Istio's injector grants the proxy in TPROXY mode), as Envoy's inbound listener is there: the
+TPROXY target delivers only to transparent sockets, keeping the original destination as the
+connection's local address.
 Ports: argv, default 15001 15006 15008.
 """
 
@@ -24,6 +28,8 @@ import threading
 SO_ORIGINAL_DST = 80  # linux/netfilter_ipv4.h
 IP6T_SO_ORIGINAL_DST = 80  # linux/netfilter_ipv6/ip6_tables.h
 SOL_IPV6 = getattr(socket, "SOL_IPV6", 41)
+IP_TRANSPARENT = 19  # linux/in.h
+IPV6_TRANSPARENT = 75  # linux/in6.h
 
 
 def original_dst(conn: socket.socket, peer: tuple[object, ...]) -> str:
@@ -82,8 +88,21 @@ def listen(port: int) -> list[socket.socket]:
         s4.bind(("0.0.0.0", port))
         socks.append(s4)
     for s in socks:
+        make_transparent(s)
         s.listen(64)
     return socks
+
+
+def make_transparent(sock: socket.socket) -> None:
+    """IP_TRANSPARENT where permitted; without NET_ADMIN (REDIRECT mode) nothing changes."""
+    options = [(socket.SOL_IP, IP_TRANSPARENT)]
+    if sock.family == socket.AF_INET6:
+        options.append((SOL_IPV6, IPV6_TRANSPARENT))
+    for level, option in options:
+        try:
+            sock.setsockopt(level, option, 1)
+        except OSError:
+            return
 
 
 def main(argv: list[str]) -> int:

@@ -18,7 +18,6 @@ import difflib
 import json
 import os
 import random
-import re
 import subprocess
 import time
 from collections.abc import Callable
@@ -29,6 +28,7 @@ import pytest
 
 from testbed.cni import Sandbox
 from testbed.istio_binaries import istio_cni
+from testbed.podnet import non_empty_tables
 from tests.integration.conftest import AGENT_NAMESPACE, MeshNode, mesh_node  # noqa: F401
 
 pytestmark = pytest.mark.differential
@@ -40,7 +40,6 @@ SAVE_TOOLS = (
     "iptables-nft-save",
     "ip6tables-nft-save",
 )
-COUNTERS = re.compile(r"\[\d+:\d+\]")
 
 
 def random_pod(rng: random.Random) -> dict[str, Any]:
@@ -133,27 +132,8 @@ def rules(netns_name: str) -> str:
         )
         assert done.returncode == 0, f"{tool} in {netns_name}: {done.stderr}"
         out.append(f"# {tool}")
-        out += _non_empty_tables(done.stdout)
+        out += non_empty_tables(done.stdout)
     return "\n".join(out)
-
-
-def _non_empty_tables(save: str) -> list[str]:
-    """-save output, counters stripped, without tables that hold nothing: looking at a legacy
-    table (Istio's plugin does, to pick its backend) makes the kernel create it empty."""
-    kept: list[str] = []
-    table: list[str] = []
-    for line in save.splitlines():
-        if line.startswith("#"):
-            continue
-        table.append(COUNTERS.sub("[0:0]", line))
-        if line == "COMMIT":
-            chains = [t for t in table if t.startswith(":")]
-            if any(t.startswith("-A") for t in table) or any(
-                not t.endswith(" ACCEPT [0:0]") for t in chains
-            ):
-                kept += table
-            table = []
-    return kept
 
 
 def istio_kubeconfig(node: MeshNode, make_identity: Any, run_dir: Path) -> None:

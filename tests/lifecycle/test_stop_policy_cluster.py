@@ -60,9 +60,7 @@ def _daemonset(node: str) -> dict[str, Any]:
 
 def _clear_finalizers(kube_core: Any, kube_apps: Any, namespace: str, pod: str) -> None:
     for patch in (
-        lambda: kube_core.patch_namespaced_pod(
-            pod, namespace, {"metadata": {"finalizers": None}}
-        ),
+        lambda: kube_core.patch_namespaced_pod(pod, namespace, {"metadata": {"finalizers": None}}),
         lambda: kube_apps.patch_namespaced_daemon_set(
             "istio-cni-node", namespace, {"metadata": {"finalizers": None}}
         ),
@@ -116,9 +114,7 @@ def agent_pod(
         except ApiException as e:
             if e.status != 404:
                 raise
-        wait_for(
-            lambda: not kube_core.list_namespaced_pod(namespace).items, "the pod to be gone"
-        )
+        wait_for(lambda: not kube_core.list_namespaced_pod(namespace).items, "the pod to be gone")
 
 
 def test_decision_follows_the_daemonset(

@@ -132,8 +132,7 @@ def istiod_running(
 
 @pytest.fixture(scope="module")
 def istiod(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Istiod]:
-    """One istiod for the test module, with the test bed's values (tests/node/istiod/ has one
-    for its whole package)."""
+    """One istiod for the test module, with the test bed's values."""
     with istiod_running(real_cluster, tmp_path_factory.mktemp("istiod")) as control:
         yield control
 

@@ -7,10 +7,16 @@ the rules our agent programmed, its outbound connections reach the proxy with th
 destination, and the pod becomes Ready through pilot-agent's own readiness check (kubelet probes
 15021, which the double forwards to pilot-agent's 15020 as Envoy's bootstrap listener does;
 pilot-agent asks the double's admin API for Envoy's stats). istiod runs on the host
-(testbed/istiod.py says why and what the test bed sets up for it)."""
+(testbed/istiod.py says why and what the test bed sets up for it).
+
+Then what else istiod injects: classic sidecars, TPROXY, the traffic annotations it passes
+through, DNS capture, each with the rules in the pod's namespace equal to `istio-cni-agent rules
+--pod` of the injected pod; and the failure the validation exists for (a pod started with no
+agent serving the node exits 126) with the repair controller handling it in each mode."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,67 +28,33 @@ from kubernetes.client.exceptions import ApiException
 from testbed import chart as agent_mod
 from testbed import kubepods, podnet
 from testbed.images import Image
-from testbed.istiod import ROOT_CERT_CONFIGMAP, Istiod
+from testbed.injected import (
+    APP_PORT,
+    OUTSIDE,
+    PROXY,
+    VALIDATION,
+    assert_inbound_captured,
+    assert_outbound_captured,
+    assert_rules_as_printed,
+    assert_validation_passed,
+    connect_loop,
+    deployment,
+    injected_namespace,
+    proxy_container,
+    sidecar_state,
+    wait_deployment_pod,
+)
+from testbed.istiod import Istiod
 from testbed.realnode import RealCluster
 from testbed.wait import WaitTimeout
 
 pytestmark = [pytest.mark.node, pytest.mark.istiod]
 
-OUTSIDE = ("203.0.113.10", 80)  # TEST-NET-3: never routed; the node netns has no route out
-APP_PORT = 8080
-VALIDATION = "istio-validation"
-PROXY = "istio-proxy"
-
 
 @pytest.fixture
 def injected_ns(real_cluster: RealCluster, node_core: Any, istiod: Istiod) -> Iterator[str]:
-    """A namespace labelled for injection, with the root certificate istiod writes into every
-    namespace (the injected pods mount it). At the end its Deployments and ReplicaSets go first
-    (else they would make the pods again), then its pods, then the namespace."""
-    apps = real_cluster.apps()
-    with kubepods.pod_namespace(node_core, "meshed") as name:
-        try:
-            labels = {"istio-injection": "enabled"}
-            node_core.patch_namespace(name, {"metadata": {"labels": labels}})
-            kubepods.wait_for(
-                lambda: _has_configmap(node_core, name, ROOT_CERT_CONFIGMAP),
-                f"istiod's {ROOT_CERT_CONFIGMAP} in {name}",
-                60,
-                on_timeout=lambda: istiod.log()[-3000:],
-            )
-            yield name
-        finally:
-            apps.delete_collection_namespaced_deployment(name, propagation_policy="Background")
-            apps.delete_collection_namespaced_replica_set(name, propagation_policy="Background")
-
-
-def deployment(name: str, image: str, command: list[str]) -> dict[str, Any]:
-    """A Deployment as a user writes it: nothing of Istio in it."""
-    labels = {"app": name}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "terminationGracePeriodSeconds": 2,
-                    "containers": [
-                        {
-                            "name": "app",
-                            "image": image,
-                            "imagePullPolicy": "Never",
-                            "command": [*kubepods.APP, *command],
-                            "ports": [{"containerPort": APP_PORT}],
-                        }
-                    ],
-                },
-            },
-        },
-    }
+    with injected_namespace(node_core, real_cluster.apps(), istiod) as name:
+        yield name
 
 
 def test_istiod_injects_validation_passes_traffic_captured(
@@ -95,14 +67,13 @@ def test_istiod_injects_validation_passes_traffic_captured(
     tmp_path: Path,
 ) -> None:
     agent = agent_mod.install(node_helm("4"), real_cluster, node_core, agent_image)
-    loop = ["connect-loop", OUTSIDE[0], str(OUTSIDE[1]), "0.5"]
-    manifest = deployment("web", real_cluster.images["workload"].ref, loop)
+    manifest = deployment("web", real_cluster.images["workload"].ref, connect_loop())
     real_cluster.apps().create_namespaced_deployment(injected_ns, manifest)
-    pod = _wait_deployment_pod(node_core, injected_ns, "app=web", istiod)
+    pod = wait_deployment_pod(node_core, injected_ns, "app=web", istiod)
     try:
         view = kubepods.wait_running(node_core, injected_ns, pod.metadata.name, timeout=120)
     except WaitTimeout as e:
-        raise WaitTimeout(f"{e}\n{_sidecar_state(node_core, injected_ns, pod)}") from None
+        raise WaitTimeout(f"{e}\n{sidecar_state(node_core, injected_ns, pod)}") from None
     pod = node_core.read_namespaced_pod(view.name, injected_ns)
 
     # What istiod's injector made of it, read back from the API server.
@@ -172,43 +143,188 @@ def test_istiod_injects_validation_passes_traffic_captured(
     assert ours, f"no plugin line for {view.name} in the agent log:\n{logs[-4000:]}"
 
 
-def _wait_deployment_pod(core: Any, namespace: str, selector: str, istiod: Istiod) -> Any:
-    """The Deployment's pod once the ReplicaSet made it (through istiod's webhook)."""
+# -- the failure Istio's validation exists for -----------------------------------------------
 
-    def state() -> str:
-        events = core.list_namespaced_event(namespace)
-        lines = [f"  {e.involved_object.name}: {e.reason}: {e.message}" for e in events.items[-15:]]
-        return "events:\n" + "\n".join(lines) + "\nistiod log:\n" + istiod.log()[-3000:]
+REPAIR_LABEL = "cni.istio.io/uninitialized"
 
-    pods = kubepods.wait_for(
-        lambda: core.list_namespaced_pod(namespace, label_selector=selector).items,
-        f"a pod {selector} in {namespace}",
-        60,
+
+@pytest.mark.parametrize("mode", ["repair-in-place", "delete", "label"])
+def test_validation_fails_without_the_agent_and_repair_handles_the_pod(
+    real_cluster: RealCluster,
+    node_helm: Any,
+    node_core: Any,
+    agent_image: Image,
+    istiod: Istiod,
+    injected_ns: str,
+    mode: str,
+) -> None:
+    """A pod istiod injected for CNI, started while no agent serves the node: its real
+    `istio-validation` finds no redirect and exits 126. Then the agent comes, and its repair
+    controller handles the pod as Istio's does in that mode: programs the pod's namespace so the
+    next validation passes, deletes it so its Deployment makes a captured one, or labels it."""
+    manifest = deployment("early", real_cluster.images["workload"].ref, connect_loop())
+    real_cluster.apps().create_namespaced_deployment(injected_ns, manifest)
+    first = wait_deployment_pod(node_core, injected_ns, "app=early", istiod)
+    name = first.metadata.name
+    failed = kubepods.wait_for(
+        lambda: _validation_exit_codes(node_core, injected_ns, name),
+        f"{name}: istio-validation to fail",
+        120,
         interval=0.5,
-        on_timeout=state,
+        on_timeout=lambda: sidecar_state(node_core, injected_ns, first),
     )
-    return pods[0]
+    assert failed == [126], failed
+    log = kubepods.logs(node_core, injected_ns, name, VALIDATION)
+    assert "validation failed" in log.lower(), log[-3000:]
+
+    agent_mod.install(node_helm("4"), real_cluster, node_core, agent_image, repair={"mode": mode})
+    if mode == "repair-in-place":
+        view = kubepods.wait_running(node_core, injected_ns, name, timeout=120)
+        assert "Validation passed" in kubepods.logs(node_core, injected_ns, name, VALIDATION)
+        assert podnet.has_istio_rules(real_cluster.pod_netns(view.uid))
+        assert_outbound_captured(node_core, injected_ns, first)
+    elif mode == "delete":
+        kubepods.wait_for(
+            lambda: _gone(node_core, injected_ns, name), f"{name} deleted by repair", 90
+        )
+        again = wait_deployment_pod(node_core, injected_ns, "app=early", istiod)
+        view = kubepods.wait_running(node_core, injected_ns, again.metadata.name, timeout=120)
+        fresh = node_core.read_namespaced_pod(view.name, injected_ns)
+        assert_validation_passed(node_core, injected_ns, fresh)
+        assert _restarts(fresh, VALIDATION) == 0, fresh.status.init_container_statuses
+    else:
+        labelled = kubepods.wait_for(
+            lambda: _labels(node_core, injected_ns, name).get(REPAIR_LABEL) or None,
+            f"{name} labelled {REPAIR_LABEL}",
+            90,
+        )
+        assert labelled == "true", labelled
+        still = node_core.read_namespaced_pod(name, injected_ns)
+        assert not podnet.has_istio_rules(real_cluster.pod_netns(still.metadata.uid))
 
 
-def _sidecar_state(core: Any, namespace: str, pod: Any) -> str:
-    """The injected containers' states and logs, for a pod that did not come up."""
-    fresh = core.read_namespaced_pod(pod.metadata.name, namespace)
-    lines = [
-        f"init container {s.name}: {s.state.to_dict()} restarts={s.restart_count}"
-        for s in fresh.status.init_container_statuses or []
-    ]
-    for name in (VALIDATION, PROXY):
-        log = kubepods.logs(core, namespace, pod.metadata.name, name)
-        cut = log if len(log) < 8000 else f"{log[:4000]}\n[...]\n{log[-4000:]}"
-        lines += [f"--- log of {name}:", cut]
-    return "\n".join(lines)
+def _validation_exit_codes(core: Any, namespace: str, name: str) -> list[int]:
+    """Exit codes of the pod's istio-validation runs that ended (its state and last state)."""
+    pod = core.read_namespaced_pod(name, namespace)
+    codes = []
+    for status in pod.status.init_container_statuses or []:
+        if status.name == VALIDATION:
+            for state in (status.last_state, status.state):
+                if state is not None and state.terminated is not None:
+                    codes.append(state.terminated.exit_code)
+    return sorted(set(codes))
 
 
-def _has_configmap(core: Any, namespace: str, name: str) -> bool:
+def _restarts(pod: Any, container: str) -> int:
+    statuses = pod.status.init_container_statuses or []
+    return int(next(s.restart_count for s in statuses if s.name == container))
+
+
+def _labels(core: Any, namespace: str, name: str) -> dict[str, str]:
+    return dict(core.read_namespaced_pod(name, namespace).metadata.labels or {})
+
+
+def _gone(core: Any, namespace: str, name: str) -> bool:
     try:
-        core.read_namespaced_config_map(name, namespace)
-        return True
+        pod = core.read_namespaced_pod(name, namespace)
     except ApiException as e:
         if e.status == 404:
-            return False
+            return True
         raise
+    return pod.metadata.deletion_timestamp is not None
+
+
+# -- what the injector passes through ------------------------------------------------------
+
+TRAFFIC = {
+    "traffic.sidecar.istio.io/includeOutboundIPRanges": "203.0.113.0/24,198.51.100.0/24",
+    "traffic.sidecar.istio.io/excludeOutboundIPRanges": "203.0.113.200/32",
+    "traffic.sidecar.istio.io/excludeOutboundPorts": "9999",
+    "traffic.sidecar.istio.io/includeOutboundPorts": "7777",
+    "traffic.sidecar.istio.io/includeInboundPorts": f"{APP_PORT},9090",
+    "traffic.sidecar.istio.io/excludeInboundPorts": "9191",
+    "traffic.sidecar.istio.io/excludeInterfaces": "eth9",
+    "traffic.sidecar.istio.io/kubevirtInterfaces": "vnet0",
+}
+DNS_CAPTURE = {"ISTIO_META_DNS_CAPTURE": "true"}
+VARIANTS: dict[str, dict[str, str]] = {
+    "classic": {"sidecar.istio.io/nativeSidecar": "false"},
+    "tproxy": {"sidecar.istio.io/interceptionMode": "TPROXY"},
+    "traffic": TRAFFIC,
+    "dns": {"proxy.istio.io/config": json.dumps({"proxyMetadata": DNS_CAPTURE})},
+}
+
+
+def test_injected_variants_validated_captured_and_programmed_as_rules_pod_prints(
+    real_cluster: RealCluster,
+    node_helm: Any,
+    node_core: Any,
+    agent_image: Image,
+    istiod: Istiod,
+    injected_ns: str,
+    tmp_path: Path,
+) -> None:
+    """Classic sidecars, TPROXY, every traffic annotation the injector passes through and DNS
+    capture, all at once (dual-stack off: the node is IPv4 only). For each injected pod: Istio's
+    validation passed, outbound and inbound reach the proxy with their original destinations,
+    and the rules in its namespace are what `istio-cni-agent rules --pod` prints for the pod read
+    back from the API server, restored by the same iptables in an empty namespace."""
+    agent_mod.install(node_helm("4"), real_cluster, node_core, agent_image)
+    image = real_cluster.images["workload"].ref
+    for name, pod_annotations in VARIANTS.items():
+        manifest = deployment(name, image, connect_loop(), pod_annotations)
+        real_cluster.apps().create_namespaced_deployment(injected_ns, manifest)
+    pods = {}
+    for name in VARIANTS:
+        pod = wait_deployment_pod(node_core, injected_ns, f"app={name}", istiod)
+        try:
+            view = kubepods.wait_running(node_core, injected_ns, pod.metadata.name, timeout=180)
+        except WaitTimeout as e:
+            raise WaitTimeout(
+                f"{name}: {e}\n{sidecar_state(node_core, injected_ns, pod)}"
+            ) from None
+        pods[name] = node_core.read_namespaced_pod(view.name, injected_ns)
+
+    for name, pod in pods.items():
+        assert_validation_passed(node_core, injected_ns, pod)
+        assert_outbound_captured(node_core, injected_ns, pod)
+        assert_inbound_captured(real_cluster.network.netns_path, pod)
+        netns = real_cluster.pod_netns(pod.metadata.uid)
+        assert_rules_as_printed(node_core, pod, netns, tmp_path / f"{name}.json")
+
+    classic = pods["classic"]
+    assert [c.name for c in classic.spec.init_containers] == [VALIDATION], classic.spec
+    assert [c.name for c in classic.spec.containers] == ["app", PROXY], classic.spec
+
+    tproxy = pods["tproxy"]
+    assert tproxy.metadata.annotations["sidecar.istio.io/interceptionMode"] == "TPROXY"
+    mangle = _iptables_save(real_cluster.pod_netns(tproxy.metadata.uid), "mangle")
+    assert "-j TPROXY --on-port 15006" in mangle, mangle
+
+    traffic = pods["traffic"]
+    annotations = traffic.metadata.annotations
+    for key, value in TRAFFIC.items():
+        assert annotations.get(key) == value, (key, annotations.get(key))
+    netns = real_cluster.pod_netns(traffic.metadata.uid)
+    # From the pod (as the app, not the proxy's uid): only what the annotations include.
+    for host, port in (OUTSIDE, ("192.0.2.10", 7777)):  # an included range; an included port
+        captured = podnet.connect(netns, host, port)
+        assert captured.startswith("proxy-double port=15001"), (host, port, captured)
+        assert f"original_dst={host}:{port}" in captured, captured
+    for host, port in (("203.0.113.200", 80), (OUTSIDE[0], 9999), ("192.0.2.10", 80)):
+        assert podnet.connect(netns, host, port).startswith("error|"), (host, port)
+    node_netns = real_cluster.network.netns_path
+    for port in (9191, 8081):  # excluded, and not among the included inbound ports
+        assert podnet.connect(node_netns, traffic.status.pod_ip, port).startswith("error|"), port
+
+    dns = pods["dns"]
+    env = {e.name: e.value for e in proxy_container(dns).env or []}
+    assert env.get("ISTIO_META_DNS_CAPTURE") == "true", env
+    nat = _iptables_save(real_cluster.pod_netns(dns.metadata.uid), "nat")
+    assert "--dport 53 -j REDIRECT --to-ports 15053" in nat, nat
+
+
+def _iptables_save(netns: str, table: str) -> str:
+    """One IPv4 table of the namespace, through the iptables variant the agent used there."""
+    variant = podnet.iptables_in_use(netns)
+    return podnet.in_netns(netns, f"iptables-{variant}-save", "-t", table)
