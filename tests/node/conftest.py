@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from testbed import images, kubepods
-from testbed.chart import wait_agent_gone
+from testbed.chart import AGENT_NAMESPACE, wait_agent_gone
 from testbed.helm import Helm, uninstall_all
 from testbed.istiod import Istiod
 from testbed.parts import MissingPartError, helm_binaries
@@ -132,8 +132,10 @@ def istiod_running(
 
 @pytest.fixture(scope="module")
 def istiod(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Istiod]:
-    """One istiod for the test module, with the test bed's values."""
-    with istiod_running(real_cluster, tmp_path_factory.mktemp("istiod")) as control:
+    """One istiod for the test module, with the test bed's values and its node untaint
+    controller on, watching the agent's namespace (it acts only on nodes with the taint)."""
+    untaint = {"taint": {"enabled": True, "namespace": AGENT_NAMESPACE}}
+    with istiod_running(real_cluster, tmp_path_factory.mktemp("istiod"), values=untaint) as control:
         yield control
 
 

@@ -17,6 +17,7 @@ agent serving the node exits 126) with the repair controller handling it in each
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from testbed import chart as agent_mod
-from testbed import kubepods, podnet
+from testbed import kubepods, nodetaint, podnet
 from testbed.images import Image
 from testbed.injected import (
     APP_PORT,
@@ -328,3 +329,81 @@ def _iptables_save(netns: str, table: str) -> str:
     """One IPv4 table of the namespace, through the iptables variant the agent used there."""
     variant = podnet.iptables_in_use(netns)
     return podnet.in_netns(netns, f"iptables-{variant}-save", "-t", table)
+
+
+# -- istiod's node untaint controller --------------------------------------------------------
+
+
+def test_istiod_untaints_the_node_once_the_agent_is_ready_and_the_agent_does_not_fight_it(
+    real_cluster: RealCluster,
+    node_helm: Any,
+    node_core: Any,
+    agent_image: Image,
+    istiod: Istiod,
+    injected_ns: str,
+) -> None:
+    """The node carries `cni.istio.io/not-ready:NoSchedule` (as a node pool registers it). A
+    meshed pod waits unscheduled; with only istiod's untaint controller on (the chart's
+    `taint.enabled`, PILOT_ENABLE_NODE_UNTAINT_CONTROLLERS) the taint goes once the agent's pod
+    is Ready, and the pod starts captured. Then the node is tainted again and the agent comes
+    back with `removeNotReadyTaint` too: both remove the one taint, neither errs nor loops."""
+    node = real_cluster.node_name
+    helm = node_helm("4")
+    with nodetaint.tainted(node_core, node, nodetaint.NOT_READY):
+        manifest = deployment("waits", real_cluster.images["workload"].ref, connect_loop())
+        real_cluster.apps().create_namespaced_deployment(injected_ns, manifest)
+        waiting = wait_deployment_pod(node_core, injected_ns, "app=waits", istiod)
+        reason = kubepods.wait_for(
+            lambda: _unschedulable(node_core, injected_ns, waiting.metadata.name),
+            "the meshed pod held back by the taint",
+            60,
+        )
+        assert nodetaint.NOT_READY["key"] in reason, reason
+
+        agent = agent_mod.install(helm, real_cluster, node_core, agent_image)
+        kubepods.wait_for(
+            lambda: (
+                nodetaint.NOT_READY["key"] not in nodetaint.keys(nodetaint.taints(node_core, node))
+            ),
+            "istiod to remove the not-ready taint",
+            60,
+            on_timeout=lambda: istiod.log()[-3000:],
+        )
+        view = kubepods.wait_running(node_core, injected_ns, waiting.metadata.name, timeout=120)
+        pod = node_core.read_namespaced_pod(view.name, injected_ns)
+        assert_validation_passed(node_core, injected_ns, pod)
+        assert_outbound_captured(node_core, injected_ns, pod)
+        assert "not-ready taint" not in agent.logs(node_core), "the agent's own removal is off"
+
+        helm.uninstall(agent_mod.RELEASE, namespace=agent_mod.AGENT_NAMESPACE)
+        agent_mod.wait_agent_gone(node_core)
+        nodetaint.add(node_core, node, nodetaint.NOT_READY)
+        agent = agent_mod.install(
+            helm, real_cluster, node_core, agent_image, removeNotReadyTaint=True
+        )
+        kubepods.wait_for(
+            lambda: (
+                nodetaint.NOT_READY["key"] not in nodetaint.keys(nodetaint.taints(node_core, node))
+            ),
+            "the not-ready taint removed again",
+            60,
+        )
+        time.sleep(5)  # a fight would show as the taint back, or the agent retrying
+        assert nodetaint.NOT_READY["key"] not in nodetaint.keys(nodetaint.taints(node_core, node))
+        logs = agent.logs(node_core)
+        removal = [s for s in logs.splitlines() if "not-ready taint" in s]
+        assert any(
+            "removed the not-ready taint" in s or "nothing to remove" in s for s in removal
+        ), removal
+        assert not any("retrying" in s for s in removal), removal
+        fresh = node_core.read_namespaced_pod(agent.pod.name, agent_mod.AGENT_NAMESPACE)
+        assert fresh.status.container_statuses[0].restart_count == 0
+
+
+def _unschedulable(core: Any, namespace: str, name: str) -> str | None:
+    """The scheduler's message when it could not place the pod (None while it has not said)."""
+    pod = core.read_namespaced_pod(name, namespace)
+    for condition in pod.status.conditions or []:
+        if condition.type == "PodScheduled" and condition.status == "False":
+            return f"{condition.reason}: {condition.message}"
+    return None

@@ -5,70 +5,30 @@ its taint off, through the RBAC the chart grants for it."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 
 from agent.node_taint import TAINT_KEY
 from testbed import chart as agent_mod
-from testbed import kubepods
+from testbed import kubepods, nodetaint
 from testbed.images import Image
+from testbed.nodetaint import taints
 from testbed.realnode import RealCluster
 
 pytestmark = [pytest.mark.node]
 
-OURS = {"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"}
+OURS = nodetaint.NOT_READY
 OTHER = {"key": "example.com/keep-me", "value": "yes", "effect": "NoSchedule"}
-TEST_KEYS = {OURS["key"], OTHER["key"]}
-
-
-def taints(core: Any, node: str) -> list[dict[str, Any]]:
-    found: list[dict[str, Any]] = (
-        json.loads(core.read_node(node, _preload_content=False).data)["spec"].get("taints") or []
-    )
-    return found
-
-
-def set_taints(core: Any, node: str, change: Any) -> None:
-    """Set the node's taints to change(current), only if the node did not change meanwhile."""
-    for _ in range(10):
-        node_obj = json.loads(core.read_node(node, _preload_content=False).data)
-        current = node_obj["spec"].get("taints") or []
-        try:
-            core.patch_node(
-                node,
-                [
-                    {
-                        "op": "test",
-                        "path": "/metadata/resourceVersion",
-                        "value": node_obj["metadata"]["resourceVersion"],
-                    },
-                    {"op": "add", "path": "/spec/taints", "value": change(current)},
-                ],
-                _content_type="application/json-patch+json",
-            )
-            return
-        except ApiException as e:  # 422: changed meanwhile (the test op): read again
-            if e.status != 422:
-                raise
-    raise AssertionError(f"could not change the taints of {node}")
 
 
 @pytest.fixture
 def tainted_node(real_cluster: RealCluster, node_core: Any) -> Iterator[str]:
     """The node with our taint and another one; both removed at the end, whatever happened."""
-    node = real_cluster.node_name
-    set_taints(
-        node_core, node, lambda ts: [t for t in ts if t["key"] not in TEST_KEYS] + [OURS, OTHER]
-    )
-    try:
+    with nodetaint.tainted(node_core, real_cluster.node_name, OURS, OTHER) as node:
         yield node
-    finally:
-        set_taints(node_core, node, lambda ts: [t for t in ts if t["key"] not in TEST_KEYS])
 
 
 def test_agent_removes_only_its_taint_once_ready(
