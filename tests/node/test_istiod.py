@@ -253,6 +253,7 @@ VARIANTS: dict[str, dict[str, str]] = {
     "tproxy": {"sidecar.istio.io/interceptionMode": "TPROXY"},
     "traffic": TRAFFIC,
     "dns": {"proxy.istio.io/config": json.dumps({"proxyMetadata": DNS_CAPTURE})},
+    "reroute": {"istio.io/reroute-virtual-interfaces": "vnet1"},
 }
 
 
@@ -265,7 +266,8 @@ def test_injected_variants_validated_captured_and_programmed_as_rules_pod_prints
     injected_ns: str,
     tmp_path: Path,
 ) -> None:
-    """Classic sidecars, TPROXY, every traffic annotation the injector passes through and DNS
+    """Classic sidecars, TPROXY, every traffic annotation the injector passes through (and
+    `istio.io/reroute-virtual-interfaces`) and DNS
     capture, all at once (dual-stack off: the node is IPv4 only). For each injected pod: Istio's
     validation passed, outbound and inbound reach the proxy with their original destinations,
     and the rules in its namespace are what `istio-cni-agent rules --pod` prints for the pod read
@@ -317,6 +319,11 @@ def test_injected_variants_validated_captured_and_programmed_as_rules_pod_prints
     node_netns = real_cluster.network.netns_path
     for port in (9191, 8081):  # excluded, and not among the included inbound ports
         assert podnet.connect(node_netns, traffic.status.pod_ip, port).startswith("error|"), port
+
+    reroute = pods["reroute"]
+    assert reroute.metadata.annotations["istio.io/reroute-virtual-interfaces"] == "vnet1"
+    nat = _iptables_save(real_cluster.pod_netns(reroute.metadata.uid), "nat")
+    assert "-A PREROUTING -i vnet1 -j ISTIO_REDIRECT" in nat, nat
 
     dns = pods["dns"]
     env = {e.name: e.value for e in proxy_container(dns).env or []}
