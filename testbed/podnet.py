@@ -113,6 +113,24 @@ def non_empty_tables(save: str) -> list[str]:
     return kept
 
 
+SAVE_TOOLS = (
+    "iptables-legacy-save",
+    "ip6tables-legacy-save",
+    "iptables-nft-save",
+    "ip6tables-nft-save",
+)
+
+
+def saved_tables(netns: str) -> str:
+    """Every non-empty table of the netns, through both families and both iptables variants,
+    counters stripped: what the differentials compare between Istio's CNI and ours."""
+    out = []
+    for tool in SAVE_TOOLS:
+        out.append(f"# {tool}")
+        out += non_empty_tables(in_netns(netns, tool))
+    return "\n".join(out)
+
+
 def iptables_in_use(netns: str) -> str:
     """ "nft" or "legacy": the iptables variant holding Istio's chains in `netns`."""
     for variant in IPTABLES_VARIANTS:

@@ -26,114 +26,15 @@ from typing import Any
 
 import pytest
 
+from testbed import podnet
 from testbed.cni import Sandbox
 from testbed.istio_binaries import istio_cni
-from testbed.podnet import non_empty_tables
+from tests.differential.pods import random_pod
 from tests.integration.conftest import AGENT_NAMESPACE, MeshNode, mesh_node  # noqa: F401
 
 pytestmark = pytest.mark.differential
 
 PODS = 40
-SAVE_TOOLS = (
-    "iptables-legacy-save",
-    "ip6tables-legacy-save",
-    "iptables-nft-save",
-    "ip6tables-nft-save",
-)
-
-
-def random_pod(rng: random.Random) -> dict[str, Any]:
-    """Annotations, labels, proxy env, args, placement and security context, each drawn from
-    values users (or Istio's injector) write, including the ones that make Istio skip a pod."""
-    annotations = {"sidecar.istio.io/status": '{"containers":["istio-proxy"]}'}
-    if rng.random() < 0.05:
-        del annotations["sidecar.istio.io/status"]
-    choices = {
-        "sidecar.istio.io/interceptionMode": ["REDIRECT", "TPROXY"],
-        "traffic.sidecar.istio.io/includeOutboundIPRanges": [
-            "*",
-            "10.0.0.0/8,172.16.0.0/12",
-            "",
-            "127.0.0.0/8,10.0.0.0/8",
-            "10.0.0.0/8,fd00::/8",
-        ],
-        "traffic.sidecar.istio.io/excludeOutboundIPRanges": [
-            "1.1.1.1/32",
-            "10.96.0.0/12",
-            "fd00:10::/64,1.1.1.1/32",
-        ],
-        "traffic.sidecar.istio.io/includeInboundPorts": ["*", "8080,9090", "", "8080,8080"],
-        "traffic.sidecar.istio.io/excludeInboundPorts": [
-            "8081",
-            "15020,9000",
-            "9000,",
-            "8080, 15021",
-            "9000,9000",
-        ],
-        "traffic.sidecar.istio.io/includeOutboundPorts": ["3306", "5432,6379", "3306, 3306"],
-        "traffic.sidecar.istio.io/excludeOutboundPorts": ["443", "8443,9443"],
-        "traffic.sidecar.istio.io/excludeInterfaces": ["eth1", "net1,net2"],
-        "traffic.sidecar.istio.io/kubevirtInterfaces": ["net1"],
-        "istio.io/reroute-virtual-interfaces": ["net3", "net1,net4"],
-        "sidecar.istio.io/inject": ["true", "false"],
-    }
-    for key, values in choices.items():
-        if rng.random() < 0.3:
-            annotations[key] = rng.choice(values)
-    labels = (
-        {"sidecar.istio.io/inject": rng.choice(["true", "false"])} if rng.random() < 0.1 else {}
-    )
-    env = [
-        {"name": n, "value": rng.choice(["true", "false"])}
-        for n in ("ISTIO_META_DNS_CAPTURE", "INVALID_DROP", "ISTIO_DUAL_STACK")
-        if rng.random() < 0.35
-    ]
-    if rng.random() < 0.05:
-        env.append({"name": "DISABLE_ENVOY", "value": "true"})
-    proxy: dict[str, Any] = {
-        "name": "istio-proxy",
-        "image": "registry.invalid/proxyv2:1",
-        "env": env,
-    }
-    if rng.random() < 0.2:
-        proxy["args"] = ["proxy", rng.choice(["sidecar", "sidecar", "router"])]
-    security: dict[str, Any] = {}
-    if rng.random() < 0.4:
-        security["runAsUser"] = rng.choice([1337, 1000, 101, 0])
-    if rng.random() < 0.3:
-        security["runAsGroup"] = rng.choice([1337, 2000])
-    if security:
-        proxy["securityContext"] = security
-    app: dict[str, Any] = {"name": "app", "image": "registry.invalid/app:1"}
-    if rng.random() < 0.5:
-        app["ports"] = [{"containerPort": rng.choice([8080, 9090, 3000])}]
-    spec: dict[str, Any] = {
-        "annotations": annotations,
-        "labels": labels,
-        "containers": [app, proxy],
-    }
-    if rng.random() < 0.2:  # a native sidecar: Kubernetes 1.28+ injection
-        spec["containers"] = [app]
-        spec["init_containers"] = [{**proxy, "restartPolicy": "Always"}]
-    elif rng.random() < 0.04:  # injected the old way: istio-init already wrote the rules
-        spec["init_containers"] = [{"name": "istio-init", "image": "registry.invalid/proxyv2:1"}]
-    return spec
-
-
-def rules(netns_name: str) -> str:
-    out = []
-    for tool in SAVE_TOOLS:
-        done = subprocess.run(
-            ["ip", "netns", "exec", netns_name, tool],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-        assert done.returncode == 0, f"{tool} in {netns_name}: {done.stderr}"
-        out.append(f"# {tool}")
-        out += non_empty_tables(done.stdout)
-    return "\n".join(out)
 
 
 def istio_kubeconfig(node: MeshNode, make_identity: Any, run_dir: Path) -> None:
@@ -244,4 +145,6 @@ def test_random_pods_get_istios_rules(
     make_identity: Any,
     tmp_path: Path,
 ) -> None:
-    compare_pods(mesh_node, make_identity, tmp_path, listing=rules, captured_by="ISTIO_OUTPUT")
+    compare_pods(
+        mesh_node, make_identity, tmp_path, listing=podnet.saved_tables, captured_by="ISTIO_OUTPUT"
+    )

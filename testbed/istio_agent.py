@@ -1,0 +1,92 @@
+"""Istio's own node agent on the real node, as a test oracle: Istio's `istio-cni` chart (the copy
+of the pinned istio.io/istio module's chart in tests/testdata/istio-chart) installed by Helm with
+the test bed's `install-cni` image (ci/build-testbed-images: Istio's install-cni and istio-cni
+built from that module), pointed at the node's CNI dirs.
+
+    install()      `helm install` of Istio's chart, then its DaemonSet's pod Ready on the node
+                   (Istio's readiness: its plugin and conflist entry in place)
+    ready_pod()    that pod, Running and Ready
+
+Istio's agent keeps its sockets and logs under the fixed node path /var/run/istio-cni (its chart
+has no value for it) and writes a kubeconfig for its plugin into the conf dir
+(`ZZZ-istio-cni-kubeconfig`), with the in-cluster address of the API server that the test bed's
+node routes (testbed/nodenet.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from testbed import kubepods
+from testbed.helm import Helm
+from testbed.images import Image
+from testbed.parts import REPO_ROOT
+from testbed.realnode import RealCluster
+
+CHART = REPO_ROOT / "tests" / "testdata" / "istio-chart"
+RELEASE = "istio-cni-istio"
+NAMESPACE = "kube-system"
+SELECTOR = "k8s-app=istio-cni-node"
+CONTAINER = "install-cni"
+IMAGE_NAME = "install-cni"
+READY_TIMEOUT = 120.0
+
+
+def values(cluster: RealCluster, image: Image, **extra: Any) -> dict[str, Any]:
+    """Istio's chart values for the test bed's node: its image (never pulled), the node's dirs."""
+    return {
+        "hub": image.hub,
+        "tag": image.tag,
+        "image": IMAGE_NAME,
+        "pullPolicy": "Never",
+        "cniBinDir": str(cluster.cni_bin_dir),
+        "cniConfDir": str(cluster.cni_conf_dir),
+        "cniNetnsDir": str(cluster.netns_dir),
+        "logging": {"level": "debug"},
+        **extra,
+    }
+
+
+def install(
+    helm: Helm, cluster: RealCluster, core: Any, image: Image, **extra: Any
+) -> kubepods.PodView:
+    helm.install(RELEASE, CHART, namespace=NAMESPACE, values=values(cluster, image, **extra))
+    return ready_pod(core, cluster, image)
+
+
+def pods(core: Any) -> list[Any]:
+    return list(core.list_namespaced_pod(NAMESPACE, label_selector=SELECTOR).items)
+
+
+def ready_pod(core: Any, cluster: RealCluster, image: Image) -> kubepods.PodView:
+    def check() -> kubepods.PodView | None:
+        for pod in pods(core):
+            view = kubepods.PodView.of(pod)
+            if pod.metadata.deletion_timestamp or view.node != cluster.node_name:
+                continue
+            if pod.spec.containers[0].image != image.ref:
+                continue
+            if view.phase == "Running" and view.ready:
+                return view
+        return None
+
+    def state() -> str:
+        cluster.check_alive()
+        lines = []
+        for pod in pods(core):
+            view = kubepods.PodView.of(pod)
+            lines += [
+                f"{view}",
+                kubepods.pod_events(core, NAMESPACE, view.name),
+                kubepods.logs(core, NAMESPACE, view.name, CONTAINER)[-3000:],
+            ]
+        return "\n".join(lines) or "no pod of Istio's DaemonSet"
+
+    view: kubepods.PodView = kubepods.wait_for(
+        check, "Istio's agent pod Running and Ready", READY_TIMEOUT, interval=0.5, on_timeout=state
+    )
+    return view
+
+
+def wait_gone(core: Any, timeout: float = 90.0) -> None:
+    kubepods.wait_for(lambda: not pods(core), "Istio's agent pods to be gone", timeout)

@@ -1,0 +1,153 @@
+"""Istio's own node agent and ours on the same real node, one after the other: the same seeded
+random sidecar pods (tests/differential/pods.py: annotations, proxy env and ids, TPROXY, DNS
+capture, native sidecars, pods Istio skips) started by kubelet under Istio's DaemonSet
+(testbed/istio_agent.py) and then under ours, and every pod's rules (`iptables-save` of both
+families and both iptables variants, counters stripped) compared pod by pod. A pod that one
+agent lets start and the other does not is a difference too. Each agent's uninstall leaves the
+node's CNI config as it found it."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import random
+import time
+from typing import Any
+
+import pytest
+
+from testbed import chart as agent_mod
+from testbed import images, istio_agent, kubepods, podnet
+from testbed.images import Image
+from testbed.realnode import RealCluster
+from testbed.wait import WaitTimeout
+from tests.differential.pods import random_pod
+
+pytestmark = [pytest.mark.node, pytest.mark.migration]
+
+PODS = 32
+START_TIMEOUT = 240.0
+
+
+def manifest(name: str, spec: dict[str, Any], image: str) -> dict[str, Any]:
+    """A pod of the random spec, runnable here: the app and the proxy double in the workload
+    image, the spec's annotations, labels, proxy env, args and security context kept."""
+    pod = kubepods.pod_manifest(
+        name,
+        image,
+        app_command=["sleep"],
+        sidecar=False,
+        annotations=spec["annotations"],
+        labels=spec["labels"],
+    )
+    pod["spec"]["containers"] = [_runnable(c, image) for c in spec["containers"]]
+    inits = [_runnable(c, image) for c in spec.get("init_containers", [])]
+    if inits:
+        pod["spec"]["initContainers"] = inits
+    return pod
+
+
+def _runnable(container: dict[str, Any], image: str) -> dict[str, Any]:
+    """The container of the workload image doing its part; what the agents read of it (name,
+    env, args, security context, ports, restart policy) as the spec has it."""
+    out = {k: v for k, v in container.items() if k != "image"}
+    out["image"] = image
+    out["imagePullPolicy"] = "Never"
+    if container["name"] == "istio-proxy":
+        # `sh -c` takes the spec's args as its own $0..., so the proxy's args stay in the
+        # manifest (the agents read them) without reaching the double.
+        out["command"] = ["/bin/sh", "-c", f"exec {' '.join(kubepods.PROXY)}", "istio-proxy"]
+    elif container["name"] == "istio-init":
+        out["command"] = ["/bin/true"]
+    else:
+        out["command"] = [*kubepods.APP, "sleep"]
+    return out
+
+
+def start_all(
+    core: Any, cluster: RealCluster, namespace: str, specs: list[dict[str, Any]], image: str
+) -> dict[str, str]:
+    """Create every pod at once; each pod's outcome: its rules, or why it did not start."""
+    for i, spec in enumerate(specs):
+        core.create_namespaced_pod(namespace, manifest(f"p{i}", spec, image))
+    outcomes: dict[str, str] = {}
+    deadline = time.monotonic() + START_TIMEOUT
+    for i in range(len(specs)):
+        name = f"p{i}"
+        left = max(5.0, deadline - time.monotonic())
+        try:
+            view = kubepods.wait_running(core, namespace, name, timeout=left, ready=False)
+        except WaitTimeout:
+            events = kubepods.pod_events(core, namespace, name)
+            outcomes[name] = "not started: " + (
+                "sandbox failed" if "FailedCreatePodSandBox" in events else events[-300:]
+            )
+            continue
+        outcomes[name] = podnet.saved_tables(cluster.pod_netns(view.uid))
+    return outcomes
+
+
+def delete_all(core: Any, namespace: str) -> None:
+    core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+    kubepods.wait_for(
+        lambda: not core.list_namespaced_pod(namespace).items, "the pods to be gone", 120
+    )
+
+
+def test_the_same_pods_get_the_same_rules_under_istios_agent_and_ours(
+    real_cluster: RealCluster,
+    node_helm: Any,
+    node_core: Any,
+    agent_image: Image,
+    workload_ns: str,
+) -> None:
+    seed = int(os.environ.get("ISTIO_CNI_DIFF_SEED") or random.SystemRandom().randrange(2**32))
+    print(f"node differential seed={seed} (replay: ISTIO_CNI_DIFF_SEED={seed})")
+    rng = random.Random(seed)
+    specs = [random_pod(rng) for _ in range(PODS)]
+    image = real_cluster.images["workload"].ref
+    istio_image = images.image("install-cni")
+    real_cluster.import_image(istio_image)
+    helm = node_helm("4")
+    before = real_cluster.conflist_path.read_bytes()
+    conf_files = {p.name for p in real_cluster.cni_conf_dir.iterdir()}
+
+    began = time.monotonic()
+    istio_agent.install(helm, real_cluster, node_core, istio_image)
+    installed = json.loads(real_cluster.conflist_path.read_text())
+    assert [p["type"] for p in installed["plugins"]][-1] == "istio-cni", installed
+    theirs = start_all(node_core, real_cluster, workload_ns, specs, image)
+    delete_all(node_core, workload_ns)
+    helm.uninstall(istio_agent.RELEASE, namespace=istio_agent.NAMESPACE)
+    istio_agent.wait_gone(node_core)
+    istio_left = sorted(p.name for p in real_cluster.cni_conf_dir.iterdir())
+    istio_conflist = real_cluster.conflist_path.read_bytes()
+    print(
+        f"after Istio's uninstall: conf dir {istio_left}, conflist as before: "
+        f"{istio_conflist == before}"
+    )
+    real_cluster.conflist_path.write_bytes(before)
+    for leftover in set(istio_left) - conf_files:
+        (real_cluster.cni_conf_dir / leftover).unlink()
+    agent_mod.install(helm, real_cluster, node_core, agent_image)
+    ours = start_all(node_core, real_cluster, workload_ns, specs, image)
+    delete_all(node_core, workload_ns)
+    helm.uninstall(agent_mod.RELEASE, namespace=agent_mod.AGENT_NAMESPACE)
+    agent_mod.wait_agent_gone(node_core)
+    print(f"{PODS} pods under each agent in {time.monotonic() - began:.0f}s")
+
+    failures = []
+    for i, spec in enumerate(specs):
+        name = f"p{i}"
+        if theirs[name] != ours[name]:
+            diff = difflib.unified_diff(
+                theirs[name].splitlines(), ours[name].splitlines(), "istio", "ours", lineterm=""
+            )
+            failures.append(f"{name} {json.dumps(spec)}\n" + "\n".join(diff))
+    captured = sum("ISTIO_OUTPUT" in rules for rules in theirs.values())
+    started = sum(not rules.startswith("not started") for rules in theirs.values())
+    print(f"Istio's agent: {started} started, {captured} captured")
+    assert captured >= PODS // 3, "most random pods must be ones Istio captures"
+    assert not failures, f"{len(failures)} of {PODS} pods differ (seed {seed}):\n" + failures[0]
+    assert real_cluster.conflist_path.read_bytes() == before
