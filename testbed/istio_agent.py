@@ -75,10 +75,15 @@ def ready_pod(core: Any, cluster: RealCluster, image: Image) -> kubepods.PodView
         lines = []
         for pod in pods(core):
             view = kubepods.PodView.of(pod)
+            log = kubepods.logs(core, NAMESPACE, view.name, CONTAINER)
+            noted = [s for s in log.splitlines() if "\twarn\t" in s or "\terror\t" in s]
             lines += [
                 f"{view}",
                 kubepods.pod_events(core, NAMESPACE, view.name),
-                kubepods.logs(core, NAMESPACE, view.name, CONTAINER)[-3000:],
+                "log, its warnings and errors:",
+                *noted[:40],
+                "log, its end:",
+                log[-2000:],
             ]
         return "\n".join(lines) or "no pod of Istio's DaemonSet"
 

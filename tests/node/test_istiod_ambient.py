@@ -119,7 +119,10 @@ def test_istiod_serves_the_pods_the_agent_enrolls_over_hbone(
             ),
         )
         served = served_workload(istiod, workload_ns, "web")
-        assert served is not None and meshed.uid in str(served.get("uid")), served
+        assert served is not None, served
+        assert served.get("uid") == f"Kubernetes//Pod/{workload_ns}/web", (
+            served
+        )  # cluster ID Kubernetes
         kubepods.wait_for(
             lambda: tunnel(istiod, plain_ns, "web"), "istiod's workload of the plain pod", 60
         )
