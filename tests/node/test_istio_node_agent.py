@@ -114,7 +114,7 @@ def test_the_same_pods_get_the_same_rules_under_istios_agent_and_ours(
     conf_files = {p.name for p in real_cluster.cni_conf_dir.iterdir()}
 
     began = time.monotonic()
-    istio_agent.install(helm, real_cluster, node_core, istio_image)
+    istio_agent.install(helm, real_cluster, node_core, istio_image, repair={"enabled": False})
     installed = json.loads(real_cluster.conflist_path.read_text())
     assert [p["type"] for p in installed["plugins"]][-1] == "istio-cni", installed
     theirs = start_all(node_core, real_cluster, workload_ns, specs, image)
