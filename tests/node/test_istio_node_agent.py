@@ -21,7 +21,6 @@ from testbed import chart as agent_mod
 from testbed import images, istio_agent, kubepods, podnet
 from testbed.images import Image
 from testbed.realnode import RealCluster
-from testbed.wait import WaitTimeout
 from tests.differential.pods import random_pod
 
 pytestmark = [pytest.mark.node, pytest.mark.migration]
@@ -66,26 +65,40 @@ def _runnable(container: dict[str, Any], image: str) -> dict[str, Any]:
 
 
 def start_all(
-    core: Any, cluster: RealCluster, namespace: str, specs: list[dict[str, Any]], image: str
-) -> dict[str, str]:
-    """Create every pod at once; each pod's outcome: its rules, or why it did not start."""
-    for i, spec in enumerate(specs):
-        core.create_namespaced_pod(namespace, manifest(f"p{i}", spec, image))
+    core: Any,
+    cluster: RealCluster,
+    namespace: str,
+    specs: list[dict[str, Any]],
+    image: str,
+    prefix: str,
+) -> list[str]:
+    """Create every pod at once (named `<prefix>-<index>`: Events outlive pods, so each batch
+    has its own names); each pod's outcome: its rules once Running, or "refused" once kubelet
+    reports its sandbox failed (the agent refused the ADD; kubelet would retry forever)."""
+    names = [f"{prefix}-{i}" for i in range(len(specs))]
+    for name, spec in zip(names, specs, strict=True):
+        core.create_namespaced_pod(namespace, manifest(name, spec, image))
     outcomes: dict[str, str] = {}
-    deadline = time.monotonic() + START_TIMEOUT
-    for i in range(len(specs)):
-        name = f"p{i}"
-        left = max(5.0, deadline - time.monotonic())
-        try:
-            view = kubepods.wait_running(core, namespace, name, timeout=left, ready=False)
-        except WaitTimeout:
-            events = kubepods.pod_events(core, namespace, name)
-            outcomes[name] = "not started: " + (
-                "sandbox failed" if "FailedCreatePodSandBox" in events else events[-300:]
-            )
-            continue
-        outcomes[name] = podnet.saved_tables(cluster.pod_netns(view.uid))
-    return outcomes
+
+    def settled() -> bool:
+        for name in names:
+            if name in outcomes:
+                continue
+            view = kubepods.pod_view(core, namespace, name)
+            if view is not None and view.phase == "Running":
+                outcomes[name] = podnet.saved_tables(cluster.pod_netns(view.uid))
+            elif "FailedCreatePodSandBox" in kubepods.pod_events(core, namespace, name):
+                outcomes[name] = "refused: the sandbox failed"
+        return len(outcomes) == len(names)
+
+    kubepods.wait_for(
+        settled,
+        f"{len(names)} pods Running or refused",
+        START_TIMEOUT,
+        interval=1.0,
+        on_timeout=lambda: f"unsettled: {sorted(set(names) - set(outcomes))}",
+    )
+    return [outcomes[name] for name in names]
 
 
 def delete_all(core: Any, namespace: str) -> None:
@@ -117,21 +130,21 @@ def test_the_same_pods_get_the_same_rules_under_istios_agent_and_ours(
     istio_agent.install(helm, real_cluster, node_core, istio_image, repair={"enabled": False})
     installed = json.loads(real_cluster.conflist_path.read_text())
     assert [p["type"] for p in installed["plugins"]][-1] == "istio-cni", installed
-    theirs = start_all(node_core, real_cluster, workload_ns, specs, image)
+    theirs = start_all(node_core, real_cluster, workload_ns, specs, image, "istio")
     delete_all(node_core, workload_ns)
     helm.uninstall(istio_agent.RELEASE, namespace=istio_agent.NAMESPACE)
     istio_agent.wait_gone(node_core)
     istio_left = sorted(p.name for p in real_cluster.cni_conf_dir.iterdir())
     istio_conflist = real_cluster.conflist_path.read_bytes()
-    print(
-        f"after Istio's uninstall: conf dir {istio_left}, conflist as before: "
-        f"{istio_conflist == before}"
+    left_diff = difflib.unified_diff(
+        before.decode().splitlines(), istio_conflist.decode().splitlines(), lineterm=""
     )
+    print(f"after Istio's uninstall: conf dir {istio_left}; conflist:", *left_diff, sep="\n")
     real_cluster.conflist_path.write_bytes(before)
     for leftover in set(istio_left) - conf_files:
         (real_cluster.cni_conf_dir / leftover).unlink()
     agent_mod.install(helm, real_cluster, node_core, agent_image)
-    ours = start_all(node_core, real_cluster, workload_ns, specs, image)
+    ours = start_all(node_core, real_cluster, workload_ns, specs, image, "ours")
     delete_all(node_core, workload_ns)
     helm.uninstall(agent_mod.RELEASE, namespace=agent_mod.AGENT_NAMESPACE)
     agent_mod.wait_agent_gone(node_core)
@@ -139,14 +152,13 @@ def test_the_same_pods_get_the_same_rules_under_istios_agent_and_ours(
 
     failures = []
     for i, spec in enumerate(specs):
-        name = f"p{i}"
-        if theirs[name] != ours[name]:
+        if theirs[i] != ours[i]:
             diff = difflib.unified_diff(
-                theirs[name].splitlines(), ours[name].splitlines(), "istio", "ours", lineterm=""
+                theirs[i].splitlines(), ours[i].splitlines(), "istio", "ours", lineterm=""
             )
-            failures.append(f"{name} {json.dumps(spec)}\n" + "\n".join(diff))
-    captured = sum("ISTIO_OUTPUT" in rules for rules in theirs.values())
-    started = sum(not rules.startswith("not started") for rules in theirs.values())
+            failures.append(f"pod {i} {json.dumps(spec)}\n" + "\n".join(diff))
+    captured = sum("ISTIO_OUTPUT" in rules for rules in theirs)
+    started = sum(not rules.startswith("refused") for rules in theirs)
     print(f"Istio's agent: {started} started, {captured} captured")
     assert captured >= PODS // 3, "most random pods must be ones Istio captures"
     assert not failures, f"{len(failures)} of {PODS} pods differ (seed {seed}):\n" + failures[0]
