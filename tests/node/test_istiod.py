@@ -134,7 +134,7 @@ def test_istiod_injects_validation_passes_traffic_captured(
     assert node_side.startswith("proxy-double port=15006"), node_side
     assert f"original_dst={view.ip}:{APP_PORT}" in node_side, node_side
 
-    assert podnet.has_istio_rules(real_cluster.pod_netns(view.uid))
+    assert_rules_as_printed(node_core, pod, real_cluster.pod_netns(view.uid), tmp_path / "web.json")
     logs = agent.logs(node_core)
     ours = [
         s
