@@ -21,6 +21,8 @@ AGENT_NAMESPACE = "kube-system"
 AGENT_SELECTOR = "app.kubernetes.io/name=istio-cni"
 AGENT_CONTAINER = "istio-cni-agent"
 READY_TIMEOUT = 120.0
+# How a warning or an error line looks in our log (logfmt) and in Istio's (tab-separated).
+NOTED_LEVELS = ("level=warning", "level=error", "\twarn\t", "\terror\t")
 
 
 def node_values(cluster: RealCluster, image: Image, **extra: Any) -> dict[str, Any]:
@@ -63,9 +65,39 @@ def ready_agent(
     namespace: str = AGENT_NAMESPACE,
 ) -> Agent:
     """The agent pod on the node, once Running and Ready (and of `image`, when given)."""
+    view = ready_daemon_pod(
+        core,
+        cluster,
+        namespace=namespace,
+        selector=AGENT_SELECTOR,
+        container=AGENT_CONTAINER,
+        what="the agent pod",
+        image=image,
+        timeout=timeout,
+    )
+    return Agent(view, namespace)
+
+
+def ready_daemon_pod(
+    core: Any,
+    cluster: RealCluster,
+    *,
+    namespace: str,
+    selector: str,
+    container: str,
+    what: str,
+    image: Image | None = None,
+    timeout: float = READY_TIMEOUT,
+) -> kubepods.PodView:
+    """A DaemonSet's pod on the node (`selector` in `namespace`), once Running and Ready (and of
+    `image`, when given). On timeout: each pod's state, events, the warnings and errors of
+    `container`'s log and its end."""
+
+    def pods() -> list[Any]:
+        return list(core.list_namespaced_pod(namespace, label_selector=selector).items)
 
     def check() -> kubepods.PodView | None:
-        for pod in agent_pods(core, namespace):
+        for pod in pods():
             view = kubepods.PodView.of(pod)
             if pod.metadata.deletion_timestamp or view.node != cluster.node_name:
                 continue
@@ -78,19 +110,24 @@ def ready_agent(
     def state() -> str:
         cluster.check_alive()
         lines = []
-        for pod in agent_pods(core, namespace):
+        for pod in pods():
             view = kubepods.PodView.of(pod)
+            log = kubepods.logs(core, namespace, view.name, container)
+            noted = [s for s in log.splitlines() if any(w in s for w in NOTED_LEVELS)]
             lines += [
                 f"{view}",
                 kubepods.pod_events(core, namespace, view.name),
-                kubepods.logs(core, namespace, view.name, AGENT_CONTAINER)[-3000:],
+                "its log's warnings and errors:",
+                *noted[:40],
+                "its log's end:",
+                log[-3000:],
             ]
-        return "\n".join(lines) or "no agent pod"
+        return "\n".join(lines) or f"no pod {selector} in {namespace}"
 
     view: kubepods.PodView = kubepods.wait_for(
-        check, "the agent pod Running and Ready", timeout, interval=0.5, on_timeout=state
+        check, f"{what} Running and Ready", timeout, interval=0.5, on_timeout=state
     )
-    return Agent(view, namespace)
+    return view
 
 
 def install(helm: Helm, cluster: RealCluster, core: Any, image: Image, **values: Any) -> Agent:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from testbed import kubepods
+from testbed.chart import ready_daemon_pod
 from testbed.helm import Helm
 from testbed.images import Image
 from testbed.parts import REPO_ROOT
@@ -59,38 +60,16 @@ def pods(core: Any) -> list[Any]:
 
 
 def ready_pod(core: Any, cluster: RealCluster, image: Image) -> kubepods.PodView:
-    def check() -> kubepods.PodView | None:
-        for pod in pods(core):
-            view = kubepods.PodView.of(pod)
-            if pod.metadata.deletion_timestamp or view.node != cluster.node_name:
-                continue
-            if pod.spec.containers[0].image != image.ref:
-                continue
-            if view.phase == "Running" and view.ready:
-                return view
-        return None
-
-    def state() -> str:
-        cluster.check_alive()
-        lines = []
-        for pod in pods(core):
-            view = kubepods.PodView.of(pod)
-            log = kubepods.logs(core, NAMESPACE, view.name, CONTAINER)
-            noted = [s for s in log.splitlines() if "\twarn\t" in s or "\terror\t" in s]
-            lines += [
-                f"{view}",
-                kubepods.pod_events(core, NAMESPACE, view.name),
-                "log, its warnings and errors:",
-                *noted[:40],
-                "log, its end:",
-                log[-2000:],
-            ]
-        return "\n".join(lines) or "no pod of Istio's DaemonSet"
-
-    view: kubepods.PodView = kubepods.wait_for(
-        check, "Istio's agent pod Running and Ready", READY_TIMEOUT, interval=0.5, on_timeout=state
+    return ready_daemon_pod(
+        core,
+        cluster,
+        namespace=NAMESPACE,
+        selector=SELECTOR,
+        container=CONTAINER,
+        what="Istio's agent pod",
+        image=image,
+        timeout=READY_TIMEOUT,
     )
-    return view
 
 
 def wait_gone(core: Any, timeout: float = 90.0) -> None:
