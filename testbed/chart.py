@@ -22,7 +22,7 @@ AGENT_SELECTOR = "app.kubernetes.io/name=istio-cni"
 AGENT_CONTAINER = "istio-cni-agent"
 READY_TIMEOUT = 120.0
 # How a warning or an error line looks in our log (logfmt) and in Istio's (tab-separated).
-NOTED_LEVELS = ("level=warning", "level=error", "\twarn\t", "\terror\t")
+NOTED_LEVELS = ("level=warn", "level=error", "\twarn\t", "\terror\t")
 
 
 def node_values(cluster: RealCluster, image: Image, **extra: Any) -> dict[str, Any]:
