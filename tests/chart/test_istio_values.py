@@ -7,12 +7,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from agent.config import settings_from_mapping
-from testbed.helm import Helm
+from testbed.helm import CHART, Helm
 from tests.chart.conftest import agent_config, agent_container, of_kind, only
 from tests.chart.test_bad_values import names_value
 from tests.chart.test_docs import helm4, notes  # noqa: F401  (fixture)
+
+APP_VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
 
 pytestmark = pytest.mark.chart
 
@@ -313,6 +316,30 @@ def test_istio_values_file_installs(helm: Helm, tmp_path: Path) -> None:
     assert settings.istioOwnedCNIConfigFileName == "02-istio-cni.conflist"
     assert len(of_kind(docs, "ResourceQuota")) == 1
     container = agent_container(docs)
-    assert container["image"] == "docker.io/istio/istio-cni:1.27.0"
+    # Istio's registry and release tag never name this agent: its own image stays.
+    assert container["image"] == f"ghcr.io/istio-cni/istio-cni:{APP_VERSION}"
     # The demo profile's requests apply: a profile is a preset, above the built-in default.
     assert container["resources"]["requests"] == {"cpu": "10m", "memory": "40Mi"}
+
+
+@pytest.mark.parametrize(
+    "hub", ["docker.io/istio", "gcr.io/istio-release", "gcr.io/istio-testing/"]
+)
+def test_an_istio_registry_from_global_is_ignored_for_the_image_with_a_warning(
+    helm4: Helm,  # noqa: F811
+    hub: str,
+) -> None:
+    text = notes(helm4, f"global.hub={hub}", "global.tag=1.27.0")
+    image = f"ghcr.io/istio-cni/istio-cni:{APP_VERSION}"
+    assert f"DaemonSet istio-cni: one agent per Linux node, image {image}" in text
+    assert "WARNING: global.hub and global.tag name " in text
+    assert f"{hub.rstrip('/')}/istio-cni:1.27.0" in text and "set hub and tag" in text
+
+
+def test_a_mirror_from_global_or_your_own_hub_names_the_image_without_a_warning(
+    helm4: Helm,  # noqa: F811
+) -> None:
+    text = notes(helm4, "global.hub=mirror.example/istio", "global.tag=1.0")
+    assert "image mirror.example/istio/istio-cni:1.0" in text and "WARNING" not in text
+    text = notes(helm4, "global.hub=docker.io/istio", "global.tag=1.27.0", "hub=mirror.example")
+    assert f"image mirror.example/istio-cni:{APP_VERSION}" in text and "WARNING" not in text

@@ -14,7 +14,8 @@ Istio's `cni.X` means `X` (as Istio's zzy_descope_legacy.yaml). A setting given 
 (ours and an Istio alias, or X and a different cni.X) fails naming both.
 Keys starting with `_` are for templates only: _image, _pullSecrets, _env (extra container env),
 _ignored (Istio keys with no effect here), _profile, _resourceScope, _presetSet (what the preset
-or profile replaced).
+or profile replaced), _istioImageIgnored (the image global.hub/global.tag named, when global.hub
+is one of Istio's registries).
 The result is computed once per render and kept in the top-level context (every template of one
 chart shares it), as every template and several helpers ask for it.
 */}}
@@ -90,6 +91,10 @@ chart shares it), as every template and several helpers ask for it.
 {{- /* Istio's GKE detection: no bin dir set anywhere and the API server is GKE's. */ -}}
 {{- if and (not $platform) (not (hasKey $mine "cniBinDir")) (contains "-gke" .Capabilities.KubeVersion.GitVersion) -}}
 {{- $_ := set $out "cniBinDir" "/home/kubernetes/bin" -}}
+{{- end -}}
+{{- /* Your own hub, tag or full image reference decides; the warning is only for a fallback. */ -}}
+{{- if or (hasKey $mine "hub") (hasKey $mine "tag") (contains "/" (toString ($out.image | default ""))) -}}
+{{- $_ := unset $out "_istioImageIgnored" -}}
 {{- end -}}
 {{- $_ := set $out "_image" (include "istio-cni.imageRef" (dict "v" $out "ctx" $)) -}}
 {{- $secrets := list -}}
@@ -228,7 +233,22 @@ set to different values fail naming both; otherwise (Istio's profile files) cni.
 {{- end -}}
 {{- with ($g.logging | default dict).level }}{{ $_ := set $out "logLevel" . }}{{ end -}}
 {{- if $g.nativeNftables }}{{ $_ := set $out "ruleBackend" "nftables" }}{{ end -}}
+{{- /* Istio's own registries never hold this agent (an Istio values file sets global.hub to
+    one and global.tag to Istio's version): the image stays ours, and NOTES says why. */ -}}
+{{- $hub := trimSuffix "/" (toString ($out.hub | default "")) -}}
+{{- if has $hub (include "istio-cni.istioRegistries" . | fromYamlArray) -}}
+{{- $_ := set $out "_istioImageIgnored" (printf "%s/istio-cni:%s" $hub (toString ($out.tag | default ""))) -}}
+{{- $_ := unset $out "hub" -}}
+{{- $_ := unset $out "tag" -}}
+{{- $_ := unset $out "variant" -}}
+{{- end -}}
 {{- toYaml $out -}}
+{{- end -}}
+
+{{/* Registries that publish Istio's images (global.hub of Istio's releases, its builds and its
+docs), never this agent's. */}}
+{{- define "istio-cni.istioRegistries" -}}
+{{- list "docker.io/istio" "index.docker.io/istio" "istio" "gcr.io/istio-release" "gcr.io/istio-testing" "registry.istio.io/release" "registry.istio.io/testing" "mirror.gcr.io/istio" | toYaml -}}
 {{- end -}}
 
 {{/*
