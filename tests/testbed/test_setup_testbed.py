@@ -46,6 +46,7 @@ def test_cached_parts_are_reused_without_building(tmp_path: Path) -> None:
         f"istio/{istio_version()}/pilot-agent",
         f"istio/{istio_version()}/istio-cni",
         f"istio/{istio_version()}/pilot-discovery",
+        f"istio/{istio_version()}/install-cni",
         *(
             f"prometheus-operator-crds/{operator_crds.VERSION}/{f}"
             for f in operator_crds.FILES.values()
@@ -57,7 +58,8 @@ def test_cached_parts_are_reused_without_building(tmp_path: Path) -> None:
         path.chmod(0o755)
     result = _run(tmp_path)
     assert result.returncode == 0, result.stderr
-    assert result.stderr.count("cached at") == 9
+    assert result.stderr.count("cached at") == 10
     assert f"kube-apiserver {tmp_path}/kube/{version}/kube-apiserver" in result.stdout
     discovery = f"pilot-discovery {tmp_path}/istio/{istio_version()}/pilot-discovery"
     assert discovery in result.stdout
+    assert f"install-cni {tmp_path}/istio/{istio_version()}/install-cni" in result.stdout
