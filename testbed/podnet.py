@@ -131,6 +131,18 @@ def saved_tables(netns: str) -> str:
     return "\n".join(out)
 
 
+# What the kernel counted so far: traffic-dependent, never part of a rule's meaning. `nft list`
+# prints no handles without `-a`; they are dropped anyway in case a default ever changes.
+NFT_COUNTERS = re.compile(r"\bcounter packets \d+ bytes \d+")
+NFT_HANDLES = re.compile(r" # handle \d+$", re.MULTILINE)
+
+
+def nft_ruleset(netns: str) -> str:
+    """`nft list ruleset` in the namespace, counters and handles stripped, nothing else."""
+    listed = in_netns(netns, "nft", "list", "ruleset")
+    return NFT_HANDLES.sub("", NFT_COUNTERS.sub("counter", listed))
+
+
 def iptables_in_use(netns: str) -> str:
     """ "nft" or "legacy": the iptables variant holding Istio's chains in `netns`."""
     for variant in IPTABLES_VARIANTS:

@@ -7,14 +7,13 @@ equal, so tables either side adds outside Istio's three `inet istio-proxy-*` tab
 
 from __future__ import annotations
 
-import re
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from testbed import podnet
 from testbed.cni import CniNode
 from testbed.helm import Helm
 from testbed.node import NodePods
@@ -23,24 +22,6 @@ from tests.e2e.harness import ChartOnNode
 from tests.integration.conftest import MeshNode, running_mesh_node
 
 pytestmark = pytest.mark.differential
-
-# What the kernel counted so far: traffic-dependent, never part of a rule's meaning. `nft list`
-# prints no handles without `-a`; they are dropped anyway in case a default ever changes.
-COUNTERS = re.compile(r"\bcounter packets \d+ bytes \d+")
-HANDLES = re.compile(r" # handle \d+$", re.MULTILINE)
-
-
-def ruleset(netns_name: str) -> str:
-    """`nft list ruleset` in the namespace, counters and handles stripped, nothing else."""
-    done = subprocess.run(
-        ["ip", "netns", "exec", netns_name, "nft", "list", "ruleset"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-    assert done.returncode == 0, f"nft list ruleset in {netns_name}: {done.stderr}"
-    return HANDLES.sub("", COUNTERS.sub("counter", done.stdout))
 
 
 @pytest.fixture
@@ -67,7 +48,7 @@ def test_random_pods_get_istios_nftables(
         nft_mesh_node,
         make_identity,
         tmp_path,
-        listing=ruleset,
+        listing=podnet.nft_ruleset,
         captured_by="chain istio-output",
         native_nftables=True,
     )

@@ -1,10 +1,11 @@
 """Istio's own node agent and ours on the same real node, one after the other: the same seeded
 random sidecar pods (tests/differential/pods.py: annotations, proxy env and ids, TPROXY, DNS
 capture, native sidecars, pods Istio skips) started by kubelet under Istio's DaemonSet
-(testbed/istio_agent.py) and then under ours, and every pod's rules (`iptables-save` of both
-families and both iptables variants, counters stripped) compared pod by pod. A pod that one
-agent lets start and the other does not is a difference too. Each agent's uninstall leaves the
-node's CNI config as it found it."""
+(testbed/istio_agent.py) and then under ours, and every pod's rules compared pod by pod: with
+iptables (`iptables-save` of both families and both variants, counters stripped) and with native
+nftables (Istio's `global.nativeNftables`, our `ruleBackend: nftables`; `nft list ruleset`). A
+pod that one agent lets start and the other does not is a difference too. Our uninstall leaves
+the node's CNI config as it found it; what Istio's leaves is printed."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import json
 import os
 import random
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -64,6 +67,28 @@ def _runnable(container: dict[str, Any], image: str) -> dict[str, Any]:
     return out
 
 
+@dataclass(frozen=True)
+class Backend:
+    """One rule backend on both sides: each chart's values for it, how a pod's rules are listed,
+    and what in Istio's listing shows a pod captured."""
+
+    istio_values: dict[str, Any]
+    our_values: dict[str, Any]
+    listing: Callable[[str], str]
+    captured_by: str
+
+
+BACKENDS = {
+    "iptables": Backend({}, {}, podnet.saved_tables, "ISTIO_OUTPUT"),
+    "nftables": Backend(
+        {"global": {"nativeNftables": True}},
+        {"ruleBackend": "nftables"},
+        podnet.nft_ruleset,
+        "chain istio-output",
+    ),
+}
+
+
 def start_all(
     core: Any,
     cluster: RealCluster,
@@ -71,6 +96,7 @@ def start_all(
     specs: list[dict[str, Any]],
     image: str,
     prefix: str,
+    listing: Callable[[str], str],
 ) -> list[str]:
     """Create every pod at once (named `<prefix>-<index>`: Events outlive pods, so each batch
     has its own names); each pod's outcome: its rules once Running, or "refused" once kubelet
@@ -86,7 +112,7 @@ def start_all(
                 continue
             view = kubepods.pod_view(core, namespace, name)
             if view is not None and view.phase == "Running":
-                outcomes[name] = podnet.saved_tables(cluster.pod_netns(view.uid))
+                outcomes[name] = listing(cluster.pod_netns(view.uid))
             elif "FailedCreatePodSandBox" in kubepods.pod_events(core, namespace, name):
                 outcomes[name] = "refused: the sandbox failed"
         return len(outcomes) == len(names)
@@ -108,13 +134,16 @@ def delete_all(core: Any, namespace: str) -> None:
     )
 
 
+@pytest.mark.parametrize("backend", list(BACKENDS))
 def test_the_same_pods_get_the_same_rules_under_istios_agent_and_ours(
     real_cluster: RealCluster,
     node_helm: Any,
     node_core: Any,
     agent_image: Image,
     workload_ns: str,
+    backend: str,
 ) -> None:
+    rules = BACKENDS[backend]
     seed = int(os.environ.get("ISTIO_CNI_DIFF_SEED") or random.SystemRandom().randrange(2**32))
     print(f"node differential seed={seed} (replay: ISTIO_CNI_DIFF_SEED={seed})")
     rng = random.Random(seed)
@@ -127,10 +156,12 @@ def test_the_same_pods_get_the_same_rules_under_istios_agent_and_ours(
     conf_files = {p.name for p in real_cluster.cni_conf_dir.iterdir()}
 
     began = time.monotonic()
-    istio_agent.install(helm, real_cluster, node_core, istio_image, repair={"enabled": False})
+    istio_agent.install(
+        helm, real_cluster, node_core, istio_image, repair={"enabled": False}, **rules.istio_values
+    )
     installed = json.loads(real_cluster.conflist_path.read_text())
     assert [p["type"] for p in installed["plugins"]][-1] == "istio-cni", installed
-    theirs = start_all(node_core, real_cluster, workload_ns, specs, image, "istio")
+    theirs = start_all(node_core, real_cluster, workload_ns, specs, image, "istio", rules.listing)
     delete_all(node_core, workload_ns)
     helm.uninstall(istio_agent.RELEASE, namespace=istio_agent.NAMESPACE)
     istio_agent.wait_gone(node_core)
@@ -143,8 +174,8 @@ def test_the_same_pods_get_the_same_rules_under_istios_agent_and_ours(
     real_cluster.conflist_path.write_bytes(before)
     for leftover in set(istio_left) - conf_files:
         (real_cluster.cni_conf_dir / leftover).unlink()
-    agent_mod.install(helm, real_cluster, node_core, agent_image)
-    ours = start_all(node_core, real_cluster, workload_ns, specs, image, "ours")
+    agent_mod.install(helm, real_cluster, node_core, agent_image, **rules.our_values)
+    ours = start_all(node_core, real_cluster, workload_ns, specs, image, "ours", rules.listing)
     delete_all(node_core, workload_ns)
     helm.uninstall(agent_mod.RELEASE, namespace=agent_mod.AGENT_NAMESPACE)
     agent_mod.wait_agent_gone(node_core)
@@ -157,8 +188,8 @@ def test_the_same_pods_get_the_same_rules_under_istios_agent_and_ours(
                 theirs[i].splitlines(), ours[i].splitlines(), "istio", "ours", lineterm=""
             )
             failures.append(f"pod {i} {json.dumps(spec)}\n" + "\n".join(diff))
-    captured = sum("ISTIO_OUTPUT" in rules for rules in theirs)
-    started = sum(not rules.startswith("refused") for rules in theirs)
+    captured = sum(rules.captured_by in listed for listed in theirs)
+    started = sum(not listed.startswith("refused") for listed in theirs)
     print(f"Istio's agent: {started} started, {captured} captured")
     assert captured >= PODS // 3, "most random pods must be ones Istio captures"
     assert not failures, f"{len(failures)} of {PODS} pods differ (seed {seed}):\n" + failures[0]
