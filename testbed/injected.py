@@ -5,6 +5,7 @@
                             root certificate there; its Deployments go first at the end
     deployment()            a Deployment as a user writes it: nothing of Istio in it
     wait_deployment_pod()   the pod its ReplicaSet made through the webhook
+    wait_injected_running() that pod Running (and Ready), or its sidecars' states and logs
     assert_validation_passed(), assert_outbound_captured(), assert_rules_as_printed()
 
 The app connects to OUTSIDE in a loop: an address no namespace here routes, so a line from the
@@ -27,6 +28,7 @@ from kubernetes.client.exceptions import ApiException
 
 from testbed import kubepods, podnet
 from testbed.istiod import ROOT_CERT_CONFIGMAP, Istiod
+from testbed.wait import WaitTimeout
 
 OUTSIDE = ("203.0.113.10", 80)  # TEST-NET-3: never routed; the node netns has no route out
 APP_PORT = 8080
@@ -109,6 +111,19 @@ def wait_deployment_pod(core: Any, namespace: str, selector: str, istiod: Istiod
         on_timeout=state,
     )
     return pods[0]
+
+
+def wait_injected_running(
+    core: Any, namespace: str, pod: Any, *, timeout: float = 120.0, ready: bool = True
+) -> kubepods.PodView:
+    """The injected pod Running (and Ready with `ready`); on timeout the failure also carries
+    its injected containers' states and logs."""
+    try:
+        return kubepods.wait_running(
+            core, namespace, pod.metadata.name, timeout=timeout, ready=ready
+        )
+    except WaitTimeout as e:
+        raise WaitTimeout(f"{e}\n{sidecar_state(core, namespace, pod)}") from None
 
 
 def sidecar_state(core: Any, namespace: str, pod: Any) -> str:

@@ -44,10 +44,10 @@ from testbed.injected import (
     proxy_container,
     sidecar_state,
     wait_deployment_pod,
+    wait_injected_running,
 )
 from testbed.istiod import Istiod
 from testbed.realnode import RealCluster
-from testbed.wait import WaitTimeout
 
 pytestmark = [pytest.mark.node, pytest.mark.istiod]
 
@@ -71,10 +71,7 @@ def test_istiod_injects_validation_passes_traffic_captured(
     manifest = deployment("web", real_cluster.images["workload"].ref, connect_loop())
     real_cluster.apps().create_namespaced_deployment(injected_ns, manifest)
     pod = wait_deployment_pod(node_core, injected_ns, "app=web", istiod)
-    try:
-        view = kubepods.wait_running(node_core, injected_ns, pod.metadata.name, timeout=120)
-    except WaitTimeout as e:
-        raise WaitTimeout(f"{e}\n{sidecar_state(node_core, injected_ns, pod)}") from None
+    view = wait_injected_running(node_core, injected_ns, pod)
     pod = node_core.read_namespaced_pod(view.name, injected_ns)
 
     # What istiod's injector made of it, read back from the API server.
@@ -84,8 +81,8 @@ def test_istiod_injects_validation_passes_traffic_captured(
     assert VALIDATION in inits, inits
     # Kubernetes 1.35's node: istiod's auto-detection makes istio-proxy a native sidecar.
     assert inits == [VALIDATION, PROXY], inits
-    proxy_container = pod.spec.init_containers[1]
-    assert proxy_container.restart_policy == "Always", proxy_container
+    native = pod.spec.init_containers[1]
+    assert native.restart_policy == "Always", native
     assert containers == ["app"], containers
     # Kept for comparing with the pods the other tiers write by hand.
     manifest_out = tmp_path / "injected-pod.yaml"
@@ -98,22 +95,10 @@ def test_istiod_injects_validation_passes_traffic_captured(
     assert validation.args[0] == "istio-iptables" and "--run-validation" in validation.args
 
     # Istio's own validation of our rules: exited 0, and said why.
-    status = next(s for s in pod.status.init_container_statuses if s.name == VALIDATION)
-    assert status.state.terminated is not None, status.state
-    assert status.state.terminated.exit_code == 0, status.state.terminated
-    validation_log = kubepods.logs(node_core, injected_ns, view.name, VALIDATION)
-    assert "Validation passed" in validation_log, validation_log[-3000:]
+    assert_validation_passed(node_core, injected_ns, pod)
 
     # Outbound: the app's connections to an outside address reach the proxy's 15001.
-    line = kubepods.wait_log_line(
-        node_core,
-        injected_ns,
-        view.name,
-        "app",
-        lambda s: "proxy-double port=15001" in s,
-        "a connection answered by the proxy",
-    )
-    assert f"original_dst={OUTSIDE[0]}:{OUTSIDE[1]}" in line, line
+    assert_outbound_captured(node_core, injected_ns, pod)
     app_log = kubepods.logs(node_core, injected_ns, view.name, "app")
     assert not any(kubepods.escaped(s) for s in app_log.splitlines()), app_log[-2000:]
     # The proxy's side: Envoy's double, started by the real pilot-agent.
@@ -130,9 +115,7 @@ def test_istiod_injects_validation_passes_traffic_captured(
 
     # Inbound: to the pod's IP from the node, the proxy's 15006.
     assert view.ip
-    node_side = podnet.connect(real_cluster.network.netns_path, view.ip, APP_PORT)
-    assert node_side.startswith("proxy-double port=15006"), node_side
-    assert f"original_dst={view.ip}:{APP_PORT}" in node_side, node_side
+    assert_inbound_captured(real_cluster.network.netns_path, pod)
 
     assert_rules_as_printed(node_core, pod, real_cluster.pod_netns(view.uid), tmp_path / "web.json")
     logs = agent.logs(node_core)
@@ -180,7 +163,7 @@ def test_validation_fails_without_the_agent_and_repair_handles_the_pod(
 
     agent_mod.install(node_helm("4"), real_cluster, node_core, agent_image, repair={"mode": mode})
     if mode == "repair-in-place":
-        view = kubepods.wait_running(node_core, injected_ns, name, timeout=120)
+        view = wait_injected_running(node_core, injected_ns, first)
         assert "Validation passed" in kubepods.logs(node_core, injected_ns, name, VALIDATION)
         assert podnet.has_istio_rules(real_cluster.pod_netns(view.uid))
         assert_outbound_captured(node_core, injected_ns, first)
@@ -189,7 +172,7 @@ def test_validation_fails_without_the_agent_and_repair_handles_the_pod(
             lambda: _gone(node_core, injected_ns, name), f"{name} deleted by repair", 90
         )
         again = wait_deployment_pod(node_core, injected_ns, "app=early", istiod)
-        view = kubepods.wait_running(node_core, injected_ns, again.metadata.name, timeout=120)
+        view = wait_injected_running(node_core, injected_ns, again)
         fresh = node_core.read_namespaced_pod(view.name, injected_ns)
         assert_validation_passed(node_core, injected_ns, fresh)
         assert _restarts(fresh, VALIDATION) == 0, fresh.status.init_container_statuses
@@ -287,14 +270,9 @@ def test_injected_variants_validated_captured_and_programmed_as_rules_pod_prints
     pods = {}
     for name in VARIANTS:
         pod = wait_deployment_pod(node_core, injected_ns, f"app={name}", istiod)
-        try:
-            view = kubepods.wait_running(
-                node_core, injected_ns, pod.metadata.name, timeout=180, ready=name not in UNREADY
-            )
-        except WaitTimeout as e:
-            raise WaitTimeout(
-                f"{name}: {e}\n{sidecar_state(node_core, injected_ns, pod)}"
-            ) from None
+        view = wait_injected_running(
+            node_core, injected_ns, pod, timeout=180, ready=name not in UNREADY
+        )
         pods[name] = node_core.read_namespaced_pod(view.name, injected_ns)
 
     for name, pod in pods.items():
@@ -388,7 +366,7 @@ def test_istiod_untaints_the_node_once_the_agent_is_ready_and_the_agent_does_not
             60,
             on_timeout=lambda: istiod.log()[-3000:],
         )
-        view = kubepods.wait_running(node_core, injected_ns, waiting.metadata.name, timeout=120)
+        view = wait_injected_running(node_core, injected_ns, waiting)
         pod = node_core.read_namespaced_pod(view.name, injected_ns)
         assert_validation_passed(node_core, injected_ns, pod)
         assert_outbound_captured(node_core, injected_ns, pod)

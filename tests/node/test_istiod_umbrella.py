@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from testbed import chart as agent_mod
-from testbed import images, kubepods, umbrella
+from testbed import images, umbrella
 from testbed.helm import uninstall_all
 from testbed.images import Image
 from testbed.injected import (
@@ -32,6 +32,7 @@ from testbed.injected import (
     deployment,
     injected_namespace,
     wait_deployment_pod,
+    wait_injected_running,
 )
 from testbed.istiod import NAMESPACE, Istiod
 from testbed.realnode import RealCluster
@@ -91,7 +92,7 @@ def test_one_release_installs_istio_and_the_agent_and_uninstall_restores_the_nod
         manifest = deployment("web", real_cluster.images["workload"].ref, connect_loop())
         real_cluster.apps().create_namespaced_deployment(ns, manifest)
         made = wait_deployment_pod(node_core, ns, "app=web", control)
-        view = kubepods.wait_running(node_core, ns, made.metadata.name, timeout=120)
+        view = wait_injected_running(node_core, ns, made)
         pod = node_core.read_namespaced_pod(view.name, ns)
         inits = [c.name for c in pod.spec.init_containers or []]
         assert inits == [VALIDATION, PROXY], inits
