@@ -7,10 +7,9 @@ built from that module), pointed at the node's CNI dirs.
                    (Istio's readiness: its plugin and conflist entry in place)
     ready_pod()    that pod, Running and Ready
 
-Istio's agent keeps its sockets and logs under the fixed node path /var/run/istio-cni (its chart
-has no value for it) and writes a kubeconfig for its plugin into the conf dir
-(`ZZZ-istio-cni-kubeconfig`), with the in-cluster address of the API server that the test bed's
-node routes (testbed/nodenet.py).
+Istio's agent keeps its sockets, logs and its plugin's kubeconfig (`istio-cni-kubeconfig`, with
+the in-cluster address of the API server that the test bed's node routes, testbed/nodenet.py)
+under the fixed node path /var/run/istio-cni: its chart has no value for it.
 """
 
 from __future__ import annotations

@@ -42,6 +42,7 @@ from agent.install.plan import (
     interrupted_conversions,
     plan_config,
 )
+from agent.install.takeover import remove_istio_leftovers
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +153,8 @@ class Installer:
         for warning in plan.warnings:
             log.warning(warning, extra={"fields": {"dir": self.conf_dir}})
         changed = binaries.written + self._apply(plan)
+        # Only once our entry has replaced Istio's: until then its plugin may still need it.
+        changed += remove_istio_leftovers(self.settings.cniAgentRunDir, self.conf_dir)
         kind = "file" if self.deletes_file else "entry"
         self.undo[UndoStep(kind, self._path(plan.target))] = None
         return InstallReport(self._path(plan.target), changed, plan.warnings)

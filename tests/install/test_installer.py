@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pathlib
 import shutil
 
 import pytest
@@ -16,6 +17,7 @@ from testbed.agent_host import Node
 from tests.install.conftest import conformance_dir
 
 CASES = conformance_dir() / "install"
+REPO = pathlib.Path(__file__).resolve().parents[2]
 LIST = {"cniVersion": "0.4.0", "name": "net", "plugins": [{"type": "ptp"}, {"type": "portmap"}]}
 
 
@@ -180,6 +182,40 @@ def test_entry_carries_what_the_plugin_needs(node: Node) -> None:
     }
     text = (node.conf_dir / "10-net.conflist").read_text().lower()
     assert "token" not in text and "kubeconfig" not in text
+
+
+ISTIO_LEFT = REPO / "tests" / "testdata" / "istio-install-test" / "expected"
+
+
+def test_take_over_from_istios_agent_removes_its_leftovers(
+    node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A node Istio's agent stopped on without its clean-up: its entry (with its own fields) in
+    the conflist, its plugin's kubeconfig in the run dir (and, from Istio before 1.23, in the
+    conf dir). Ours replaces the entry whole, keeps every other plugin, removes both files."""
+    left = (ISTIO_LEFT / "10-calico.conflist-istioconfig").read_bytes()
+    (node.conf_dir / "10-calico.conflist").write_bytes(left)
+    run_dir = node.root / "run"
+    run_dir.mkdir()
+    kubeconfigs = [run_dir / "istio-cni-kubeconfig", node.conf_dir / "ZZZ-istio-cni-kubeconfig"]
+    for path in kubeconfigs:
+        path.write_text("apiVersion: v1\nkind: Config\nusers: [{user: {token: secret}}]\n")
+    (run_dir / "unrelated").write_text("kept")
+    installer = _installer(node)
+    with caplog.at_level(logging.INFO):
+        report = installer.install()
+
+    assert not any(p.exists() for p in kubeconfigs)
+    assert (run_dir / "unrelated").read_text() == "kept"
+    assert {str(p) for p in kubeconfigs} <= set(report.changed)
+    assert "removed the kubeconfig Istio's node agent left" in caplog.text
+    conf = node.conf("10-calico.conflist")
+    theirs = json.loads(left)["plugins"]
+    assert conf["plugins"][:-1] == theirs[:-1]
+    assert conf["plugins"][-1] == installer.entry
+    assert "ambient_enabled" not in conf["plugins"][-1]
+    # Nothing left to take over: a second install changes nothing.
+    assert installer.install().changed == []
 
 
 def test_reinstall_without_change_writes_nothing(node: Node) -> None:

@@ -1,0 +1,153 @@
+"""Meshed pods created on the real node every second while something changes under them (the
+CNI agent is replaced, upgraded, restarted): each pod, once Running, is checked to hold Istio's
+rules in its network namespace (it started captured) and then deleted, so the node holds a few
+churn pods at a time however long the change takes.
+
+    with Churn(core, cluster, namespace, image) as churn:
+        ...                        # the change
+    churn.report                   # every pod's outcome, once all were Running (or timed out)
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from testbed import kubepods, podnet
+from testbed.realnode import RealCluster
+
+INTERVAL = 1.0
+"""One new pod a second."""
+SETTLE_TIMEOUT = 180.0
+"""How long the pods created last may take to run once creating stops."""
+
+
+@dataclass
+class ChurnPod:
+    name: str
+    created: float
+    running: float | None = None
+    captured: bool | None = None
+    node: str | None = None
+
+
+@dataclass
+class ChurnReport:
+    pods: list[ChurnPod] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def uncaptured(self) -> list[str]:
+        return [p.name for p in self.pods if p.captured is False]
+
+    @property
+    def never_ran(self) -> list[str]:
+        return [p.name for p in self.pods if p.running is None]
+
+    def created_between(self, start: float, end: float) -> list[ChurnPod]:
+        return [p for p in self.pods if start <= p.created < end]
+
+    def summary(self) -> str:
+        waits = sorted(p.running - p.created for p in self.pods if p.running is not None)
+        longest = f"{waits[-1]:.1f}s" if waits else "-"
+        return (
+            f"{len(self.pods)} churn pods: {len(waits)} ran, {len(self.uncaptured)} uncaptured, "
+            f"{len(self.never_ran)} never ran; longest create-to-Running {longest}"
+        )
+
+
+class Churn:
+    """A creator thread (one sidecar pod a second) and a checker thread (each Running pod's
+    rules read, then the pod deleted)."""
+
+    def __init__(self, core: Any, cluster: RealCluster, namespace: str, image: str) -> None:
+        self.core = core
+        self.cluster = cluster
+        self.namespace = namespace
+        self.image = image
+        self.report = ChurnReport()
+        self._by_name: dict[str, ChurnPod] = {}
+        self._lock = threading.Lock()
+        self._creating = threading.Event()
+        self._checking = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._create_loop, name="churn-create", daemon=True),
+            threading.Thread(target=self._check_loop, name="churn-check", daemon=True),
+        ]
+
+    def __enter__(self) -> Churn:
+        self._creating.set()
+        self._checking.set()
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._creating.clear()
+        self._threads[0].join()
+        if exc is None:
+            kubepods.wait_for(
+                self._all_ran,
+                "every churn pod to run",
+                SETTLE_TIMEOUT,
+                on_timeout=self._stuck,
+            )
+        self._checking.clear()
+        self._threads[1].join()
+
+    def _all_ran(self) -> bool:
+        with self._lock:
+            return all(p.running is not None for p in self._by_name.values())
+
+    def _stuck(self) -> str:
+        with self._lock:
+            stuck = [p.name for p in self._by_name.values() if p.running is None]
+        hints = [f"{n}:\n{kubepods.pod_events(self.core, self.namespace, n)}" for n in stuck[:3]]
+        return f"{len(stuck)} churn pods never ran: {stuck}\n" + "\n".join(hints)
+
+    def _create_loop(self) -> None:
+        index = 0
+        while self._creating.is_set():
+            began = time.monotonic()
+            name = f"churn-{index}"
+            manifest = kubepods.pod_manifest(name, self.image, app_command=["sleep"], sidecar=True)
+            try:
+                self.core.create_namespaced_pod(self.namespace, manifest)
+            except ApiException as e:
+                self.report.errors.append(f"create {name}: {e.status} {e.reason}")
+            else:
+                pod = ChurnPod(name, time.monotonic())
+                with self._lock:
+                    self._by_name[name] = pod
+                    self.report.pods.append(pod)
+            index += 1
+            time.sleep(max(0.0, INTERVAL - (time.monotonic() - began)))
+
+    def _check_loop(self) -> None:
+        while self._checking.is_set():
+            try:
+                self._check_once()
+            except Exception as e:  # a failed round is reported; the next one runs
+                self.report.errors.append(f"check: {type(e).__name__}: {e}")
+            time.sleep(0.3)
+
+    def _check_once(self) -> None:
+        for item in self.core.list_namespaced_pod(self.namespace).items:
+            with self._lock:
+                pod = self._by_name.get(item.metadata.name)
+            if pod is None or pod.running is not None or item.status.phase != "Running":
+                continue
+            seen = time.monotonic()
+            captured = podnet.has_istio_rules(self.cluster.pod_netns(item.metadata.uid))
+            pod.node, pod.captured, pod.running = item.spec.node_name, captured, seen
+            self.core.delete_namespaced_pod(pod.name, self.namespace, grace_period_seconds=0)
