@@ -135,9 +135,13 @@ class Helm:
         values: dict[str, Any] | None = None,
         values_files: tuple[Path, ...] = (),
         wait: bool = False,
+        post_renderer: Path | None = None,
     ) -> dict[str, Any]:
-        """`helm install`; returns Helm's JSON description of the release."""
+        """`helm install`; returns Helm's JSON description of the release. `post_renderer`: an
+        executable Helm pipes the rendered manifests through (Helm 3's --post-renderer)."""
         args = ["install", release, str(chart), "--namespace", namespace, "--output", "json"]
+        if post_renderer is not None:
+            args += ["--post-renderer", str(post_renderer)]
         for f in values_files:
             args += ["--values", str(f)]
         if values:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from testbed import kubepods
+from testbed import istio_procfs, kubepods
 from testbed.chart import ready_daemon_pod
 from testbed.helm import Helm
 from testbed.images import Image
@@ -50,7 +50,15 @@ def values(cluster: RealCluster, image: Image, **extra: Any) -> dict[str, Any]:
 def install(
     helm: Helm, cluster: RealCluster, core: Any, image: Image, **extra: Any
 ) -> kubepods.PodView:
-    helm.install(RELEASE, CHART, namespace=NAMESPACE, values=values(cluster, image, **extra))
+    """With ambient on, the /proc volume is a stand-in (testbed/istio_procfs.py: why)."""
+    ambient = bool(extra.get("ambient", {}).get("enabled"))
+    helm.install(
+        RELEASE,
+        CHART,
+        namespace=NAMESPACE,
+        values=values(cluster, image, **extra),
+        post_renderer=istio_procfs.post_renderer(cluster.base) if ambient else None,
+    )
     return ready_pod(core, cluster, image)
 
 

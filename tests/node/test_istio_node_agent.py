@@ -9,6 +9,7 @@ the node's CNI config as it found it; what Istio's leaves is printed."""
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import os
@@ -16,6 +17,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +26,7 @@ from testbed import chart as agent_mod
 from testbed import images, istio_agent, kubepods, podnet
 from testbed.images import Image
 from testbed.realnode import RealCluster
+from testbed.ztunnel_double import ZtunnelDouble
 from tests.differential.pods import random_pod
 
 pytestmark = [pytest.mark.node, pytest.mark.migration]
@@ -193,4 +196,144 @@ def test_the_same_pods_get_the_same_rules_under_istios_agent_and_ours(
     print(f"Istio's agent: {started} started, {captured} captured")
     assert captured >= PODS // 3, "most random pods must be ones Istio captures"
     assert not failures, f"{len(failures)} of {PODS} pods differ (seed {seed}):\n" + failures[0]
+    assert real_cluster.conflist_path.read_bytes() == before
+
+
+ZDS_SOCKET = Path("/var/run/ztunnel/ztunnel.sock")
+"""Istio's agent serves ZDS at this fixed node path (its chart has no value for it)."""
+AMBIENT_PODS: dict[str, tuple[dict[str, str], dict[str, str]]] = {
+    # name: (annotations, labels), all in a namespace labelled for ambient
+    "plain": ({}, {}),
+    "bypass-inbound": ({"ambient.istio.io/bypass-inbound-capture": "true"}, {}),
+    "opted-out": ({}, {"istio.io/dataplane-mode": "none"}),
+    "sidecar": ({"sidecar.istio.io/status": kubepods.SIDECAR_STATUS}, {}),
+    "waypoint": ({}, {"gateway.istio.io/managed": "istio.io-mesh-controller"}),
+}
+# With iptables, both sides use iptables-nft, forced: left to detect, the two pick differently
+# when the node's namespace holds a legacy table with no rule in it (Istio's agent takes any
+# legacy table for legacy in use, ours a rule or a non-default policy); see README.
+FORCE_NFT_ISTIO = {"env": {"FORCE_IPTABLES_BINARY": "nft"}}
+FORCE_NFT_OURS = {"ruleBackend": "iptables-nft"}
+AMBIENT_BACKENDS: dict[str, tuple[bool, dict[str, Any], dict[str, Any], Callable[[str], str]]] = {
+    # name: (dnsCapture, Istio's values, ours, listing)
+    "iptables-dns": (True, FORCE_NFT_ISTIO, FORCE_NFT_OURS, podnet.saved_tables),
+    "iptables-nodns": (False, FORCE_NFT_ISTIO, FORCE_NFT_OURS, podnet.saved_tables),
+    "nftables": (
+        True,
+        {"global": {"nativeNftables": True}},
+        {"ruleBackend": "nftables"},
+        podnet.nft_ruleset,
+    ),
+}
+
+
+def in_ztunnel(uid: str) -> Callable[[ZtunnelDouble], bool]:
+    return lambda z: uid in z.workloads()
+
+
+def ambient_outcomes(
+    core: Any,
+    cluster: RealCluster,
+    namespace: str,
+    image: str,
+    prefix: str,
+    listing: Callable[[str], str],
+) -> dict[str, str]:
+    """With a ztunnel double connected to the agent's ZDS socket: each pod's in-pod rules, its
+    redirection annotation, and whether ztunnel was handed the pod."""
+    out = {}
+    with ZtunnelDouble(str(ZDS_SOCKET)) as ztunnel:
+        ztunnel.connect()
+        ztunnel.wait_for("the agent's first snapshot", lambda z: z.snapshots >= 1)
+        for name, (annotations, labels) in AMBIENT_PODS.items():
+            pod = kubepods.pod_manifest(
+                f"{prefix}-{name}",
+                image,
+                app_command=["sleep"],
+                sidecar=False,
+                annotations=annotations,
+                labels=labels,
+            )
+            core.create_namespaced_pod(namespace, pod)
+        for name in AMBIENT_PODS:
+            view = kubepods.wait_running(core, namespace, f"{prefix}-{name}", ready=False)
+            meta = core.read_namespaced_pod(view.name, namespace).metadata
+            redirection = (meta.annotations or {}).get("ambient.istio.io/redirection", "-")
+            # The agent hands a pod to ztunnel after its ADD returned: wait for it a moment.
+            if redirection == "enabled":
+                ztunnel.wait_for(f"{view.name} in ztunnel", in_ztunnel(view.uid))
+            handed = view.uid in ztunnel.workloads()
+            out[name] = f"redirection={redirection} ztunnel={handed}\n" + listing(
+                cluster.pod_netns(view.uid)
+            )
+        delete_all(core, namespace)
+    return out
+
+
+@pytest.mark.parametrize("backend", list(AMBIENT_BACKENDS))
+def test_ambient_pods_get_the_same_rules_under_istios_agent_and_ours(
+    real_cluster: RealCluster,
+    node_helm: Any,
+    node_core: Any,
+    agent_image: Image,
+    workload_ns: str,
+    backend: str,
+) -> None:
+    dns, istio_values, our_values, listing = AMBIENT_BACKENDS[backend]
+    node_core.patch_namespace(
+        workload_ns, {"metadata": {"labels": {"istio.io/dataplane-mode": "ambient"}}}
+    )
+    image = real_cluster.images["workload"].ref
+    istio_image = images.image("install-cni")
+    real_cluster.import_image(istio_image)
+    helm = node_helm("3")  # Helm 4 takes a post-renderer only as a plugin
+    before = real_cluster.conflist_path.read_bytes()
+    assert not ZDS_SOCKET.exists(), f"{ZDS_SOCKET} exists before the test"
+    try:
+        # This machine lets nobody, root included, open /proc/1/ns/net; Istio's agent reaches
+        # the node's namespace that way unless it runs in it (ours always does).
+        ambient = {"enabled": True, "dnsCapture": dns}
+        istio_agent.install(
+            helm,
+            real_cluster,
+            node_core,
+            istio_image,
+            repair={"enabled": False},
+            ambient={**ambient, "shareHostNetworkNamespace": True},
+            **istio_values,
+        )
+        theirs = ambient_outcomes(node_core, real_cluster, workload_ns, image, "istio", listing)
+        helm.uninstall(istio_agent.RELEASE, namespace=istio_agent.NAMESPACE)
+        istio_agent.wait_gone(node_core)
+        real_cluster.conflist_path.write_bytes(before)
+        ZDS_SOCKET.unlink(missing_ok=True)
+        agent_mod.install(
+            helm,
+            real_cluster,
+            node_core,
+            agent_image,
+            ambient={**ambient, "ztunnelSocketPath": str(ZDS_SOCKET)},
+            **our_values,
+        )
+        ours = ambient_outcomes(node_core, real_cluster, workload_ns, image, "ours", listing)
+        helm.uninstall(agent_mod.RELEASE, namespace=agent_mod.AGENT_NAMESPACE)
+        agent_mod.wait_agent_gone(node_core)
+    finally:
+        ZDS_SOCKET.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            ZDS_SOCKET.parent.rmdir()
+
+    print(json.dumps({n: o.splitlines()[0] for n, o in theirs.items()}))
+    assert theirs["plain"].startswith("redirection=enabled ztunnel=True"), theirs["plain"]
+    assert "istio" in theirs["plain"].split("\n", 1)[1].lower(), (
+        "no in-pod rules from Istio's agent"
+    )
+    failures = []
+    for name in AMBIENT_PODS:
+        if theirs[name] != ours[name]:
+            diff = difflib.unified_diff(
+                theirs[name].splitlines(), ours[name].splitlines(), "istio", "ours", lineterm=""
+            )
+            failures.append(f"pod {name}:\n" + "\n".join(diff))
+    assert not failures, "\n".join(failures)
     assert real_cluster.conflist_path.read_bytes() == before
