@@ -93,6 +93,10 @@ disabled_plugins = [{disabled}]
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
 
+[{cri}.registry]
+  # hosts.toml per registry (testbed/registry.py trusts its own there); read at each pull.
+  config_path = "{dirs.base / "certs.d"}"
+
 [{cri}.cni]
   bin_dir = "{cni_bin_dir}"
   conf_dir = "{cni_conf_dir}"

@@ -102,6 +102,11 @@ class RealCluster:
         return self.runtime_dirs.netns_dir
 
     @property
+    def registry_config_dir(self) -> Path:
+        """containerd's registry hosts dir (a `<host:port>/hosts.toml` per registry)."""
+        return self.runtime_dirs.base / "certs.d"
+
+    @property
     def conflist_path(self) -> Path:
         return self.cni_conf_dir / f"10-{self.cni_network}.conflist"
 
