@@ -12,7 +12,9 @@ import http.server
 import json
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ import yaml
 
 from testbed import chart as agent_mod
 from testbed import kubepods, podnet
+from testbed.churn import Churn
 from testbed.helm import Helm
 from testbed.parts import REPO_ROOT
 from testbed.realnode import RealCluster
@@ -30,12 +33,6 @@ pytestmark = [pytest.mark.node, pytest.mark.release]
 
 REGISTRY_PATH = "istio-cni"
 """The repository path under the registry's address (as an organisation on a public registry)."""
-
-
-@pytest.fixture
-def registry(real_cluster: RealCluster, tmp_path: Path) -> Iterator[Registry]:
-    with running_registry(real_cluster, tmp_path / "registry") as running:
-        yield running
 
 
 @contextlib.contextmanager
@@ -52,7 +49,7 @@ def served(directory: Path) -> Iterator[str]:
         server.server_close()
 
 
-def release(registry: Registry, repo_dir: Path, repo_url: str) -> dict[str, str]:
+def release(registry: Registry, repo_dir: Path, repo_url: str, *extra: str) -> dict[str, str]:
     """Run ci/release; its printed artifacts by kind (image, chart, repo)."""
     done = subprocess.run(
         [
@@ -65,6 +62,7 @@ def release(registry: Registry, repo_dir: Path, repo_url: str) -> dict[str, str]
             str(repo_dir),
             "--repo-url",
             repo_url,
+            *extra,
         ],
         capture_output=True,
         text=True,
@@ -75,6 +73,55 @@ def release(registry: Registry, repo_dir: Path, repo_url: str) -> dict[str, str]
     printed = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
     assert set(printed) == {"image", "chart", "repo"}, done.stdout
     return printed
+
+
+@dataclass(frozen=True)
+class Published:
+    registry: Registry
+    repo_dir: Path
+    repo_url: str
+    current: dict[str, str]
+    previous: dict[str, str]
+    chart_version: str
+    app_version: str
+
+    @property
+    def chart_oci(self) -> str:
+        return f"oci://{self.registry.address}/{REGISTRY_PATH}/charts/istio-cni"
+
+    def image(self, tag: str) -> str:
+        return f"{self.registry.address}/{REGISTRY_PATH}/istio-cni:{tag}"
+
+
+PREVIOUS = ("0.0.1", "0.0.1")
+"""(chart version, image tag) of the fixture release an upgrade starts from: this checkout
+published under an older version, so the upgrade rolls the DaemonSet to another image."""
+
+
+@pytest.fixture(scope="module")
+def published(
+    real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Published]:
+    """A registry and a chart repository (on loopback) holding this checkout's release and the
+    fixture previous one, for the module's tests."""
+    base = tmp_path_factory.mktemp("release")
+    repo_dir = base / "charts"
+    meta = yaml.safe_load((REPO_ROOT / "charts/istio-cni/Chart.yaml").read_text())
+    with running_registry(real_cluster, base / "registry") as registry, served(base) as url:
+        repo_url = f"{url}/charts"
+        current = release(registry, repo_dir, repo_url)
+        previous = release(
+            registry, repo_dir, repo_url, "--version", PREVIOUS[0], "--app-version", PREVIOUS[1]
+        )
+        yield Published(
+            registry,
+            repo_dir,
+            repo_url,
+            current,
+            previous,
+            meta["version"],
+            meta["appVersion"],
+        )
 
 
 def node_dirs(cluster: RealCluster) -> dict[str, Any]:
@@ -117,72 +164,147 @@ def test_release_to_a_registry_then_install_from_oci_and_from_the_chart_reposito
     real_cluster: RealCluster,
     node_helm: Any,
     node_core: Any,
-    registry: Registry,
+    published: Published,
     workload_ns: str,
-    tmp_path: Path,
 ) -> None:
-    repo_dir = tmp_path / "charts"
-    with served(repo_dir.parent) as base_url:
-        repo_url = f"{base_url}/charts"
-        printed = release(registry, repo_dir, repo_url)
-        version = yaml.safe_load((REPO_ROOT / "charts/istio-cni/Chart.yaml").read_text())
-        chart_version, app_version = version["version"], version["appVersion"]
-        image = f"{registry.address}/{REGISTRY_PATH}/istio-cni:{app_version}"
-        image_ref, image_digest = printed["image"].split("@")
-        assert image_ref == image and image_digest.startswith("sha256:"), printed
-        chart_oci = f"oci://{registry.address}/{REGISTRY_PATH}/charts/istio-cni"
-        assert printed["chart"].startswith(f"{chart_oci}:{chart_version}@sha256:"), printed
-        package = repo_dir / f"istio-cni-{chart_version}.tgz"
-        assert printed["repo"] == str(package) and package.exists()
-        index = yaml.safe_load((repo_dir / "index.yaml").read_text())
-        (entry,) = index["entries"]["istio-cni"]
-        assert entry["version"] == chart_version
-        assert entry["urls"] == [f"{repo_url}/istio-cni-{chart_version}.tgz"]
+    registry, printed = published.registry, published.current
+    chart_version, image = published.chart_version, published.image(published.app_version)
+    image_ref, image_digest = printed["image"].split("@")
+    assert image_ref == image and image_digest.startswith("sha256:"), printed
+    assert printed["chart"].startswith(f"{published.chart_oci}:{chart_version}@sha256:"), printed
+    package = published.repo_dir / f"istio-cni-{chart_version}.tgz"
+    assert printed["repo"] == str(package) and package.exists()
+    index = yaml.safe_load((published.repo_dir / "index.yaml").read_text())
+    entries = {e["version"]: e for e in index["entries"]["istio-cni"]}
+    assert set(entries) == {chart_version, PREVIOUS[0]}
+    assert entries[chart_version]["urls"] == [f"{published.repo_url}/istio-cni-{chart_version}.tgz"]
+    assert entries[chart_version]["appVersion"] == published.app_version
 
-        # From the OCI reference: the default image is the one pushed, pulled by containerd.
-        helm = node_helm("3")
-        shown = helm.run(
-            "show",
-            "values",
-            chart_oci,
-            "--version",
-            chart_version,
-            "--ca-file",
-            str(registry.ca_file),
-        )
-        assert yaml.safe_load(shown)["hub"] == f"{registry.address}/{REGISTRY_PATH}"
-        install_from(
-            helm,
-            chart_oci,
-            node_dirs(real_cluster),
-            "--version",
-            chart_version,
-            "--ca-file",
-            str(registry.ca_file),
-        )
-        agent = agent_mod.ready_agent(node_core, real_cluster)
-        pod = node_core.read_namespaced_pod(agent.pod.name, agent_mod.AGENT_NAMESPACE)
-        assert pod.spec.containers[0].image == image
-        (status,) = [
-            s for s in pod.status.container_statuses if s.name == agent_mod.AGENT_CONTAINER
-        ]
-        assert status.image_id == f"{registry.address}/{REGISTRY_PATH}/istio-cni@{image_digest}"
-        events = kubepods.pod_events(node_core, agent_mod.AGENT_NAMESPACE, agent.pod.name)
-        assert "Successfully pulled image" in events, events
-        assert_serves_pods(node_core, real_cluster, workload_ns, "from-oci")
-        helm.uninstall(agent_mod.RELEASE, namespace=agent_mod.AGENT_NAMESPACE)
-        agent_mod.wait_agent_gone(node_core)
+    # From the OCI reference: the default image is the one pushed, pulled by containerd.
+    helm = node_helm("3")
+    ca = ("--ca-file", str(registry.ca_file))
+    shown = helm.run("show", "values", published.chart_oci, "--version", chart_version, *ca)
+    assert yaml.safe_load(shown)["hub"] == f"{registry.address}/{REGISTRY_PATH}"
+    install_from(
+        helm, published.chart_oci, node_dirs(real_cluster), "--version", chart_version, *ca
+    )
+    agent = agent_mod.ready_agent(node_core, real_cluster)
+    pod = node_core.read_namespaced_pod(agent.pod.name, agent_mod.AGENT_NAMESPACE)
+    assert pod.spec.containers[0].image == image
+    (status,) = [s for s in pod.status.container_statuses if s.name == agent_mod.AGENT_CONTAINER]
+    assert status.image_id == f"{registry.address}/{REGISTRY_PATH}/istio-cni@{image_digest}"
+    events = kubepods.pod_events(node_core, agent_mod.AGENT_NAMESPACE, agent.pod.name)
+    assert "Successfully pulled image" in events, events
+    assert_serves_pods(node_core, real_cluster, workload_ns, "from-oci")
+    helm.uninstall(agent_mod.RELEASE, namespace=agent_mod.AGENT_NAMESPACE)
+    agent_mod.wait_agent_gone(node_core)
 
-        # From the classic chart repository, as `helm repo add` users and umbrella charts do.
-        helm.run("repo", "add", "istio-cni-release", repo_url)
-        found = json.loads(helm.run("search", "repo", "istio-cni-release/istio-cni", "-o", "json"))
-        assert [(c["name"], c["version"]) for c in found] == [
-            ("istio-cni-release/istio-cni", chart_version)
-        ]
-        install_from(helm, "istio-cni-release/istio-cni", node_dirs(real_cluster))
-        agent = agent_mod.ready_agent(node_core, real_cluster)
-        pod = node_core.read_namespaced_pod(agent.pod.name, agent_mod.AGENT_NAMESPACE)
-        assert pod.spec.containers[0].image == image
-        assert_serves_pods(node_core, real_cluster, workload_ns, "from-repo")
-        helm.uninstall(agent_mod.RELEASE, namespace=agent_mod.AGENT_NAMESPACE)
-        agent_mod.wait_agent_gone(node_core)
+    # From the classic chart repository, as `helm repo add` users and umbrella charts do.
+    helm.run("repo", "add", "istio-cni-release", published.repo_url)
+    found = json.loads(helm.run("search", "repo", "istio-cni-release/istio-cni", "-o", "json"))
+    assert [(c["name"], c["version"]) for c in found] == [
+        ("istio-cni-release/istio-cni", chart_version)
+    ]
+    install_from(helm, "istio-cni-release/istio-cni", node_dirs(real_cluster))
+    agent = agent_mod.ready_agent(node_core, real_cluster)
+    pod = node_core.read_namespaced_pod(agent.pod.name, agent_mod.AGENT_NAMESPACE)
+    assert pod.spec.containers[0].image == image
+    assert_serves_pods(node_core, real_cluster, workload_ns, "from-repo")
+    helm.uninstall(agent_mod.RELEASE, namespace=agent_mod.AGENT_NAMESPACE)
+    agent_mod.wait_agent_gone(node_core)
+
+
+def test_an_umbrella_chart_depends_on_it_by_repository_url(
+    real_cluster: RealCluster, node_helm: Any, published: Published, tmp_path: Path
+) -> None:
+    """`dependencies[].repository` naming the chart repository, `helm dependency update`."""
+    umbrella = tmp_path / "umbrella"
+    (umbrella / "templates").mkdir(parents=True)
+    (umbrella / "Chart.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v2",
+                "name": "mesh",
+                "version": "1.0.0",
+                "dependencies": [
+                    {
+                        "name": "istio-cni",
+                        "version": published.chart_version,
+                        "repository": published.repo_url,
+                    }
+                ],
+            }
+        )
+    )
+    helm = node_helm("3")
+    helm.run("dependency", "update", str(umbrella))
+    assert (umbrella / "charts" / f"istio-cni-{published.chart_version}.tgz").exists()
+    rendered = yaml.safe_load_all(
+        helm.run("template", "mesh", str(umbrella), "--namespace", agent_mod.AGENT_NAMESPACE)
+    )
+    (daemonset,) = [d for d in rendered if d and d["kind"] == "DaemonSet"]
+    images = [c["image"] for c in daemonset["spec"]["template"]["spec"]["containers"]]
+    assert images == [published.image(published.app_version)]
+
+
+def test_upgrade_from_the_previous_release_under_pod_churn(
+    real_cluster: RealCluster,
+    node_helm: Any,
+    node_core: Any,
+    published: Published,
+    workload_ns: str,
+) -> None:
+    """`helm upgrade` from the previous release to this one, both from the registry, while a
+    meshed pod starts every second: no pod starts uncaptured, none stays stuck."""
+    helm = node_helm("3")
+    ca = ("--ca-file", str(published.registry.ca_file))
+    values = node_dirs(real_cluster)
+    install_from(helm, published.chart_oci, values, "--version", PREVIOUS[0], *ca)
+    before = agent_mod.ready_agent(node_core, real_cluster)
+    old = node_core.read_namespaced_pod(before.pod.name, agent_mod.AGENT_NAMESPACE)
+    assert old.spec.containers[0].image == published.image(PREVIOUS[1])
+
+    image = real_cluster.images["workload"].ref
+    values_path = helm.home / "release-values.yaml"
+    with Churn(node_core, real_cluster, workload_ns, image) as churn:
+        time.sleep(5)
+        helm.run(
+            "upgrade",
+            agent_mod.RELEASE,
+            published.chart_oci,
+            "--namespace",
+            agent_mod.AGENT_NAMESPACE,
+            "--version",
+            published.chart_version,
+            "--values",
+            str(values_path),
+            *ca,
+        )
+        kubepods.wait_for(
+            lambda: (
+                new_agent_image(node_core, real_cluster) == published.image(published.app_version)
+            ),
+            "the upgraded agent Ready",
+            120,
+        )
+        time.sleep(5)
+    report = churn.report
+    print(report.summary())
+    assert not report.errors, report.errors
+    assert not report.uncaptured, f"started without Istio's rules: {report.uncaptured}"
+    assert not report.never_ran, report.never_ran
+    assert len(report.pods) >= 8, report.summary()
+    helm.uninstall(agent_mod.RELEASE, namespace=agent_mod.AGENT_NAMESPACE)
+    agent_mod.wait_agent_gone(node_core)
+
+
+def new_agent_image(core: Any, cluster: RealCluster) -> str | None:
+    """The image of the agent pod on the node once it is Running and Ready (None before)."""
+    for pod in agent_mod.agent_pods(core):
+        view = kubepods.PodView.of(pod)
+        if pod.metadata.deletion_timestamp or view.node != cluster.node_name:
+            continue
+        if view.phase == "Running" and view.ready:
+            image: str = pod.spec.containers[0].image
+            return image
+    return None
