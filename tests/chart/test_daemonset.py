@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from testbed.helm import Helm
+from testbed.helm import Helm, HelmError
 from tests.chart.conftest import agent_container, host_paths, mounts, only
 
 pytestmark = pytest.mark.chart
@@ -190,8 +190,23 @@ def test_standard_labels_and_stable_selector(helm: Helm) -> None:
             ["hub=own.example", "global.hub=mirror.example", "tag=2.0", "global.tag=1.0"],
             "own.example/istio-cni:2.0",
         ),
+        (
+            [f"digest=sha256:{'ab' * 32}"],
+            f"ghcr.io/istio-cni/istio-cni:0.1.0@sha256:{'ab' * 32}",
+        ),
+        (
+            ["image=registry.example/x/agent:9", f"digest=sha256:{'cd' * 32}"],
+            f"registry.example/x/agent:9@sha256:{'cd' * 32}",
+        ),
     ],
-    ids=["default", "global", "own-wins"],
+    ids=["default", "global", "own-wins", "digest", "full-image-digest"],
 )
 def test_image_hub_and_tag(helm: Helm, sets: list[str], image: str) -> None:
     assert agent_container(helm.render(sets=sets))["image"] == image
+
+
+@pytest.mark.parametrize("digest", ["sha256:zz", "md5:" + "a" * 32, "sha256:" + "A" * 64])
+def test_a_malformed_digest_is_refused_naming_the_value(helm: Helm, digest: str) -> None:
+    with pytest.raises(HelmError) as refused:
+        helm.render(sets=[f"digest={digest}"])
+    assert "digest" in str(refused.value)

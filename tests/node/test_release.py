@@ -95,7 +95,8 @@ class Published:
 
 PREVIOUS = ("0.0.1", "0.0.1")
 """(chart version, image tag) of the fixture release an upgrade starts from: this checkout
-published under an older version, so the upgrade rolls the DaemonSet to another image."""
+published under an older version (its image pinned by digest), so the upgrade rolls the
+DaemonSet to another image."""
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +112,14 @@ def published(
         repo_url = f"{url}/charts"
         current = release(registry, repo_dir, repo_url)
         previous = release(
-            registry, repo_dir, repo_url, "--version", PREVIOUS[0], "--app-version", PREVIOUS[1]
+            registry,
+            repo_dir,
+            repo_url,
+            "--version",
+            PREVIOUS[0],
+            "--app-version",
+            PREVIOUS[1],
+            "--pin-digest",
         )
         yield Published(
             registry,
@@ -262,7 +270,9 @@ def test_upgrade_from_the_previous_release_under_pod_churn(
     install_from(helm, published.chart_oci, values, "--version", PREVIOUS[0], *ca)
     before = agent_mod.ready_agent(node_core, real_cluster)
     old = node_core.read_namespaced_pod(before.pod.name, agent_mod.AGENT_NAMESPACE)
-    assert old.spec.containers[0].image == published.image(PREVIOUS[1])
+    # Pinned: the tag for people, the digest ci/release pushed for the runtime.
+    assert old.spec.containers[0].image == published.previous["image"]
+    assert published.previous["image"].startswith(published.image(PREVIOUS[1]) + "@sha256:")
 
     image = real_cluster.images["workload"].ref
     values_path = helm.home / "release-values.yaml"

@@ -157,17 +157,21 @@ from the default". The groups (repair, ambient, ...) are compared key by key; an
 {{- if or (eq $scope "all") (eq $scope (index . 1)) }}true{{ end -}}
 {{- end -}}
 
-{{/* The agent image: `image` with a `/` is a full reference, else <hub>/<image>:<tag>[-<variant>]. */}}
+{{/* The agent image: `image` with a `/` is a full reference, else <hub>/<image>:<tag>[-<variant>];
+`digest` pins it (`...@sha256:...`, the tag kept for people reading it). */}}
 {{- define "istio-cni.imageRef" -}}
 {{- $v := .v -}}
 {{- $image := toString ($v.image | default "istio-cni") -}}
-{{- if contains "/" $image -}}
-{{- $image -}}
-{{- else -}}
+{{- $ref := $image -}}
+{{- if not (contains "/" $image) -}}
 {{- $tag := toString ($v.tag | default .ctx.Chart.AppVersion) -}}
 {{- with $v.variant }}{{ $tag = printf "%s-%s" $tag . }}{{ end -}}
-{{- printf "%s/%s:%s" (trimSuffix "/" (toString $v.hub)) $image $tag -}}
+{{- $ref = printf "%s/%s:%s" (trimSuffix "/" (toString $v.hub)) $image $tag -}}
 {{- end -}}
+{{- if and $v.digest (not (contains "@" $ref)) -}}
+{{- $ref = printf "%s@%s" $ref $v.digest -}}
+{{- end -}}
+{{- $ref -}}
 {{- end -}}
 
 {{/*
@@ -263,7 +267,7 @@ Order of precedence inside one layer does not exist: two spellings of one settin
 {{- $st := dict "out" dict "from" dict -}}
 {{- $ignored := list -}}
 {{- /* Istio writes "" for "not set" here (hub, tag, pullPolicy, image ...). */ -}}
-{{- $emptyIsUnset := list "hub" "tag" "pullPolicy" "image" "istioOwnedCNIConfigFileName" "cniBinDir" "cniConfDir" "cniNetnsDir" -}}
+{{- $emptyIsUnset := list "hub" "tag" "digest" "pullPolicy" "image" "istioOwnedCNIConfigFileName" "cniBinDir" "cniConfDir" "cniNetnsDir" -}}
 {{- /* Our names; Istio's chart uses the same ones for most settings. */ -}}
 {{- range $key, $default := $defaults -}}
 {{- if has $key (list "global" "platform") }}{{ continue }}{{ end -}}
