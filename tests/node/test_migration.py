@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -40,6 +41,7 @@ UNDER_EACH = 8.0
 # repaired a moment later.
 ISTIO_VALUES: dict[str, Any] = {"repair": {"enabled": False}}
 OUR_VALUES: dict[str, Any] = {"repair": {"enabled": False}, "removeNotReadyTaint": True}
+TAINT = nodetaint.NOT_READY["key"]
 
 
 def wait_nothing_starting(core: Any, node: str) -> None:
@@ -58,38 +60,54 @@ def wait_nothing_starting(core: Any, node: str) -> None:
     )
 
 
-def istio_to_ours(
-    helm: Helm, cluster: RealCluster, core: Any, agent_image: Image
+def cut_over(
+    core: Any, node: str, leave: Callable[[], None], come: Callable[[], None]
 ) -> tuple[float, float]:
-    """The move to ours; (tainted at, untainted at) on the monotonic clock."""
-    node = cluster.node_name
+    """Steps 1-4: taint, wait for starting pods, `leave` (uninstall and wait the agent away),
+    `come` (install, and the taint gone); (tainted at, untainted at) on the monotonic clock."""
     nodetaint.add(core, node, nodetaint.NOT_READY)
     tainted = time.monotonic()
     wait_nothing_starting(core, node)
-    helm.uninstall(istio_agent.RELEASE, namespace=istio_agent.NAMESPACE)
-    istio_agent.wait_gone(core)
-    agent_mod.install(helm, cluster, core, agent_image, **OUR_VALUES)
-    kubepods.wait_for(
-        lambda: nodetaint.NOT_READY["key"] not in nodetaint.keys(nodetaint.taints(core, node)),
-        "our agent to remove the not-ready taint",
-        60,
-    )
+    leave()
+    come()
+    assert TAINT not in nodetaint.keys(nodetaint.taints(core, node))
     return tainted, time.monotonic()
+
+
+def istio_to_ours(
+    helm: Helm, cluster: RealCluster, core: Any, agent_image: Image
+) -> tuple[float, float]:
+    """The move to ours: our agent removes the taint once Ready."""
+
+    def leave() -> None:
+        helm.uninstall(istio_agent.RELEASE, namespace=istio_agent.NAMESPACE)
+        istio_agent.wait_gone(core)
+
+    def come() -> None:
+        agent_mod.install(helm, cluster, core, agent_image, **OUR_VALUES)
+        kubepods.wait_for(
+            lambda: TAINT not in nodetaint.keys(nodetaint.taints(core, cluster.node_name)),
+            "our agent to remove the not-ready taint",
+            60,
+        )
+
+    return cut_over(core, cluster.node_name, leave, come)
 
 
 def ours_to_istio(
     helm: Helm, cluster: RealCluster, core: Any, istio_image: Image
 ) -> tuple[float, float]:
     """The way back; here no istiod runs, so the taint goes by hand once Istio's pod is Ready."""
-    node = cluster.node_name
-    nodetaint.add(core, node, nodetaint.NOT_READY)
-    tainted = time.monotonic()
-    wait_nothing_starting(core, node)
-    helm.uninstall(agent_mod.RELEASE, namespace=agent_mod.AGENT_NAMESPACE)
-    agent_mod.wait_agent_gone(core)
-    istio_agent.install(helm, cluster, core, istio_image, **ISTIO_VALUES)
-    nodetaint.remove(core, node, nodetaint.NOT_READY["key"])
-    return tainted, time.monotonic()
+
+    def leave() -> None:
+        helm.uninstall(agent_mod.RELEASE, namespace=agent_mod.AGENT_NAMESPACE)
+        agent_mod.wait_agent_gone(core)
+
+    def come() -> None:
+        istio_agent.install(helm, cluster, core, istio_image, **ISTIO_VALUES)
+        nodetaint.remove(core, cluster.node_name, TAINT)
+
+    return cut_over(core, cluster.node_name, leave, come)
 
 
 def conflist(cluster: RealCluster) -> dict[str, Any]:
@@ -189,7 +207,7 @@ def test_istio_to_ours_and_back_under_pod_churn(
         agent_mod.wait_agent_gone(node_core)
         assert real_cluster.conflist_path.read_bytes() == before
     finally:
-        nodetaint.remove(node_core, node, nodetaint.NOT_READY["key"])
+        nodetaint.remove(node_core, node, TAINT)
 
 
 def helm_status(helm: Helm, release: str, namespace: str) -> str:
