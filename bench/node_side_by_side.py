@@ -123,11 +123,9 @@ class SideBySide:
 
     def _uninstall(self, case: str) -> None:
         if case == "istio":
-            self.helm.uninstall(istio_agent.RELEASE, namespace=istio_agent.NAMESPACE)
-            istio_agent.wait_gone(self.core)
+            istio_agent.uninstall(self.helm, self.core)
         elif case == "ours":
-            self.helm.uninstall(agent_mod.RELEASE, namespace=agent_mod.AGENT_NAMESPACE)
-            agent_mod.wait_agent_gone(self.core)
+            agent_mod.uninstall(self.helm, self.core)
         # Istio's clean-up rewrites the conflist (keys sorted): every case starts from the same.
         self.cluster.conflist_path.write_bytes(self.before)
 

@@ -138,6 +138,12 @@ def install(helm: Helm, cluster: RealCluster, core: Any, image: Image, **values:
     return ready_agent(core, cluster, image=image)
 
 
+def uninstall(helm: Helm, core: Any) -> None:
+    """`helm uninstall` of the release install() made, then its agent pods gone."""
+    helm.uninstall(RELEASE, namespace=AGENT_NAMESPACE)
+    wait_agent_gone(core)
+
+
 def conflist(cluster: RealCluster) -> dict[str, Any]:
     return dict(json.loads(cluster.conflist_path.read_text()))
 

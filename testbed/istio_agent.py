@@ -81,3 +81,9 @@ def ready_pod(core: Any, cluster: RealCluster, image: Image) -> kubepods.PodView
 
 def wait_gone(core: Any, timeout: float = 90.0) -> None:
     kubepods.wait_for(lambda: not pods(core), "Istio's agent pods to be gone", timeout)
+
+
+def uninstall(helm: Helm, core: Any) -> None:
+    """`helm uninstall` of Istio's release, then its agent pods gone (its clean-up done)."""
+    helm.uninstall(RELEASE, namespace=NAMESPACE)
+    wait_gone(core)

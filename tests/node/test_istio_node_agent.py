@@ -130,6 +130,14 @@ def start_all(
     return [outcomes[name] for name in names]
 
 
+def istio_vs_ours(theirs: str, ours: str) -> str:
+    """A pod's outcome under each agent, as a unified diff."""
+    diff = difflib.unified_diff(
+        theirs.splitlines(), ours.splitlines(), "istio", "ours", lineterm=""
+    )
+    return "\n".join(diff)
+
+
 def delete_all(core: Any, namespace: str) -> None:
     core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
     kubepods.wait_for(
@@ -166,8 +174,7 @@ def test_the_same_pods_get_the_same_rules_under_istios_agent_and_ours(
     assert [p["type"] for p in installed["plugins"]][-1] == "istio-cni", installed
     theirs = start_all(node_core, real_cluster, workload_ns, specs, image, "istio", rules.listing)
     delete_all(node_core, workload_ns)
-    helm.uninstall(istio_agent.RELEASE, namespace=istio_agent.NAMESPACE)
-    istio_agent.wait_gone(node_core)
+    istio_agent.uninstall(helm, node_core)
     istio_left = sorted(p.name for p in real_cluster.cni_conf_dir.iterdir())
     istio_conflist = real_cluster.conflist_path.read_bytes()
     left_diff = difflib.unified_diff(
@@ -180,17 +187,13 @@ def test_the_same_pods_get_the_same_rules_under_istios_agent_and_ours(
     agent_mod.install(helm, real_cluster, node_core, agent_image, **rules.our_values)
     ours = start_all(node_core, real_cluster, workload_ns, specs, image, "ours", rules.listing)
     delete_all(node_core, workload_ns)
-    helm.uninstall(agent_mod.RELEASE, namespace=agent_mod.AGENT_NAMESPACE)
-    agent_mod.wait_agent_gone(node_core)
+    agent_mod.uninstall(helm, node_core)
     print(f"{PODS} pods under each agent in {time.monotonic() - began:.0f}s")
 
     failures = []
     for i, spec in enumerate(specs):
         if theirs[i] != ours[i]:
-            diff = difflib.unified_diff(
-                theirs[i].splitlines(), ours[i].splitlines(), "istio", "ours", lineterm=""
-            )
-            failures.append(f"pod {i} {json.dumps(spec)}\n" + "\n".join(diff))
+            failures.append(f"pod {i} {json.dumps(spec)}\n" + istio_vs_ours(theirs[i], ours[i]))
     captured = sum(rules.captured_by in listed for listed in theirs)
     started = sum(not listed.startswith("refused") for listed in theirs)
     print(f"Istio's agent: {started} started, {captured} captured")
@@ -303,8 +306,7 @@ def test_ambient_pods_get_the_same_rules_under_istios_agent_and_ours(
             **istio_values,
         )
         theirs = ambient_outcomes(node_core, real_cluster, workload_ns, image, "istio", listing)
-        helm.uninstall(istio_agent.RELEASE, namespace=istio_agent.NAMESPACE)
-        istio_agent.wait_gone(node_core)
+        istio_agent.uninstall(helm, node_core)
         real_cluster.conflist_path.write_bytes(before)
         ZDS_SOCKET.unlink(missing_ok=True)
         agent_mod.install(
@@ -316,8 +318,7 @@ def test_ambient_pods_get_the_same_rules_under_istios_agent_and_ours(
             **our_values,
         )
         ours = ambient_outcomes(node_core, real_cluster, workload_ns, image, "ours", listing)
-        helm.uninstall(agent_mod.RELEASE, namespace=agent_mod.AGENT_NAMESPACE)
-        agent_mod.wait_agent_gone(node_core)
+        agent_mod.uninstall(helm, node_core)
     finally:
         ZDS_SOCKET.unlink(missing_ok=True)
         with contextlib.suppress(OSError):
@@ -331,9 +332,6 @@ def test_ambient_pods_get_the_same_rules_under_istios_agent_and_ours(
     failures = []
     for name in AMBIENT_PODS:
         if theirs[name] != ours[name]:
-            diff = difflib.unified_diff(
-                theirs[name].splitlines(), ours[name].splitlines(), "istio", "ours", lineterm=""
-            )
-            failures.append(f"pod {name}:\n" + "\n".join(diff))
+            failures.append(f"pod {name}:\n" + istio_vs_ours(theirs[name], ours[name]))
     assert not failures, "\n".join(failures)
     assert real_cluster.conflist_path.read_bytes() == before

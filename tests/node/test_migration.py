@@ -80,8 +80,7 @@ def istio_to_ours(
     """The move to ours: our agent removes the taint once Ready."""
 
     def leave() -> None:
-        helm.uninstall(istio_agent.RELEASE, namespace=istio_agent.NAMESPACE)
-        istio_agent.wait_gone(core)
+        istio_agent.uninstall(helm, core)
 
     def come() -> None:
         agent_mod.install(helm, cluster, core, agent_image, **OUR_VALUES)
@@ -100,8 +99,7 @@ def ours_to_istio(
     """The way back; here no istiod runs, so the taint goes by hand once Istio's pod is Ready."""
 
     def leave() -> None:
-        helm.uninstall(agent_mod.RELEASE, namespace=agent_mod.AGENT_NAMESPACE)
-        agent_mod.wait_agent_gone(core)
+        agent_mod.uninstall(helm, core)
 
     def come() -> None:
         istio_agent.install(helm, cluster, core, istio_image, **ISTIO_VALUES)
@@ -198,13 +196,11 @@ def test_istio_to_ours_and_back_under_pod_churn(
         assert real_cluster.conflist_path.read_bytes() == conflist_now
 
         # What ours writes on a fresh node (the same values) is what it left after taking over.
-        helm.uninstall(istio_agent.RELEASE, namespace=istio_agent.NAMESPACE)
-        istio_agent.wait_gone(node_core)
+        istio_agent.uninstall(helm, node_core)
         real_cluster.conflist_path.write_bytes(before)
         agent_mod.install(helm, real_cluster, node_core, agent_image, **OUR_VALUES)
         assert conflist(real_cluster) == ours_after
-        helm.uninstall(agent_mod.RELEASE, namespace=agent_mod.AGENT_NAMESPACE)
-        agent_mod.wait_agent_gone(node_core)
+        agent_mod.uninstall(helm, node_core)
         assert real_cluster.conflist_path.read_bytes() == before
     finally:
         nodetaint.remove(node_core, node, TAINT)

@@ -204,8 +204,7 @@ def test_release_to_a_registry_then_install_from_oci_and_from_the_chart_reposito
     events = kubepods.pod_events(node_core, agent_mod.AGENT_NAMESPACE, agent.pod.name)
     assert "Successfully pulled image" in events, events
     assert_serves_pods(node_core, real_cluster, workload_ns, "from-oci")
-    helm.uninstall(agent_mod.RELEASE, namespace=agent_mod.AGENT_NAMESPACE)
-    agent_mod.wait_agent_gone(node_core)
+    agent_mod.uninstall(helm, node_core)
 
     # From the classic chart repository, as `helm repo add` users and umbrella charts do.
     helm.run("repo", "add", "istio-cni-release", published.repo_url)
@@ -218,8 +217,7 @@ def test_release_to_a_registry_then_install_from_oci_and_from_the_chart_reposito
     pod = node_core.read_namespaced_pod(agent.pod.name, agent_mod.AGENT_NAMESPACE)
     assert pod.spec.containers[0].image == image
     assert_serves_pods(node_core, real_cluster, workload_ns, "from-repo")
-    helm.uninstall(agent_mod.RELEASE, namespace=agent_mod.AGENT_NAMESPACE)
-    agent_mod.wait_agent_gone(node_core)
+    agent_mod.uninstall(helm, node_core)
 
 
 def test_an_umbrella_chart_depends_on_it_by_repository_url(
@@ -304,8 +302,7 @@ def test_upgrade_from_the_previous_release_under_pod_churn(
     assert not report.uncaptured, f"started without Istio's rules: {report.uncaptured}"
     assert not report.never_ran, report.never_ran
     assert len(report.pods) >= 8, report.summary()
-    helm.uninstall(agent_mod.RELEASE, namespace=agent_mod.AGENT_NAMESPACE)
-    agent_mod.wait_agent_gone(node_core)
+    agent_mod.uninstall(helm, node_core)
 
 
 def new_agent_image(core: Any, cluster: RealCluster) -> str | None:
