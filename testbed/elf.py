@@ -32,6 +32,19 @@ def is_elf(path: Path) -> bool:
         return f.read(4) == b"\x7fELF"
 
 
+# e_machine (ELF header offset 18, little-endian on both) by the name `uname -m` gives.
+_MACHINES = {62: "x86_64", 183: "aarch64"}
+
+
+def machine(path: Path) -> str:
+    """The machine an ELF file runs on, as `uname -m` names it (x86_64, aarch64)."""
+    with open(path, "rb") as f:
+        header = f.read(20)
+    assert header[:4] == b"\x7fELF", f"{path} is not an ELF file"
+    code = int.from_bytes(header[18:20], "little")
+    return _MACHINES.get(code, f"e_machine {code}")
+
+
 def elf_files(root: Path) -> list[Path]:
     """Every regular ELF file under root (or root itself when it is a file)."""
     files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())

@@ -1,4 +1,5 @@
-"""Fixtures of the foreign-userland tests: the built plugin, the roots, a real agent."""
+"""Fixtures of the foreign-userland tests: the built plugins (this machine's and arm64's), the
+roots, a real agent."""
 
 from __future__ import annotations
 
@@ -20,18 +21,27 @@ from tests.foreign.roots import REPO, ForeignRoot, setup_roots
 from tests.podserver.helpers import HandlerRig, InMemoryPods, build_rig, make_pod
 
 
+def build_plugin(out: Path, arch: str | None = None) -> Path:
+    argv = [str(REPO / "ci" / "build-plugin"), *(["--arch", arch] if arch else []), str(out)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=3600, check=False)
+    assert done.returncode == 0, f"{' '.join(argv)} failed:\n{done.stderr[-3000:]}"
+    return out / "istio-cni"
+
+
 @pytest.fixture(scope="session")
 def built_plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("foreign-plugin")
-    done = subprocess.run(
-        [str(REPO / "ci" / "build-plugin"), str(out)],
-        capture_output=True,
-        text=True,
-        timeout=3600,
-        check=False,
+    return build_plugin(tmp_path_factory.mktemp("foreign-plugin"))
+
+
+@pytest.fixture(scope="session")
+def built_plugin_arm64(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The plugin cross-compiled for linux/arm64; it runs here under qemu-user (ci/setup-binfmt
+    registers qemu-aarch64 with the F flag, so it runs in an empty root too)."""
+    binfmt = Path("/proc/sys/fs/binfmt_misc/qemu-aarch64")
+    assert binfmt.exists() and binfmt.read_text().startswith("enabled"), (
+        "qemu-aarch64 is not enabled in binfmt_misc: run ci/setup-binfmt"
     )
-    assert done.returncode == 0, f"ci/build-plugin failed:\n{done.stderr[-3000:]}"
-    return out / "istio-cni"
+    return build_plugin(tmp_path_factory.mktemp("foreign-plugin-arm64"), "arm64")
 
 
 @pytest.fixture(scope="session")
@@ -39,17 +49,18 @@ def cached_roots() -> dict[str, Path]:
     return setup_roots()
 
 
-@pytest.fixture(params=["bullseye", "empty"])
-def root(
-    request: pytest.FixtureRequest, built_plugin: Path, cached_roots: dict[str, Path]
-) -> Iterator[ForeignRoot]:
-    """Each test runs once in Debian 11 and once in an empty root."""
+@pytest.fixture(params=["bullseye", "empty", "empty-arm64"])
+def root(request: pytest.FixtureRequest, cached_roots: dict[str, Path]) -> Iterator[ForeignRoot]:
+    """Each test runs in Debian 11, in an empty root, and in an empty root with the arm64
+    plugin (under qemu-user)."""
     name = str(request.param)
+    plugin: Path = request.getfixturevalue(
+        "built_plugin_arm64" if name.endswith("arm64") else "built_plugin"
+    )
+    base = None if name.startswith("empty") else cached_roots[name]
     scratch = Path(tempfile.mkdtemp(prefix="istio-cni-root-"))
     try:
-        yield ForeignRoot(
-            name, cached_roots[name] if name != "empty" else None, built_plugin, scratch
-        )
+        yield ForeignRoot(name, base, plugin, scratch)
     finally:
         # The mounts died with the run's namespace: only the empty mount point is left.
         shutil.rmtree(scratch, ignore_errors=True)

@@ -1,6 +1,7 @@
 """The built plugin on userlands other than the build machine's: Debian 11 (glibc 2.31, older
 than the 2.34/2.35 the former build needed) and an empty root with nothing but the plugin (no C
-library, no /proc, no /dev). Each test runs in both (see the `root` fixture)."""
+library, no /proc, no /dev), the latter also with the plugin built for linux/arm64 (run by
+qemu-user). Each test runs in all three (see the `root` fixture)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import subprocess
 
 import pytest
 
+from testbed import elf
 from tests.foreign.conftest import RealAgent
 from tests.foreign.roots import RUN_DIR_IN_ROOT, ForeignRoot
 from tests.plugin.helpers import VERSIONS, cni_env, net_conf, result_for
@@ -18,6 +20,11 @@ pytestmark = pytest.mark.netns  # root: mount namespaces, chroot, network namesp
 def test_the_root_is_what_it_claims(root: ForeignRoot) -> None:
     run = root.run({"CNI_COMMAND": "VERSION"}, list_root=True)
     listing = [line for line in run.stderr.splitlines() if line.startswith("./")]
+    machine = elf.machine(root.plugin)
+    if root.name.endswith("arm64"):
+        assert machine == "aarch64", machine
+    else:
+        assert machine == "x86_64", machine
     if root.base is None:
         assert listing == ["./istio-cni"], listing
     else:
