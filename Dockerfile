@@ -2,28 +2,50 @@
 # (legacy and nft), nftables and iproute2, and the CNI plugin as ONE static executable in
 # /opt/istio-cni/bin (Settings.pluginSourceDir), built by the same ci/build-plugin the tests use.
 #   docker build -t <hub>/istio-cni:<tag> .
+#   docker buildx build --platform linux/amd64,linux/arm64 -t <hub>/istio-cni:<tag> .
+# Multi-platform: the plugin stage runs on the build machine (BUILDPLATFORM) and cross-compiles
+# the plugin for TARGETARCH; the venv and agent stages are the target's own (RUN steps of another
+# machine run under qemu-user, where they are short: apt and pip, no compiling of CPython).
 # BASE_IMAGE: a Debian bookworm image named by its digest (<name>@sha256:<64 hex>), so every build
 # starts from the same bytes whatever a tag points at later; a name without a digest is refused.
 # The default is debian:bookworm-slim's multi-platform index of 2026-08-03 (as docker-library's
 # repo-info recorded it); `docker buildx imagetools inspect debian:bookworm-slim` prints today's.
 # ci/build-image passes the local base it built with debootstrap, by its digest.
 ARG BASE_IMAGE=docker.io/library/debian:bookworm-slim@sha256:abd67ffcfa541b485a3dff59865ab629aa048a6c613e639d36e7456b0b229241
+# BUILD_BASE_IMAGE: the plugin stage's base, on the build machine. The default, BASE_IMAGE, is a
+# multi-platform index from which --platform=$BUILDPLATFORM picks the build machine's image;
+# ci/build-image, whose local bases are one platform each, passes its own machine's.
+ARG BUILD_BASE_IMAGE=${BASE_IMAGE}
 
 # --- The plugin: CPython 3.11 from Debian's source package built statically against musl, the
 # plugin frozen into it (ci/build-plugin). Needs the Debian packages in ci/plugin/build-deps and
 # deb-src entries; the compilers stay in this stage.
-FROM ${BASE_IMAGE} AS plugin
+FROM --platform=$BUILDPLATFORM ${BUILD_BASE_IMAGE} AS plugin
 ARG BASE_IMAGE
-RUN case "$BASE_IMAGE" in \
-      *@sha256:????????????????????????????????????????????????????????????????) ;; \
-      *) echo "BASE_IMAGE=$BASE_IMAGE: give the base image by digest (NAME@sha256:DIGEST)" >&2; \
-         exit 1 ;; \
-    esac
+ARG BUILD_BASE_IMAGE
+# The machine the plugin runs on; empty (a builder without multi-platform arguments): this one.
+ARG TARGETARCH
+RUN for arg in "BASE_IMAGE=$BASE_IMAGE" "BUILD_BASE_IMAGE=$BUILD_BASE_IMAGE"; do \
+      case "${arg#*=}" in \
+        *@sha256:????????????????????????????????????????????????????????????????) ;; \
+        *) echo "$arg: give base images by digest (NAME@sha256:DIGEST)" >&2; exit 1 ;; \
+      esac; \
+    done
 COPY ci/plugin/build-deps /tmp/build-deps
 # deb-src entries (deb822 sources of bookworm images, or a classic sources.list), then the
 # packages. Not for the security archive: CPython's orig tarball is the same in every suite, and
-# not every mirror carries the security archive's sources.
+# not every mirror carries the security archive's sources. For another TARGETARCH, the cross
+# compiler and Debian's musl of that machine (dpkg multiarch).
 RUN set -eu; \
+    build=$(dpkg --print-architecture); target=${TARGETARCH:-$build}; cross=""; \
+    if [ "$target" != "$build" ]; then \
+      case "$target" in \
+        amd64) gnu=x86-64 ;; arm64) gnu=aarch64 ;; \
+        *) echo "TARGETARCH=$target: the plugin is built for amd64 and arm64" >&2; exit 1 ;; \
+      esac; \
+      dpkg --add-architecture "$target"; \
+      cross="gcc-$gnu-linux-gnu musl-dev:$target"; \
+    fi; \
     f=/etc/apt/sources.list.d/debian.sources; \
     if [ -f $f ]; then \
       awk 'BEGIN { RS = ""; ORS = "\n\n" } \
@@ -36,7 +58,7 @@ RUN set -eu; \
     fi; \
     apt-get update; \
     DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      $(grep -v '^#' /tmp/build-deps); \
+      $(grep -v '^#' /tmp/build-deps) $cross; \
     rm -f /tmp/build-deps
 # (the apt lists stay: ci/build-plugin fetches CPython's source with `apt-get source`)
 WORKDIR /src
@@ -45,7 +67,7 @@ COPY ci/plugin/ ci/plugin/
 COPY plugin/ plugin/
 # ci/build-plugin's cache (the built CPython): ci/build-image points it at a mounted cache.
 ARG ISTIO_CNI_CACHE=/var/cache/istio-cni
-RUN ci/build-plugin /opt/istio-cni/bin \
+RUN ci/build-plugin --arch "${TARGETARCH:-$(dpkg --print-architecture)}" /opt/istio-cni/bin \
     && test -x /opt/istio-cni/bin/istio-cni
 
 # --- The agent's venv, built with pip from PyPI; pip and the compiler stay in this stage
@@ -65,7 +87,10 @@ RUN apt-get update \
        python3 python3-venv gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml README.md requirements.lock requirements-build.lock ./
+COPY pyproject.toml requirements.lock requirements-build.lock ./
+# pyproject.toml names README.md as the long description; nothing in the image reads it, and an
+# empty one keeps a documentation change from rebuilding the image.
+RUN : >README.md
 COPY agent/ agent/
 COPY plugin/ plugin/
 # The root file system is read-only at run time: bytecode is compiled here, with hashes rather

@@ -128,16 +128,23 @@ def _elf_has_interp(elf: bytes) -> bool:
     )
 
 
-def test_a_base_image_without_a_digest_is_refused(images: dict[str, Built]) -> None:
-    """BASE_IMAGE must name its digest: the local base by tag fails the build at once, naming
-    the argument (ci/build-image passes it as localhost/testbed/debian@sha256:...)."""
+@pytest.mark.parametrize("by_tag", ["BASE_IMAGE", "BUILD_BASE_IMAGE"])
+def test_a_base_image_without_a_digest_is_refused(images: dict[str, Built], by_tag: str) -> None:
+    """BASE_IMAGE and BUILD_BASE_IMAGE (the plugin stage's) must name their digests: the local
+    base by tag fails the build at once, naming the argument (ci/build-image passes both as
+    localhost/testbed/debian...@sha256:...)."""
+    by_digest = "BUILD_BASE_IMAGE" if by_tag == "BASE_IMAGE" else "BASE_IMAGE"
     script = (
         "source ci/image/lib.sh; image_lock; base=$(ci/image/build-base --print-ref); "
+        "digest=$(bah inspect --type image --format '{{.FromImageDigest}}' \"$base\"); "
         "bah bud --isolation chroot --pull=never --layers=false --force-rm --target plugin "
-        '--build-arg BASE_IMAGE="$base" -f Dockerfile .'
+        f'--build-arg {by_tag}="$base" --build-arg {by_digest}="${{base%:*}}@$digest" '
+        "-f Dockerfile ."
     )
     done = subprocess.run(
         ["bash", "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300
     )
     assert done.returncode != 0, done.stdout[-2000:]
-    assert "give the base image by digest (NAME@sha256:DIGEST)" in done.stderr + done.stdout
+    output = done.stderr + done.stdout
+    assert "give base images by digest (NAME@sha256:DIGEST)" in output, output[-2000:]
+    assert f"{by_tag}=localhost/testbed/debian:" in output, output[-2000:]

@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import http.server
+import io
 import json
+import ssl
 import subprocess
+import tarfile
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +27,7 @@ import pytest
 import yaml
 
 from testbed import chart as agent_mod
-from testbed import kubepods, podnet
+from testbed import elf, kubepods, podnet
 from testbed.churn import Churn
 from testbed.helm import Helm
 from testbed.parts import REPO_ROOT
@@ -50,7 +55,8 @@ def served(directory: Path) -> Iterator[str]:
 
 
 def release(registry: Registry, repo_dir: Path, repo_url: str, *extra: str) -> dict[str, str]:
-    """Run ci/release; its printed artifacts by kind (image, chart, repo)."""
+    """Run ci/release; its printed artifacts by kind (image, platforms, chart, repo)."""
+    started = time.monotonic()
     done = subprocess.run(
         [
             str(REPO_ROOT / "ci" / "release"),
@@ -67,11 +73,12 @@ def release(registry: Registry, repo_dir: Path, repo_url: str, *extra: str) -> d
         capture_output=True,
         text=True,
         check=False,
-        timeout=1200,
+        timeout=1800,
     )
     assert done.returncode == 0, f"ci/release failed:\n{done.stderr[-4000:]}"
+    print(f"ci/release {' '.join(extra)}: {time.monotonic() - started:.1f} s")
     printed = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
-    assert set(printed) == {"image", "chart", "repo"}, done.stdout
+    assert set(printed) == {"image", "platforms", "chart", "repo"}, done.stdout
     return printed
 
 
@@ -130,6 +137,51 @@ def published(
             meta["version"],
             meta["appVersion"],
         )
+
+
+class RegistryReader:
+    """The registry's HTTP API (distribution v2) as a node's runtime reads it, over TLS with
+    the test bed's CA: manifests by reference, blobs by digest."""
+
+    ACCEPT = ", ".join(
+        [
+            "application/vnd.oci.image.index.v1+json",
+            "application/vnd.docker.distribution.manifest.list.v2+json",
+            "application/vnd.oci.image.manifest.v1+json",
+            "application/vnd.docker.distribution.manifest.v2+json",
+        ]
+    )
+
+    def __init__(self, registry: Registry, repository: str) -> None:
+        self.base = f"https://{registry.address}/v2/{repository}"
+        self.context = ssl.create_default_context(cafile=str(registry.ca_file))
+
+    def _get(self, path: str, accept: str = "*/*") -> bytes:
+        request = urllib.request.Request(f"{self.base}/{path}", headers={"Accept": accept})
+        with urllib.request.urlopen(request, context=self.context, timeout=60) as response:
+            return bytes(response.read())
+
+    def manifest(self, reference: str) -> dict[str, Any]:
+        return dict(json.loads(self._get(f"manifests/{reference}", self.ACCEPT)))
+
+    def blob(self, digest: str) -> bytes:
+        data = self._get(f"blobs/{digest}")
+        assert "sha256:" + hashlib.sha256(data).hexdigest() == digest, f"blob {digest} corrupt"
+        return data
+
+
+def file_from_layers(reader: RegistryReader, manifest: dict[str, Any], path: str) -> bytes:
+    """A file of the image as its layers leave it (the topmost layer holding it wins)."""
+    found: bytes | None = None
+    for layer in manifest["layers"]:
+        with tarfile.open(fileobj=io.BytesIO(reader.blob(layer["digest"])), mode="r:*") as tar:
+            for member in tar:
+                if member.name.lstrip("./") == path and member.isfile():
+                    extracted = tar.extractfile(member)
+                    assert extracted is not None
+                    found = extracted.read()
+    assert found is not None, f"no {path} in the image's layers"
+    return found
 
 
 def node_dirs(cluster: RealCluster) -> dict[str, Any]:
@@ -218,6 +270,46 @@ def test_release_to_a_registry_then_install_from_oci_and_from_the_chart_reposito
     assert pod.spec.containers[0].image == image
     assert_serves_pods(node_core, real_cluster, workload_ns, "from-repo")
     agent_mod.uninstall(helm, node_core)
+
+
+def test_the_image_is_published_for_amd64_and_arm64(
+    published: Published, tmp_path: Path, record_property: Any
+) -> None:
+    """One manifest list, one image per platform, each configured for its machine; the arm64
+    image's plugin (read from its layers as a node would unpack them) answers VERSION under
+    qemu-user the same as the amd64 image's does natively."""
+    assert published.current["platforms"] == "linux/amd64,linux/arm64", published.current
+    reader = RegistryReader(published.registry, f"{REGISTRY_PATH}/istio-cni")
+    ref, digest = published.current["image"].split("@")
+    assert ref == published.image(published.app_version)
+    index = reader.manifest(digest)
+    assert reader.manifest(published.app_version) == index, "the tag names another list"
+    by_platform = {
+        f"{m['platform']['os']}/{m['platform']['architecture']}": m["digest"]
+        for m in index["manifests"]
+    }
+    assert set(by_platform) == {"linux/amd64", "linux/arm64"}, index
+    answers = {}
+    for platform, instance in by_platform.items():
+        arch = platform.split("/")[1]
+        manifest = reader.manifest(instance)
+        config = json.loads(reader.blob(manifest["config"]["digest"]))
+        assert (config["os"], config["architecture"]) == ("linux", arch), config
+        labels = config["config"]["Labels"]
+        assert labels["org.opencontainers.image.version"] == published.app_version, labels
+        compressed = sum(layer["size"] for layer in manifest["layers"])
+        record_property(f"image_bytes_{arch}", compressed)
+        print(f"{platform}: {compressed / 2**20:.1f} MiB compressed, {instance}")
+        plugin = tmp_path / f"istio-cni-{arch}"
+        plugin.write_bytes(file_from_layers(reader, manifest, "opt/istio-cni/bin/istio-cni"))
+        plugin.chmod(0o755)
+        assert elf.machine(plugin) == {"amd64": "x86_64", "arm64": "aarch64"}[arch]
+        done = subprocess.run(
+            [str(plugin)], env={"CNI_COMMAND": "VERSION"}, capture_output=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        answers[arch] = json.loads(done.stdout)
+    assert answers["arm64"] == answers["amd64"] and "supportedVersions" in answers["arm64"]
 
 
 def test_an_umbrella_chart_depends_on_it_by_repository_url(
