@@ -4,8 +4,9 @@ over one shared client) against the test bed's kube-apiserver, the cluster's pod
 created through the API (testbed/apiload.py; no kubelet runs them).
 
 For each N (cumulative: the cluster grows between steps):
-  start    every cache of the N nodes started at once (a DaemonSet created, or the API server
-           restarted): until all listed, the requests the agents' identity made (the API server's
+  start    the N nodes' caches started, --start-rate nodes a second (a DaemonSet rolling out;
+           0: all at once, as after an API server restart): until all listed, the retries the
+           caches logged, the requests the agents' identity made (the API server's
            audit log: list pages and watches), the LIST response bytes (apiserver_response_sizes),
            the API server's CPU seconds;
   steady   the caches running for --window seconds with their timers divided by --speedup (the
@@ -23,7 +24,10 @@ With --json the last line is one JSON object: {"steps": [...], "slope_per_node":
 from __future__ import annotations
 
 import argparse
+import http.client
+import inspect
 import json
+import logging
 import re
 import shutil
 import sys
@@ -36,7 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from agent.kube import build_clients
-from agent.pods.cache import PodCache
+from agent.logs import setup_logging
+from agent.pods.cache import ListWatchCache, PodCache
 from agent.pods.namespaces import NamespaceCache
 from testbed import apiload
 from testbed.controlplane import Binaries, ControlPlane
@@ -51,8 +56,9 @@ rules:
   resources: [{group: "", resources: [pods, namespaces]}]
 - level: None
 """
-RESYNC_SECONDS = 300.0
-WATCH_TIMEOUT_SECONDS = 240
+_CACHE_DEFAULTS = inspect.signature(ListWatchCache.__init__).parameters
+RESYNC_SECONDS: float | None = _CACHE_DEFAULTS["resync_seconds"].default
+WATCH_TIMEOUT_SECONDS: int = _CACHE_DEFAULTS["watch_timeout_seconds"].default
 """The caches' defaults (agent/pods/cache.py), which the steady phase divides by --speedup."""
 POD_HOLDERS = apiload.POD_NAMESPACES
 
@@ -63,6 +69,8 @@ class Step:
     pods: int
     namespaces: int
     start_seconds: float
+    start_failures: dict[str, int]
+    steady_failures: int
     start_requests: dict[str, int]
     start_list_mib: float
     start_apiserver_cpu_s: float
@@ -108,10 +116,22 @@ class Apiserver:
     def rss_mib(self) -> float:
         return rss_mib(self.pid)
 
+    def metrics(self) -> str:
+        conn = http.client.HTTPSConnection(
+            self.plane.address, self.plane.port, timeout=30, context=self.plane.ssl_context()
+        )
+        try:
+            conn.request("GET", "/metrics")
+            reply = conn.getresponse()
+            body = reply.read().decode()
+            assert reply.status == 200, f"/metrics: {reply.status} {body[:300]}"
+            return body
+        finally:
+            conn.close()
+
     def metric_sum(self, name: str, **labels: str) -> float:
         """The sum over every series of `name` whose labels include `labels`."""
-        code, text = self.plane.get("/metrics")
-        assert code == 200, f"/metrics: {code}"
+        text = self.metrics()
         total = 0.0
         for line in text.splitlines():
             if not line.startswith(name + "{") and not line.startswith(name + " "):
@@ -121,14 +141,27 @@ class Apiserver:
                 total += float(value)
         return total
 
+    # Pods and namespaces: what the agents read (the controller-manager's share is the same in
+    # every step and taken out as the baseline before the caches start).
     def list_bytes(self) -> float:
-        return self.metric_sum("apiserver_response_sizes_sum", verb="LIST")
+        return sum(
+            self.metric_sum("apiserver_response_sizes_sum", verb="LIST", resource=r)
+            for r in ("pods", "namespaces")
+        )
 
     def watch_event_bytes(self) -> float:
-        return self.metric_sum("apiserver_watch_events_sizes_sum")
+        return sum(
+            self.metric_sum("apiserver_watch_events_sizes_sum", resource=r)
+            for r in ("pods", "namespaces")
+        )
 
     def open_watches(self) -> int:
-        return int(self.metric_sum("apiserver_longrunning_requests", verb="WATCH"))
+        return int(
+            sum(
+                self.metric_sum("apiserver_longrunning_requests", verb="WATCH", resource=r)
+                for r in ("pods", "namespaces")
+            )
+        )
 
 
 def rss_mib(pid: int | str) -> float:
@@ -147,31 +180,52 @@ class AuditCounter:
         self.offset = self.path.stat().st_size if self.path.exists() else 0
 
     def since_mark(self) -> Counter[str]:
+        """Each request once (a watch logs ResponseStarted and ResponseComplete)."""
         counts: Counter[str] = Counter()
+        seen: set[str] = set()
         with self.path.open("rb") as f:
             f.seek(self.offset)
             for line in f:
                 event = json.loads(line)
+                if event["auditID"] in seen:
+                    continue
+                seen.add(event["auditID"])
                 ref = event.get("objectRef") or {}
                 counts[f"{event['verb']} {ref.get('resource', '?')}"] += 1
         return counts
 
 
-def start_caches(core: Any, first: int, nodes: int, speedup: float) -> list[Any]:
+def start_caches(core: Any, nodes: int, speedup: float, rate: float) -> list[Any]:
+    """Every node's pod and namespace caches, `rate` nodes a second (0: all at once)."""
     caches: list[Any] = []
-    for i in range(first, nodes):
+    for i in range(nodes):
         for kind in (PodCache, NamespaceCache):
             caches.append(
                 kind(
                     core,
                     node_name(i),
-                    resync_seconds=RESYNC_SECONDS / speedup,
+                    resync_seconds=None if RESYNC_SECONDS is None else RESYNC_SECONDS / speedup,
                     watch_timeout_seconds=max(1, int(WATCH_TIMEOUT_SECONDS / speedup)),
                 )
             )
-    for cache in caches:
+    began = time.monotonic()
+    for n, cache in enumerate(caches):
+        if rate > 0:
+            time.sleep(max(0.0, began + (n // 2) / rate - time.monotonic()))
         cache.start()
     return caches
+
+
+class FailureCount(logging.Handler):
+    """The caches' warnings (a list or watch that failed and is retried), by error type."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.counts: Counter[str] = Counter()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        fields = getattr(record, "fields", {}) or {}
+        self.counts[str(fields.get("error", record.getMessage())).split(":")[0]] += 1
 
 
 def wait_ready(caches: list[Any], timeout: float) -> float:
@@ -195,6 +249,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     caches: list[Any] = []
     clients = None
     threading.stack_size(512 * 1024)  # thousands of cache threads: their stacks stay small
+    failures = FailureCount()
+    logging.getLogger("agent.pods.cache").addHandler(failures)
     try:
         plane.start()
         apiserver = Apiserver(plane)
@@ -215,9 +271,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             loaded_nodes = nodes
             time.sleep(2.0)  # the watches of the stopped caches closed, the load settled
             audit.mark()
+            watches0 = apiserver.open_watches()
             cpu0, list0 = apiserver.cpu_seconds(), apiserver.list_bytes()
-            caches = start_caches(clients.core, 0, nodes, args.speedup)
-            start_seconds = wait_ready(caches, 600)
+            failures.counts.clear()
+            started = time.monotonic()
+            caches = start_caches(clients.core, nodes, args.speedup, args.start_rate)
+            wait_ready(caches, 1200)
+            start_seconds = time.monotonic() - started
+            start_failures = dict(failures.counts)
             time.sleep(1.0)  # the audit log's last lines written
             start_requests = audit.since_mark()
             cpu1, list1 = apiserver.cpu_seconds(), apiserver.list_bytes()
@@ -225,6 +286,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             audit.mark()
             time.sleep(args.window)
             steady = audit.since_mark()
+            steady_failures = sum(failures.counts.values()) - sum(start_failures.values())
             cpu2, list2 = apiserver.cpu_seconds(), apiserver.list_bytes()
             watch2 = apiserver.watch_event_bytes()
             real_minutes = args.window / 60.0 * args.speedup
@@ -233,6 +295,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 pods=nodes * args.pods_per_node,
                 namespaces=args.namespaces,
                 start_seconds=round(start_seconds, 2),
+                start_failures=start_failures,
+                steady_failures=steady_failures,
                 start_requests=dict(sorted(start_requests.items())),
                 start_list_mib=round((list1 - list0) / 2**20, 2),
                 start_apiserver_cpu_s=round(cpu1 - cpu0, 2),
@@ -242,7 +306,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 steady_list_mib_per_min=round((list2 - list1) / 2**20 / real_minutes, 3),
                 steady_watch_event_mib_per_min=round((watch2 - watch1) / 2**20 / real_minutes, 4),
                 steady_apiserver_cpu_s_per_min=round((cpu2 - cpu1) / real_minutes, 3),
-                open_watches=apiserver.open_watches(),
+                open_watches=apiserver.open_watches() - watches0,
                 apiserver_rss_mib=round(apiserver.rss_mib(), 1),
                 bench_rss_mib=round(rss_mib("self"), 1),
             )
@@ -297,9 +361,16 @@ def main() -> None:
     parser.add_argument("--namespaces", type=int, default=2000)
     parser.add_argument("--window", type=float, default=60.0, help="steady seconds per step")
     parser.add_argument("--speedup", type=float, default=10.0, help="timers divided by this")
+    parser.add_argument(
+        "--start-rate",
+        type=float,
+        default=5.0,
+        help="nodes whose agents start per second (0: all at once, as after an API server restart)",
+    )
     parser.add_argument("--extrapolate", type=int, default=5000, help="nodes to extrapolate to")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    setup_logging("warn", as_json=True)  # the caches' failures, with their reasons
     args.nodes = [int(n) for n in args.nodes.split(",")]
     if args.nodes != sorted(args.nodes):
         parser.error("--nodes must rise: the cluster grows between steps")

@@ -5,7 +5,15 @@
             ├─ server timeout ends the watch ──► watch again from the last resourceVersion
             ├─ 410 Gone (version expired) ─────► list again
             ├─ error / connection lost ────────► back off, then watch again
-            └─ resync period passed ───────────► list again (heals anything a watch missed)
+            └─ resync period passed (if set) ──► list again
+
+No periodic relist by default, as client-go's informers (Istio's agent among them): a watch
+resumed from its last resourceVersion misses nothing, and an expired version (410) lists again.
+A relist on a timer cost the API server a list of every namespace per node every few minutes
+(bench/README "API server load"). The watch timeout is drawn from [timeout, 2 x timeout), as
+client-go's reflector draws it: the agents of a cluster started together (a DaemonSet rollout,
+an API server restart) do not all re-watch in the same second ever after. T is 240 s, so a watch
+ends (and the staleness gauge moves) within 480 s, under IstioCniPodCacheStale's 600 s.
 
 Objects are kept as slim records of the API's JSON (camelCase dicts, only the fields the agent
 reads: agent.pods.slim), the form the redirect decision reads; a list comes in pages of
@@ -20,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import random
 import threading
 import time
@@ -66,7 +75,7 @@ class ListWatchCache:
         core: Any,
         node_name: str,
         *,
-        resync_seconds: float = 300.0,
+        resync_seconds: float | None = None,
         watch_timeout_seconds: int = 240,
         get_tries: int = 5,
         get_first_delay_seconds: float = 0.125,
@@ -259,7 +268,9 @@ class ListWatchCache:
             self._changed.notify_all()
         self.relists += 1
         self._metrics.listed(self.kind, len(pods))
-        self._next_resync = time.monotonic() + self._resync_seconds
+        self._next_resync = (
+            math.inf if self._resync_seconds is None else time.monotonic() + self._resync_seconds
+        )
         self._synced.set()
         log.info(
             "%s cache listed",
@@ -290,7 +301,8 @@ class ListWatchCache:
 
         Returns the last version seen; raises ResourceExpired on 410 Gone.
         """
-        timeout = max(1, min(self._watch_timeout, int(self._next_resync - time.monotonic())))
+        drawn = self._watch_timeout * (1.0 + random.random())
+        timeout = max(1, int(min(drawn, self._next_resync - time.monotonic())))
         try:
             response = api.call(
                 self._list,

@@ -32,8 +32,7 @@ class CacheMetrics:
         )
         self.relists = Counter(
             "istio_cni_cache_relists",
-            "Full lists of the cache (the first one, resyncs, and after an expired watch), "
-            "by kind.",
+            "Full lists of the cache (the first one, and after an expired watch version), by kind.",
             ["kind"],
             registry=registry,
         )

@@ -170,6 +170,31 @@ def test_watch_resumes_after_the_server_ends_it(
     assert cache.relists == 1 and observed.lists == 1  # resumed from its version, no relist
 
 
+def test_by_default_no_relist_and_watch_timeouts_drawn_apart(
+    make_cache: Callable[..., PodCache], agent_core: Any
+) -> None:
+    """As client-go's informers: no list on a timer (a resumed watch misses nothing), and each
+    watch's timeout drawn from [T, 2T), so agents started together do not re-watch together."""
+    observed = ObservedCore(agent_core)
+    # The default resync (none); a short T so several watches end within the test.
+    cache = make_cache(core=observed, watch_timeout_seconds=1)
+    cache.start()
+    wait_for(lambda: observed.watches >= 4, "four watches", EVENTUAL, interval=0.01)
+    assert cache.relists == 1 and observed.lists == 1
+    cache.stop()
+
+    draws: list[int] = []
+    for _ in range(3):  # three caches with the default T (240 s): their first watches' timeouts
+        watched = ObservedCore(agent_core)
+        cache = make_cache(core=watched)
+        cache.start()
+        wait_for(lambda: watched.watches >= 1, "a watch opened", EVENTUAL, interval=0.01)  # noqa: B023
+        cache.stop()
+        draws.extend(watched.watch_timeouts)
+    assert len(draws) == 3 and all(240 <= t < 480 for t in draws), draws
+    assert len(set(draws)) > 1, f"three watches, one timeout: {draws}"
+
+
 def test_periodic_resync_lists_again(
     make_cache: Callable[..., PodCache], node_pods: NodePods, namespace: str
 ) -> None:

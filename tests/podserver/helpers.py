@@ -212,6 +212,8 @@ class ObservedCore:
         self.watches = 0
         self.lists = 0
         self.failures = 0
+        self.watch_timeouts: list[int] = []
+        """The server-side timeoutSeconds of each watch opened."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._core, name)
@@ -226,6 +228,7 @@ class ObservedCore:
         with self._lock:
             if options.get("watch"):
                 self.watches += 1
+                self.watch_timeouts.append(int(options["timeout_seconds"]))
             else:
                 self.lists += 1
         return response
