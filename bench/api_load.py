@@ -61,6 +61,7 @@ RESYNC_SECONDS: float | None = _CACHE_DEFAULTS["resync_seconds"].default
 WATCH_TIMEOUT_SECONDS: int = _CACHE_DEFAULTS["watch_timeout_seconds"].default
 """The caches' defaults (agent/pods/cache.py), which the steady phase divides by --speedup."""
 POD_HOLDERS = apiload.POD_NAMESPACES
+AGENT_READS = ("pods", "namespaces")
 
 
 @dataclass
@@ -129,38 +130,33 @@ class Apiserver:
         finally:
             conn.close()
 
-    def metric_sum(self, name: str, **labels: str) -> float:
-        """The sum over every series of `name` whose labels include `labels`."""
-        text = self.metrics()
+    def metric_sum(self, name: str, **labels: str | tuple[str, ...]) -> float:
+        """The sum over every series of `name` whose labels match `labels` (a tuple: any of
+        its values), from one scrape."""
+        wanted = [
+            [f'{k}="{v}"' for v in (values if isinstance(values, tuple) else (values,))]
+            for k, values in labels.items()
+        ]
         total = 0.0
-        for line in text.splitlines():
+        for line in self.metrics().splitlines():
             if not line.startswith(name + "{") and not line.startswith(name + " "):
                 continue
             series, value = line.rsplit(" ", 1)
-            if all(f'{k}="{v}"' in series for k, v in labels.items()):
+            if all(any(label in series for label in choices) for choices in wanted):
                 total += float(value)
         return total
 
     # Pods and namespaces: what the agents read (the controller-manager's share is the same in
     # every step and taken out as the baseline before the caches start).
     def list_bytes(self) -> float:
-        return sum(
-            self.metric_sum("apiserver_response_sizes_sum", verb="LIST", resource=r)
-            for r in ("pods", "namespaces")
-        )
+        return self.metric_sum("apiserver_response_sizes_sum", verb="LIST", resource=AGENT_READS)
 
     def watch_event_bytes(self) -> float:
-        return sum(
-            self.metric_sum("apiserver_watch_events_sizes_sum", resource=r)
-            for r in ("pods", "namespaces")
-        )
+        return self.metric_sum("apiserver_watch_events_sizes_sum", resource=AGENT_READS)
 
     def open_watches(self) -> int:
         return int(
-            sum(
-                self.metric_sum("apiserver_longrunning_requests", verb="WATCH", resource=r)
-                for r in ("pods", "namespaces")
-            )
+            self.metric_sum("apiserver_longrunning_requests", verb="WATCH", resource=AGENT_READS)
         )
 
 

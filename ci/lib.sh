@@ -23,6 +23,12 @@ host_arch_triplet() { arch_triplet "$(host_arch)"; }
 elf_machine() {
   case $1 in amd64) echo "Advanced Micro Devices X86-64" ;; arm64) echo AArch64 ;; *) return 1 ;; esac
 }
+# require_elf_machine FILE ARCH: dies unless FILE is an executable for ARCH.
+require_elf_machine() {
+  local machine
+  machine=$(readelf -hW "$1" | sed -n 's/^ *Machine: *//p')
+  [[ $machine == "$(elf_machine "$2")" ]] || die "$1 was built for '$machine', not $2"
+}
 # Whether this machine runs executables of that machine (its own, or qemu-user by binfmt_misc).
 can_run_arch() {
   [[ $1 == "$(host_arch)" ]] && return 0
