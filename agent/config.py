@@ -134,6 +134,8 @@ class Settings:
 
     cniBinDir: str = field(default="/opt/cni/bin", metadata=ABS_PATH)
     """Node path of the CNI bin dir, as the container runtime sees it."""
+    platform: str = ""
+    """The chart's platform preset (`platform`), named where a node path looks wrong."""
     cniConfDir: str = field(default="/etc/cni/net.d", metadata=ABS_PATH)
     """Node path of the CNI config dir."""
     cniConfFileName: str = field(default="", metadata=FILE_NAME)

@@ -65,9 +65,15 @@ class ContainerdDirs:
 
 
 def render_config(
-    dirs: ContainerdDirs, *, sandbox_image: str, cni_bin_dir: Path, cni_conf_dir: Path
+    dirs: ContainerdDirs,
+    *,
+    sandbox_image: str,
+    cni_bin_dir: Path,
+    cni_conf_dir: Path,
+    netns_under_state: bool = True,
 ) -> str:
-    """config.toml (version 2) for a node of the test bed."""
+    """config.toml (version 2) for a node of the test bed. Without `netns_under_state` pod
+    netns go to containerd's own default, /var/run/netns (a platform layout's, see mountns.py)."""
     disabled = ", ".join(f'"{p}"' for p in DISABLED_PLUGINS)
     cri = 'plugins."io.containerd.grpc.v1.cri"'
     return f"""version = 2
@@ -87,7 +93,7 @@ disabled_plugins = [{disabled}]
   # This machine withholds CAP_SYS_RESOURCE: without this runc fails every sandbox with
   # "can't get final child's PID from pipe: EOF" when it lowers oom_score_adj.
   restrict_oom_score_adj = true
-  netns_mounts_under_state_dir = true
+  netns_mounts_under_state_dir = {"true" if netns_under_state else "false"}
   # The kernel here has no AppArmor.
   disable_apparmor = true
   stream_server_address = "127.0.0.1"
@@ -137,6 +143,7 @@ class Containerd:
         self.sandbox_image = sandbox_image
         self.cni_bin_dir = cni_bin_dir
         self.cni_conf_dir = cni_conf_dir
+        self.netns_under_state = True
         self.daemon = Daemon("containerd", [], log_path)
 
     def start(self, timeout: float = 60.0) -> None:
@@ -148,6 +155,7 @@ class Containerd:
                 sandbox_image=self.sandbox_image,
                 cni_bin_dir=self.cni_bin_dir,
                 cni_conf_dir=self.cni_conf_dir,
+                netns_under_state=self.netns_under_state,
             )
         )
         self.daemon.argv = [

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from testbed import netns
+from testbed.mountns import remove_made_dirs
 from testbed.process import pid_alive
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,8 @@ class NodeRecord:
     made_cgroups: list[str] = field(default_factory=list)
     """The runtime's per-namespace cgroup (k8s.io) of each controller, where this node made it."""
     kubelet_cgroup_root: str = ""
+    made_dirs: list[str] = field(default_factory=list)
+    """Empty dirs made on the machine as mount points of a platform layout (mountns.py)."""
     """kubelet's cgroupRoot (the node's own): its tree in every controller goes at clean-up."""
     """The chart mounts /run/xtables.lock (FileOrCreate): kubelet creates it when missing."""
 
@@ -128,6 +131,7 @@ def clean(record: NodeRecord) -> list[str]:
     if record.kubelet_cgroup_root:
         attempt("kubelet cgroups", lambda: _remove_cgroups(record.kubelet_cgroup_root))
     attempt("files", lambda: _remove_tree(Path(record.base)))
+    attempt("mount points", lambda: remove_made_dirs(record.made_dirs))
     if not errors:
         record.path.unlink(missing_ok=True)
         for d in (RECORDS, RECORDS.parent):

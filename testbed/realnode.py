@@ -20,6 +20,7 @@ import atexit
 import json
 import os
 import secrets
+import shutil
 import subprocess
 import time
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from kubernetes import config as k8s_config
 
 from testbed import images, nodeclean, parts
 from testbed.cni import link_plugins, reference_conflist
+from testbed.cni_double import bridge_delegate, write_double
 from testbed.containerd import Containerd, ContainerdDirs
 from testbed.controlplane import (
     NODE_CONTROLLERS,
@@ -40,7 +42,9 @@ from testbed.controlplane import (
     ControlPlane,
 )
 from testbed.kubelet import Kubelet, KubeletDirs
+from testbed.mountns import Bind, MountNamespace, Overlay
 from testbed.nodenet import NodeNetwork
+from testbed.platforms import Platform
 from testbed.process import PartFailedError
 
 NODE_NAME = "tb-node"
@@ -92,6 +96,8 @@ class RealCluster:
         self.runtime: Containerd | None = None
         self.kubelet: Kubelet | None = None
         self.record: nodeclean.NodeRecord | None = None
+        self.platform: Platform | None = None
+        self.mount_ns: MountNamespace | None = None
         self.timings: dict[str, float] = {}
         self._api: Any = None
 
@@ -210,6 +216,9 @@ class RealCluster:
         """Stop kubelet, the runtime (and every container), the control plane; remove it all."""
         atexit.unregister(self._stop_at_exit)
         errors: list[str] = []
+        if self.mount_ns is not None:  # its holder; nodeclean ends every process of the node
+            self.mount_ns.close()
+            self.mount_ns = None
         for name, stop in (
             ("kubelet", self.kubelet.stop if self.kubelet else None),
             ("containerd", self.runtime.stop if self.runtime else None),
@@ -252,6 +261,82 @@ class RealCluster:
             while_booting()
         self.kubelet.start()
         self.wait_node_ready()
+
+    # -- platform layouts (testbed/platforms.py) ---------------------------------------------
+
+    def platform_root(self, platform: Platform) -> Path:
+        """Where `platform`'s node paths live, seen from the machine: <root>/<node path>."""
+        return self.base / "platform" / platform.name
+
+    def host_path(self, node_path: str) -> Path:
+        """A node path of the current layout as the machine sees it."""
+        if self.platform is None:
+            return Path(node_path)
+        if self.platform.bin_overlay and node_path == self.platform.bin_dir:
+            return self.platform_root(self.platform) / "bin-upper"
+        return self.platform_root(self.platform) / node_path.lstrip("/")
+
+    def relayout(self, platform: Platform | None) -> None:
+        """Lay the node out as `platform` (None: the test bed's own layout, as at start):
+        kubelet and containerd stop and every container dies (the node's pods must be gone),
+        the node's mount namespace is made anew with the platform's binds and files, and both
+        start again in it, containerd with the platform's CNI dirs; returns once Ready."""
+        assert self.kubelet is not None and self.runtime is not None and self.record is not None
+        self.kubelet.stop()
+        self.runtime.stop()
+        nodeclean.kill_containers(self.record)
+        if self.mount_ns is not None:
+            self.mount_ns.close()
+            self.mount_ns = None
+        self.platform = platform
+        prefix = self.network.nsenter()
+        if platform is None:
+            bin_dir, conf_dir, under_state = self.cni_bin_dir, self.cni_conf_dir, True
+        else:
+            self.mount_ns = self._platform_namespace(platform)
+            prefix = self.mount_ns.prefix()
+            bin_dir, conf_dir, under_state = Path(platform.bin_dir), Path(platform.conf_dir), False
+        self.runtime.prefix = self.kubelet.prefix = prefix
+        self.runtime.cni_bin_dir, self.runtime.cni_conf_dir = bin_dir, conf_dir
+        self.runtime.netns_under_state = under_state
+        self.runtime.start()
+        self.kubelet.start()
+        self.wait_node_ready()
+
+    def _platform_namespace(self, platform: Platform) -> MountNamespace:
+        assert self.record is not None
+        root = self.platform_root(platform)
+        if root.exists():  # a layout made before: the platform's files as it first wrote them
+            nodeclean.unmount_below(root)
+            shutil.rmtree(root)
+        binds = [Bind(root / p.lstrip("/"), p) for p in platform.node_paths()]
+        overlays = []
+        for bind in binds:
+            bind.source.mkdir(parents=True, exist_ok=True)
+        bin_dir = self.host_path(platform.bin_dir)
+        if platform.bin_overlay:
+            overlays.append(Overlay(_resolved(platform.bin_dir), bin_dir, root / "bin-work"))
+            bin_dir.mkdir(parents=True)
+        link_plugins(self.plugins_dir, bin_dir)
+        for double in platform.doubles:
+            delegate = bridge_delegate(self.bridge, self.pod_subnet)
+            write_double(bin_dir, double.plugin_type, double.mode, delegate)
+        if platform.flannel_subnet_env:
+            network = ".".join(self.pod_subnet.split(".")[:2]) + ".0.0/16"
+            gateway = self.pod_subnet.replace(".0/24", ".1/24")
+            (self.host_path("/run/flannel") / "subnet.env").write_text(
+                f"FLANNEL_NETWORK={network}\nFLANNEL_SUBNET={gateway}\n"
+                "FLANNEL_MTU=1450\nFLANNEL_IPMASQ=true\n"
+            )
+        conflist = self.host_path(platform.conf_dir) / platform.conflist_name
+        conflist.write_text(platform.conflist(self.pod_subnet))
+        namespace = MountNamespace(self.network.nsenter(), [str(self.base)])
+        try:
+            namespace.create(binds, overlays)
+        finally:
+            self.record.made_dirs = sorted(set(self.record.made_dirs) | set(namespace.made_dirs))
+            self.record.save()
+        return namespace
 
     def import_image(self, image: images.Image) -> None:
         assert self.runtime is not None
@@ -333,6 +418,11 @@ class RealCluster:
         return sorted(self.log_dir.glob("*.log")) + sorted(
             (self.workdir / "controlplane" / "logs").glob("*.log")
         )
+
+
+def _resolved(node_path: str) -> str:
+    """/bin is a link to usr/bin on this machine: an overlay goes on the real dir."""
+    return str(Path(node_path).resolve())
 
 
 def _run(argv: list[str]) -> None:

@@ -33,6 +33,7 @@ from agent.install.atomic import (
     remove_file,
     remove_stale_temps,
 )
+from agent.install.bin_dir_check import bin_dir_problem
 from agent.install.binaries import binary_problems, install_binaries, uninstall_binaries
 from agent.install.entry import plugin_entry, standalone_entry
 from agent.install.ledger import WriteLedger
@@ -300,6 +301,10 @@ class Installer:
         elif self.owns_file and (mode := self._mode_of(self._path(plan.target))) != self.file_mode:
             out.append(f"{self._path(plan.target)}: mode {mode:04o}, want {self.file_mode:04o}")
         return out
+
+    def bin_dir_problem(self) -> str | None:
+        """Whether cniBinDir looks like another dir than the runtime's (bin_dir_check.py)."""
+        return bin_dir_problem(self.settings, self.plan, self.read, self.bin_dir)
 
     # -- uninstall --------------------------------------------------------------------------
 

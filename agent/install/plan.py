@@ -46,6 +46,13 @@ def standalone_config(name: str, entry: Mapping[str, Any]) -> dict[str, Any]:
     return {"cniVersion": entry["cniVersion"], "name": plugin["name"], "plugins": [plugin]}
 
 
+def preset_words(settings: Settings) -> str:
+    """How the node paths came to be, for a message saying one looks wrong."""
+    if settings.platform:
+        return f"platform preset {settings.platform!r}"
+    return "no platform preset set"
+
+
 def find_primary(settings: Settings, names: Collection[str], read: Reader) -> str:
     """The primary config's file name, as the runtime (or cniConfFileName) picks it."""
     exclude = {settings.istioOwnedCNIConfigFileName} if settings.istioOwnedCNIConfig else set()
@@ -55,14 +62,16 @@ def find_primary(settings: Settings, names: Collection[str], read: Reader) -> st
         if found is None:
             raise TransientInstallError(
                 f"waiting for primary CNI config {settings.cniConfFileName} "
-                f"(cniConfFileName) in {settings.mountedCniConfDir}"
+                f"(cniConfFileName) in {settings.mountedCniConfDir} (cniConfDir "
+                f"{settings.cniConfDir} on the node, {preset_words(settings)})"
             )
         return found
     found = conflist.select_primary(candidates, read)
     if found is None:
         raise TransientInstallError(
             f"waiting for a primary CNI config (.conf/.conflist/.json) in "
-            f"{settings.mountedCniConfDir}"
+            f"{settings.mountedCniConfDir} (cniConfDir {settings.cniConfDir} on the node, "
+            f"{preset_words(settings)})"
         )
     return found
 

@@ -5,6 +5,7 @@ settings). In order, each with the period it is re-run at:
     pod-socket  2 s    checks.socket_check
     api         2 s    checks.api_check
     netns-dir   10 s   netns_dir.NetnsDirCheck (and at once after an ADD naming an unseen netns)
+    cni-bin-dir 10 s   Installer.bin_dir_problem (install/bin_dir_check.py)
     rules       30 s   scratch.RulesCheck
     ambient     2 s    checks.ambient_check (ambient mode only)
 """
@@ -63,6 +64,7 @@ class ReadinessParts:
         ]
         self._late = [
             Check("netns-dir", self.netns_dir, NETNS_DIR_PERIOD),
+            Check("cni-bin-dir", installer.bin_dir_problem, NETNS_DIR_PERIOD),
             Check("rules", self.rules, RULES_PERIOD),
         ]
         self._service: Readiness | None = None

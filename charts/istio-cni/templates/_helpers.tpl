@@ -85,6 +85,7 @@ istio.io/rev: {{ .revision | default "default" | quote }}
   "readinessTimeoutSeconds" (int $k.readinessTimeoutSeconds) -}}
 {{- $cfg := dict
   "cniBinDir" $v.cniBinDir
+  "platform" ($v.platform | default "")
   "cniConfDir" $v.cniConfDir
   "cniConfFileName" $v.cniConfFileName
   "chained" $v.chained

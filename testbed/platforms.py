@@ -1,0 +1,190 @@
+"""Node layouts of the platforms the chart has presets for (values-examples/<name>.yaml): where
+the runtime's CNI bin and conf dirs are, which primary CNI config sits there (the provider's own
+file from tests/testdata/istio-conformance/real-world, with the node's pod subnet put in), and
+which of its plugins are real (Debian's reference plugins) or test doubles (testbed/cni_double.py).
+
+RealCluster.relayout(platform) builds one on the real node: the platform's paths exist only in
+the node's mount namespace (testbed/mountns.py), as binds of dirs under `<node>/platform/`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REAL_WORLD = Path(__file__).resolve().parent.parent / "tests/testdata/istio-conformance/real-world"
+
+# Node paths every layout gets from the node's dir: host-local's and libcni's state
+# (/var/lib/cni), containerd's pod netns dir, and the agent's run dir (the chart's default).
+SCRATCH_DIRS = ("/var/lib/cni", "/var/run/netns", "/var/run/istio-cni")
+
+Edit = Callable[[dict[str, Any], str], None]
+"""Puts the node's pod subnet into the provider's conflist (in place)."""
+
+
+@dataclass(frozen=True)
+class Double:
+    plugin_type: str
+    mode: str
+    """cni_double modes: delegate, flannel, pass."""
+
+
+@dataclass(frozen=True)
+class Platform:
+    name: str
+    """The preset's name (values-examples/<name>.yaml, --set platform=<name>)."""
+    bin_dir: str
+    conf_dir: str
+    conflist_name: str
+    conflist_source: str
+    """File in REAL_WORLD."""
+    edit: Edit | None = None
+    doubles: tuple[Double, ...] = ()
+    extra_dirs: tuple[str, ...] = ()
+    """More node paths given a dir of their own (a primary plugin's state)."""
+    bin_overlay: bool = False
+    """The bin dir is a system dir (k3d: /bin): an overlay keeps the machine's files."""
+    flannel_subnet_env: bool = False
+    """flanneld's /run/flannel/subnet.env for the flannel plugin."""
+    runtime_note: str = ""
+    runtime_values: tuple[tuple[str, str], ...] = ()
+    """Chart values the runtime run here needs beyond the preset (see `runtime_note`)."""
+    real: tuple[str, ...] = field(default=())
+    """The primary's plugins that are the real ones (Debian's)."""
+
+    def conflist(self, subnet: str) -> str:
+        """The provider's file, bytes as the provider writes them unless the pod subnet had to
+        go in (then re-serialised with the same key order)."""
+        text = (REAL_WORLD / self.conflist_source).read_text()
+        if self.edit is None:
+            return text
+        config = json.loads(text)
+        self.edit(config, subnet)
+        return json.dumps(config, indent=2) + "\n"
+
+    def node_paths(self) -> tuple[str, ...]:
+        """Every node path the layout binds (the bin dir only when not an overlay)."""
+        own = (self.conf_dir, *SCRATCH_DIRS, *self.extra_dirs)
+        if self.flannel_subnet_env:
+            own += ("/run/flannel",)
+        return own if self.bin_overlay else (self.bin_dir, *own)
+
+
+def _ranges_subnet(config: dict[str, Any], subnet: str) -> None:
+    config["plugins"][0]["ipam"]["ranges"] = [[{"subnet": subnet}]]
+
+
+def _bridge_subnet(config: dict[str, Any], subnet: str) -> None:
+    config["plugins"][0]["ipam"]["subnet"] = subnet
+
+
+CALICO = Double("calico", "delegate")
+
+PLATFORMS: dict[str, Platform] = {
+    p.name: p
+    for p in (
+        Platform(
+            "gke",
+            "/home/kubernetes/bin",
+            "/etc/cni/net.d",
+            "10-gke-ptp.conflist",
+            "gke-ptp.conflist",
+            edit=_ranges_subnet,
+            real=("ptp", "host-local", "portmap"),
+        ),
+        Platform(
+            "eks",
+            "/opt/cni/bin",
+            "/etc/cni/net.d",
+            "10-aws.conflist",
+            "aws-vpc-cni.conflist",
+            doubles=(Double("aws-cni", "delegate"), Double("egress-cni", "pass")),
+            real=("portmap",),
+        ),
+        Platform(
+            "aks",
+            "/opt/cni/bin",
+            "/etc/cni/net.d",
+            "10-azure.conflist",
+            "azure.conflist",
+            doubles=(Double("azure-vnet", "delegate"),),
+            real=("portmap",),
+        ),
+        Platform(
+            "iks",
+            "/opt/cni/bin",
+            "/etc/cni/net.d",
+            "10-calico.conflist",
+            "calico.conflist",
+            doubles=(CALICO,),
+            real=("portmap", "bandwidth"),
+        ),
+        Platform(
+            "k3s",
+            "/var/lib/rancher/k3s/data/cni",
+            "/var/lib/rancher/k3s/agent/etc/cni/net.d",
+            "10-flannel.conflist",
+            "k3s-flannel.conflist",
+            doubles=(Double("flannel", "flannel"),),
+            flannel_subnet_env=True,
+            real=("bridge", "host-local", "portmap", "bandwidth"),
+        ),
+        Platform(
+            "k3d",
+            "/bin",
+            "/var/lib/rancher/k3s/agent/etc/cni/net.d",
+            "10-flannel.conflist",
+            "k3s-flannel.conflist",
+            doubles=(Double("flannel", "flannel"),),
+            bin_overlay=True,
+            flannel_subnet_env=True,
+            real=("bridge", "host-local", "portmap", "bandwidth"),
+        ),
+        Platform(
+            "microk8s",
+            "/var/snap/microk8s/current/opt/cni/bin",
+            "/var/snap/microk8s/current/args/cni-network",
+            "10-calico.conflist",
+            "microk8s-calico.conflist",
+            doubles=(CALICO,),
+            real=("portmap", "bandwidth"),
+        ),
+        Platform(
+            "minikube",
+            "/opt/cni/bin",
+            "/etc/cni/net.d",
+            "1-k8s.conflist",
+            "minikube-bridge.conflist",
+            edit=_bridge_subnet,
+            real=("bridge", "host-local", "portmap", "firewall"),
+            runtime_note=(
+                "containerd (minikube --container-runtime=containerd); the Docker runtime the "
+                "preset is for (netns in /var/run/docker/netns) cannot run here"
+            ),
+            runtime_values=(("cniNetnsDir", "/var/run/netns"),),
+            extra_dirs=("/var/run/docker/netns",),  # the Docker runtime's, empty here
+        ),
+        Platform(
+            "kind",
+            "/opt/cni/bin",
+            "/etc/cni/net.d",
+            "10-kindnet.conflist",
+            "kindnet.conflist",
+            edit=_ranges_subnet,
+            extra_dirs=("/run/cni-ipam-state",),
+            real=("ptp", "host-local", "portmap"),
+        ),
+        Platform(
+            "rke2",
+            "/opt/cni/bin",
+            "/etc/cni/net.d",
+            "10-canal.conflist",
+            "canal.conflist",
+            doubles=(CALICO,),
+            real=("portmap", "bandwidth"),
+        ),
+    )
+}

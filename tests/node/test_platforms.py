@@ -1,0 +1,276 @@
+"""Each preset of values-examples/ on the real node laid out as its platform lays a node out
+(testbed/platforms.py): the runtime's CNI dirs at the platform's paths, the provider's own
+conflist there, its plugins real or named test doubles. The chart installed with the preset, as
+a values file and as `--set platform=`, gives a Ready agent whose entry is chained into the
+provider's file and whose plugin sits in the platform's bin dir; a meshed pod started by kubelet
+is captured, a plain one is not; `helm uninstall` leaves the platform's files as they were."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.netns import run_in_netns
+from testbed import chart as agent_mod
+from testbed import kubepods, podnet
+from testbed.agent_host import http_get
+from testbed.helm import Helm
+from testbed.images import Image
+from testbed.platforms import PLATFORMS, Platform
+from testbed.realnode import RealCluster
+from testbed.wait import wait_for
+
+pytestmark = [pytest.mark.node, pytest.mark.platforms]
+
+PRESETS = Path(__file__).resolve().parents[2] / "values-examples"
+OUTSIDE = ("203.0.113.10", 80)  # TEST-NET-3: never routed; the node netns has no route out
+
+
+@pytest.fixture(scope="module")
+def layouts(real_cluster: RealCluster) -> Iterator[RealCluster]:
+    """The tests of this module lay the node out as they need; it ends as the test bed's own."""
+    try:
+        yield real_cluster
+    finally:
+        real_cluster.relayout(None)
+
+
+def snapshot(cluster: RealCluster, platform: Platform) -> dict[str, Any]:
+    """Every file of the platform's CNI dirs: bytes and mode, or a link's target."""
+    out: dict[str, Any] = {}
+    for node_dir in (platform.bin_dir, platform.conf_dir):
+        root = cluster.host_path(node_dir)
+        for path in sorted(root.rglob("*")):
+            key = f"{node_dir}/{path.relative_to(root)}"
+            if path.is_symlink():
+                out[key] = ("link", str(path.readlink()))
+            elif path.is_file():
+                out[key] = ("file", path.read_bytes(), path.stat().st_mode)
+    return out
+
+
+def image_values(image: Image) -> dict[str, Any]:
+    """Only what the test bed needs: its image, never pulled. The paths are the preset's."""
+    return {"hub": image.hub, "tag": image.tag, "pullPolicy": "Never", "logLevel": "debug"}
+
+
+def install_preset(helm: Helm, image: Image, name: str, how: str, **extra: str) -> None:
+    """`-f values-examples/NAME.yaml` or `--set platform=NAME`, and the test bed's image."""
+    files = (PRESETS / f"{name}.yaml",) if how == "values file" else ()
+    values = {**image_values(image), **({} if files else {"platform": name}), **extra}
+    helm.install(
+        agent_mod.RELEASE,
+        agent_mod.CHART,
+        namespace=agent_mod.AGENT_NAMESPACE,
+        values_files=files,
+        values=values,
+    )
+
+
+def assert_captured(cluster: RealCluster, core: Any, namespace: str, pod: str) -> None:
+    """The meshed pod's own connection out reaches its proxy double with the original
+    destination; rules are in its netns."""
+    line = kubepods.wait_log_line(
+        core,
+        namespace,
+        pod,
+        "app",
+        lambda s: "proxy-double port=15001" in s,
+        "a connection answered by the proxy",
+    )
+    assert f"original_dst={OUTSIDE[0]}:{OUTSIDE[1]}" in line, line
+    app_log = kubepods.logs(core, namespace, pod, "app")
+    assert not any(kubepods.escaped(s) for s in app_log.splitlines()), app_log[-2000:]
+    view = kubepods.pod_view(core, namespace, pod)
+    assert view is not None
+    assert podnet.has_istio_rules(cluster.pod_netns(view.uid))
+
+
+def assert_left_alone(cluster: RealCluster, core: Any, namespace: str, pod: str) -> None:
+    line = kubepods.wait_log_line(
+        core,
+        namespace,
+        pod,
+        "app",
+        lambda s: f"connect {OUTSIDE[0]}:{OUTSIDE[1]}" in s,
+        "a connection attempt",
+    )
+    assert kubepods.escaped(line), line
+    assert "proxy-double" not in kubepods.logs(core, namespace, pod, "app")
+    view = kubepods.pod_view(core, namespace, pod)
+    assert view is not None
+    netns = cluster.pod_netns(view.uid)
+    assert not podnet.has_istio_rules(netns), podnet.saved_rules(netns)
+
+
+def assert_closed_on_another_runtime(
+    cluster: RealCluster, core: Any, namespace: str, image: str, loop: list[str]
+) -> None:
+    """The preset's netns dir is another runtime's: a meshed pod is refused (it does not start
+    uncaptured) and the agent turns not Ready, naming cniNetnsDir and the runtime's dir."""
+    core.create_namespaced_pod(
+        namespace, kubepods.pod_manifest("other-runtime", image, app_command=loop, sidecar=True)
+    )
+
+    def netns_dir_named() -> str | None:
+        code, body = readyz(cluster)
+        return body if code == 503 and "\nnetns-dir: " in body else None
+
+    body = wait_for(netns_dir_named, "/readyz to name netns-dir", 60)
+    assert "set cniNetnsDir to /var/run/netns" in body, body
+    assert "RedirectRefused" in kubepods.pod_events(core, namespace, "other-runtime")
+    view = kubepods.pod_view(core, namespace, "other-runtime")
+    assert view is not None and view.phase == "Pending", view
+    kubepods.delete_and_wait(core, namespace, "other-runtime")
+
+
+@pytest.mark.parametrize("name", sorted(PLATFORMS))
+def test_preset_on_its_platform(
+    name: str,
+    layouts: RealCluster,
+    node_helm: Any,
+    node_core: Any,
+    agent_image: Image,
+    workload_ns: str,
+) -> None:
+    platform = PLATFORMS[name]
+    cluster = layouts
+    cluster.relayout(platform)
+    before = snapshot(cluster, platform)
+    primary = cluster.host_path(platform.conf_dir) / platform.conflist_name
+    primary_types = [p["type"] for p in json.loads(primary.read_text())["plugins"]]
+    image = cluster.images["workload"].ref
+    loop = ["connect-loop", OUTSIDE[0], str(OUTSIDE[1]), "0.5"]
+    helm = node_helm("4")
+    for round_, how in enumerate(("values file", "platform value")):
+        # Values after a values file win; `--set platform=` replaces those still at their
+        # default, which a runtime value may be (minikube on containerd: /var/run/netns).
+        runtime_values = dict(platform.runtime_values) if how == "values file" else {}
+        install_preset(helm, agent_image, name, how, **runtime_values)
+        agent_mod.ready_agent(node_core, cluster, image=agent_image)
+        if platform.runtime_values and how == "platform value":
+            assert_closed_on_another_runtime(cluster, node_core, workload_ns, image, loop)
+            agent_mod.uninstall(helm, node_core)
+            continue
+        chained = [p["type"] for p in json.loads(primary.read_text())["plugins"]]
+        assert chained == [*primary_types, "istio-cni"], f"{how}: {chained}"
+        assert (cluster.host_path(platform.bin_dir) / "istio-cni").is_file()
+
+        meshed, plain = f"meshed-{round_}", f"plain-{round_}"
+        node_core.create_namespaced_pod(
+            workload_ns, kubepods.pod_manifest(meshed, image, app_command=loop, sidecar=True)
+        )
+        if round_ == 0:
+            node_core.create_namespaced_pod(
+                workload_ns, kubepods.pod_manifest(plain, image, app_command=loop, sidecar=False)
+            )
+        kubepods.wait_running(node_core, workload_ns, meshed)
+        assert_captured(cluster, node_core, workload_ns, meshed)
+        if round_ == 0:
+            kubepods.wait_running(node_core, workload_ns, plain)
+            assert_left_alone(cluster, node_core, workload_ns, plain)
+            kubepods.delete_and_wait(node_core, workload_ns, plain)
+        kubepods.delete_and_wait(node_core, workload_ns, meshed)
+
+        agent_mod.uninstall(helm, node_core)
+        after = snapshot(cluster, platform)
+        changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+        assert not changed, f"{how}: helm uninstall left these changed: {changed}"
+
+
+PORT = 15014  # the chart's default metricsPort, in the node's own network namespace
+
+
+def readyz(cluster: RealCluster) -> tuple[int, str]:
+    """GET /readyz on the agent's port from inside the node's network namespace."""
+    return run_in_netns(cluster.network.netns_path, lambda: http_get(PORT, "/readyz"))
+
+
+@pytest.mark.parametrize(
+    ("node", "preset", "check", "message"),
+    [
+        # GKE's runtime runs plugins from /home/kubernetes/bin; its /opt/cni/bin holds none.
+        (
+            "gke",
+            "eks",
+            "cni-bin-dir",
+            "cniBinDir /opt/cni/bin holds none of the plugins that "
+            "/etc/cni/net.d/10-gke-ptp.conflist names (portmap, ptp)",
+        ),
+        # K3s keeps its CNI config under its data dir; /etc/cni/net.d is empty there.
+        (
+            "k3s",
+            "kind",
+            "install",
+            "waiting for a primary CNI config (.conf/.conflist/.json) in /host/etc/cni/net.d "
+            "(cniConfDir /etc/cni/net.d on the node",
+        ),
+    ],
+    ids=["gke-node-eks-preset", "k3s-node-kind-preset"],
+)
+def test_a_preset_of_another_platform_keeps_the_agent_not_ready_naming_it(
+    node: str,
+    preset: str,
+    check: str,
+    message: str,
+    layouts: RealCluster,
+    node_helm: Any,
+    node_core: Any,
+    agent_image: Image,
+    workload_ns: str,
+) -> None:
+    cluster = layouts
+    # The wrong preset's dirs exist on the node, empty (kubelet would make them anyway): the
+    # agent writes there, never outside the node's dir.
+    wrong, right = PLATFORMS[preset], PLATFORMS[node]
+    elsewhere = tuple(
+        d for d in (wrong.bin_dir, wrong.conf_dir) if d not in (right.bin_dir, right.conf_dir)
+    )
+    platform = replace(right, extra_dirs=elsewhere)
+    cluster.relayout(platform)
+    before = snapshot(cluster, platform)
+    helm = node_helm("4")
+    install_preset(helm, agent_image, preset, "platform value")
+
+    def not_ready_naming_it() -> str | None:
+        try:
+            code, body = readyz(cluster)
+        except OSError:
+            return None  # not listening yet
+        return body if code == 503 and f"\n{check}: " in body else None
+
+    body = wait_for(not_ready_naming_it, f"/readyz to name {check}", agent_mod.READY_TIMEOUT)
+    assert f"{check}: {message}" in body, body
+    assert f"platform preset {preset!r}" in body, body
+
+    # A meshed pod does not start uncaptured: the runtime finds no istio-cni where it looks,
+    # or the agent waits for a primary config that never comes and chains nothing.
+    image = cluster.images["workload"].ref
+    loop = ["connect-loop", OUTSIDE[0], str(OUTSIDE[1]), "0.5"]
+    node_core.create_namespaced_pod(
+        workload_ns, kubepods.pod_manifest("meshed", image, app_command=loop, sidecar=True)
+    )
+    if check == "cni-bin-dir":
+
+        def sandbox_failed() -> str | None:
+            events = kubepods.pod_events(node_core, workload_ns, "meshed")
+            return events if "FailedCreatePodSandBox" in events else None
+
+        events = wait_for(sandbox_failed, "the meshed pod's sandbox to fail", 60)
+        assert 'failed to find plugin "istio-cni"' in events, events
+        view = kubepods.pod_view(node_core, workload_ns, "meshed")
+        assert view is not None and view.phase == "Pending", view
+    (pod,) = agent_mod.agent_pods(node_core)
+    assert not kubepods.PodView.of(pod).ready
+    # The sandbox's DEL fails the same way until the uninstall takes our entry out.
+    agent_mod.uninstall(helm, node_core)
+    kubepods.delete_and_wait(node_core, workload_ns, "meshed")
+    after = snapshot(cluster, platform)
+    assert before == after
+    for d in elsewhere:
+        assert list(cluster.host_path(d).iterdir()) == [], d
