@@ -1,5 +1,5 @@
 """The agent pod's identity from the downward API, read once at start (the DaemonSet sets
-NODE_NAME from spec.nodeName, POD_NAME and POD_NAMESPACE from metadata)."""
+NODE_NAME from spec.nodeName, POD_NAME, POD_NAMESPACE and POD_UID from metadata)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ class AgentPod:
     node_name: str = ""
     pod_name: str = ""
     pod_namespace: str = ""
+    pod_uid: str = ""
+    """Events about the agent itself name its pod by UID too (`kubectl describe` matches it)."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AgentPod:
@@ -25,6 +27,7 @@ class AgentPod:
             node_name=env.get("NODE_NAME", ""),
             pod_name=env.get("POD_NAME", ""),
             pod_namespace=env.get("POD_NAMESPACE", ""),
+            pod_uid=env.get("POD_UID", ""),
         )
 
     def require_node(self) -> str:

@@ -13,7 +13,8 @@ services have it: the lifecycle asks the list, never the services. Readiness is 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -23,7 +24,9 @@ from agent.ambient.mesh import MeshDataplane, NetnsFinder, StatusAnnotator
 from agent.ambient.service import AmbientService
 from agent.ambient.watch import AmbientWatch
 from agent.config import Settings
+from agent.downward import AgentPod
 from agent.http_server import HttpServer
+from agent.install.conflicts import FIGHT_HEAL_INTERVAL
 from agent.install.installer import Installer
 from agent.install.watcher import InstallWatcher
 from agent.kube import KubeClients, api
@@ -86,6 +89,31 @@ def build_services(
     return Services([watcher, *node.services], node.uninstallers)
 
 
+CONFLICT_EVENT = "CNIConfigConflict"
+
+
+def conflict_events(events: EventRecorder, pod: AgentPod) -> Callable[[str, str, int], None]:
+    """The install watcher's `on_conflict`: a Warning Event on the agent's own pod naming the
+    file, the likely other writer and what to change there (see conflicts.py)."""
+    involved = {
+        "metadata": {"namespace": pod.pod_namespace, "name": pod.pod_name, "uid": pod.pod_uid}
+    }
+
+    def record(path: str, culprit: str, fights: int) -> None:
+        events.record(
+            involved,
+            reason=CONFLICT_EVENT,
+            message=(
+                f"{os.path.basename(path)} lost istio-cni's entry {fights} times in the last "
+                f"minute: another writer keeps rewriting it, likely {culprit}. The agent puts "
+                f"the entry back, at most once every {FIGHT_HEAL_INTERVAL} s while this lasts; "
+                "stop the other writer rewriting the file"
+            ),
+        )
+
+    return record
+
+
 def node_services(
     settings: Settings, watcher: InstallWatcher, *, node_name: str, clients: KubeClients
 ) -> Services:
@@ -114,6 +142,7 @@ def node_services(
     events = EventRecorder(
         clients.core, node_name=node_name, timeouts=api.Timeouts(settings.kubeApi)
     )
+    watcher.on_conflict = conflict_events(events, AgentPod.from_env())
     pods = PodService(
         settings,
         node_name,

@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -39,6 +39,13 @@ class Node:
     conf_dir: pathlib.Path
     src_dir: pathlib.Path
     settings: Settings
+
+    def write_primary(self, config: Mapping[str, Any], name: str = "10-net.conflist") -> None:
+        """The primary CNI's config, and its plugins in the bin dir (empty stubs), as the
+        primary's installer leaves a node (the agent's cni-bin-dir check looks for them)."""
+        (self.conf_dir / name).write_text(json.dumps(config))
+        for plugin in config.get("plugins") or [config]:
+            (self.bin_dir / str(plugin["type"])).touch()
 
     def with_settings(self, **overrides: Any) -> Settings:
         self.settings = replace(self.settings, **overrides)

@@ -33,14 +33,34 @@ def likely_culprit(file_name: str, plugin_types: Iterable[str]) -> str:
     return "another CNI or node agent writing this file"
 
 
+FIGHT_HEAL_INTERVAL = 0.25
+"""Shortest time between two heals of a file another writer keeps rewriting."""
+
+
 class ConflictTracker:
-    """Heals per file over the last minute; says when one passes the warning threshold."""
+    """Heals per file over the last minute; says when one passes the warning threshold, and how
+    long to hold the next heal off then: past the threshold, heals of that file are at least
+    FIGHT_HEAL_INTERVAL apart (a writer that answers each of our writes with its own gets no
+    tight write loop, about 20 writes a second unbounded, while the entry is still never gone
+    for long: a pod started without it would start uncaptured); none once the minute holds no
+    more than the threshold."""
 
     def __init__(self, per_minute: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.per_minute = per_minute
         self.clock = clock
         self._heals: dict[str, deque[float]] = {}
         self._warned: dict[str, float] = {}
+
+    def hold_off(self) -> float:
+        """Seconds to wait before the next heal (0: at once)."""
+        now = self.clock()
+        wait = 0.0
+        for heals in self._heals.values():
+            while heals and heals[0] < now - 60.0:
+                heals.popleft()
+            if len(heals) > self.per_minute:
+                wait = max(wait, FIGHT_HEAL_INTERVAL - (now - heals[-1]))
+        return wait
 
     def record(self, path: str) -> int | None:
         """Count one heal of `path`; the minute's count when a warning is due (once a minute)."""

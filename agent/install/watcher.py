@@ -77,10 +77,13 @@ class InstallWatcher:
         timing: WatchTiming | None = None,
         on_settings: Callable[[Settings], None] | None = None,
     ) -> None:
-        """`on_settings` is called (on the watch thread) with each changed, valid config."""
+        """`on_settings` is called (on the watch thread) with each changed, valid config;
+        `on_conflict(path, culprit, fights)` (set by the node services: an Event on the agent's
+        pod) when another writer keeps removing our entry, at most once a minute per file."""
         self.installer = installer
         self.config_path = config_path
         self.on_settings = on_settings
+        self.on_conflict: Callable[[str, str, int], None] | None = None
         self._reconciled = False
         self.timing = timing or WatchTiming()
         self.conflicts = ConflictTracker(installer.settings.conflictsPerMinuteWarning)
@@ -252,6 +255,19 @@ class InstallWatcher:
             self._set_ready(True)
             return Reconciled("in_place")
         self._set_ready(False)
+        hold = self.conflicts.hold_off()
+        if hold > 0:
+            # Another writer answers our writes with its own: heal, but not in a tight loop.
+            log.info(
+                "holding the heal off: another writer keeps rewriting the CNI config",
+                extra={"fields": {"seconds": round(hold, 1)}},
+            )
+            if self._loop.stopping.wait(hold):
+                return Reconciled("waiting", "stopping")
+            problems = self.installer.problems()
+            if not problems:
+                self._set_ready(True)
+                return Reconciled("in_place")
         try:
             report = self.installer.install()
         except TransientInstallError as e:
@@ -311,16 +327,15 @@ class InstallWatcher:
         if fights is None:
             return
         types = _plugin_types(self.installer.read(os.path.basename(path)))
+        culprit = likely_culprit(path, types)
         log.warning(
             "another writer keeps removing our CNI config entry; still healing",
             extra={
-                "fields": {
-                    "file": path,
-                    "fights_last_minute": fights,
-                    "likely_culprit": likely_culprit(path, types),
-                }
+                "fields": {"file": path, "fights_last_minute": fights, "likely_culprit": culprit}
             },
         )
+        if self.on_conflict is not None:
+            self.on_conflict(path, culprit, fights)
 
 
 def _plugin_types(data: bytes | None) -> list[str]:

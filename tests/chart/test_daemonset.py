@@ -82,6 +82,7 @@ def test_downward_api_environment(helm: Helm) -> None:
         "NODE_NAME": "spec.nodeName",
         "POD_NAME": "metadata.name",
         "POD_NAMESPACE": "metadata.namespace",
+        "POD_UID": "metadata.uid",
     }
 
 

@@ -16,6 +16,7 @@ from prometheus_client import REGISTRY
 from agent.config import load_settings
 from agent.install import conflist
 from agent.install.atomic import atomic_write
+from agent.install.conflicts import FIGHT_HEAL_INTERVAL, ConflictTracker
 from agent.install.installer import Installer
 from agent.install.watcher import InstallWatcher, WatchTiming
 from testbed.agent_host import Node
@@ -184,6 +185,49 @@ def test_conflict_warning_names_file_and_culprit(
             == before + 4
         )
     )
+
+
+def test_a_writer_answering_each_heal_gets_no_tight_loop(
+    node: Node, running: Callable[..., Running]
+) -> None:
+    """Another writer that takes our entry out again as soon as it is back (Cilium with
+    cni.exclusive, say): past the threshold heals are FIGHT_HEAL_INTERVAL apart, so 8 s of
+    fighting cost at most 4 writes a second instead of one per event, and `on_conflict` hears
+    of it with the likely culprit."""
+    node.with_settings(conflictsPerMinuteWarning=2)
+    name = "05-cilium.conflist"
+    (node.conf_dir / name).write_text(
+        json.dumps({"cniVersion": "0.3.1", "name": "cilium", "plugins": [{"type": "cilium-cni"}]})
+    )
+    r = running()
+    assert wait_for(r.watcher.ready)
+    heard: list[tuple[str, str, int]] = []
+    r.watcher.on_conflict = lambda path, culprit, fights: heard.append((path, culprit, fights))
+    path = str(node.conf_dir / name)
+    deadline = time.monotonic() + 8.0
+    rewrites = 0
+    while time.monotonic() < deadline:
+        if r.has_entry(name):
+            _drop_entry(path)
+            rewrites += 1
+        time.sleep(0.02)
+    # Unbounded, a heal follows each rewrite at once: 180 in 8 s here. Held off: 3 at once
+    # (threshold 2, then the first past it), then one every 0.25 s at most.
+    assert 3 <= r.watcher.heals <= 3 + 8 / FIGHT_HEAL_INTERVAL, (r.watcher.heals, rewrites)
+    assert heard and heard[0][0] == path and "Cilium" in heard[0][1], heard
+
+
+def test_hold_off_past_the_threshold_and_none_after_a_quiet_minute() -> None:
+    now = [0.0]
+    tracker = ConflictTracker(2, clock=lambda: now[0])
+    holds = []
+    for _ in range(5):
+        tracker.record("/etc/cni/net.d/10-x.conflist")
+        now[0] += 0.1
+        holds.append(round(tracker.hold_off(), 3))
+    assert holds == [0.0, 0.0, 0.15, 0.15, 0.15]  # 0.25 s from the last heal, 0.1 s ago
+    now[0] += 61.0  # a quiet minute
+    assert tracker.hold_off() == 0.0
 
 
 def test_config_file_change_rewrites_entry(node: Node, running: Callable[..., Running]) -> None:

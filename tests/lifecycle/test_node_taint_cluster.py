@@ -186,7 +186,7 @@ def _ready(port: int) -> bool:
 
 class _Agent:
     def __init__(self, node: Node, node_name: str, kubeconfig: str, **config: Any) -> None:
-        (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
+        node.write_primary(LIST)
         self.port = free_port()
         path = node.write_config_yaml(metricsPort=self.port, uninstallOnStop="never", **config)
         env = agent_env(KUBECONFIG=kubeconfig, NODE_NAME=node_name)

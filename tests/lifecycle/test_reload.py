@@ -5,7 +5,6 @@ change is logged and ignored while the old settings keep working."""
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import shutil
@@ -63,7 +62,7 @@ def port_closed(port: int) -> bool:
 
 
 def start(node: Node) -> tuple[pathlib.Path, int]:
-    (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
+    node.write_primary(LIST)
     port = free_port()
     return node.write_config_yaml(metricsPort=port, excludeNamespaces=["kube-system"]), port
 
@@ -166,7 +165,7 @@ def test_pod_server_decides_with_the_reloaded_exclusions(
 ) -> None:
     namespace = str(random_namespace_function_scope.name)
     pod = node_pods.create(namespace, "with-sidecar", **SIDECAR)
-    (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
+    node.write_primary(LIST)
     port = free_port()
     config = node.write_config_yaml(
         metricsPort=port,

@@ -168,6 +168,7 @@ def test_run_on_sigterm_asks_the_api_server(
 ) -> None:
     namespace, pod = agent_pod
     (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
+    (node.bin_dir / "ptp").write_bytes(b"")  # the primary's plugin: the runtime's bin dir
     port = free_port()
     config = node.write_config_yaml(metricsPort=port, uninstallOnStop="auto")
     env = agent_env(
@@ -191,10 +192,10 @@ def test_run_on_sigterm_asks_the_api_server(
     installed = conflist.count_ours(json.loads((node.conf_dir / "10-net.conflist").read_text()))
     if daemonset_deleted:
         assert "DaemonSet is gone" in log_text
-        assert installed == 0 and os.listdir(node.bin_dir) == []
+        assert installed == 0 and os.listdir(node.bin_dir) == ["ptp"]
     else:
         assert "DaemonSet still runs on this node" in log_text
-        assert installed == 1 and os.listdir(node.bin_dir) == ["istio-cni"]
+        assert installed == 1 and sorted(os.listdir(node.bin_dir)) == ["istio-cni", "ptp"]
 
 
 def _ready(port: int) -> bool:

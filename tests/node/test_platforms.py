@@ -8,6 +8,7 @@ is captured, a plain one is not; `helm uninstall` leaves the platform's files as
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -274,3 +275,109 @@ def test_a_preset_of_another_platform_keeps_the_agent_not_ready_naming_it(
     assert before == after
     for d in elsewhere:
         assert list(cluster.host_path(d).iterdir()) == [], d
+
+
+def metric(cluster: RealCluster, name: str, labels: str) -> float:
+    """A sample of the agent's /metrics (0 when absent)."""
+    text = run_in_netns(cluster.network.netns_path, lambda: http_get(PORT, "/metrics"))[1]
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{{labels}}} "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def rewrite_as_provider(cluster: RealCluster, platform: Platform) -> None:
+    """What the provider's installer does at boot: its own file, without our entry, renamed
+    into place."""
+    path = cluster.host_path(platform.conf_dir) / platform.conflist_name
+    tmp = path.with_name(f".{path.name}.provider-tmp")
+    tmp.write_text(platform.conflist(cluster.pod_subnet))
+    tmp.rename(path)
+
+
+def has_our_entry(path: Path) -> bool:
+    try:
+        return "istio-cni" in [p.get("type") for p in json.loads(path.read_text())["plugins"]]
+    except (OSError, ValueError):
+        return False
+
+
+@pytest.mark.parametrize("name", ["eks", "iks", "k3s"])
+def test_the_primary_rewriting_its_config_while_pods_start(
+    name: str,
+    layouts: RealCluster,
+    node_helm: Any,
+    node_core: Any,
+    agent_image: Image,
+    workload_ns: str,
+) -> None:
+    """AWS VPC CNI, Calico and k3s each write their conflist again when their node agent
+    starts. Pods created around that rewrite all end up captured (the entry back at once; a pod
+    whose sandbox came up in between is repaired)."""
+    platform = PLATFORMS[name]
+    cluster = layouts
+    cluster.relayout(platform)
+    helm = node_helm("4")
+    install_preset(helm, agent_image, name, "platform value")
+    agent_mod.ready_agent(node_core, cluster, image=agent_image)
+    primary = cluster.host_path(platform.conf_dir) / platform.conflist_name
+    image = cluster.images["workload"].ref
+    loop = ["connect-loop", OUTSIDE[0], str(OUTSIDE[1]), "0.5"]
+    pods = [f"boot-{i}" for i in range(6)]
+    back_after = None
+    for i, pod in enumerate(pods):
+        node_core.create_namespaced_pod(
+            workload_ns, kubepods.pod_manifest(pod, image, app_command=loop, sidecar=True)
+        )
+        if i == 2:
+            rewrite_as_provider(cluster, platform)
+            began = time.monotonic()
+            wait_for(lambda: has_our_entry(primary), "our entry back in the rewritten file", 10)
+            back_after = time.monotonic() - began
+        time.sleep(0.3)
+    assert back_after is not None and back_after < 2.0, back_after
+    for pod in pods:
+        view = kubepods.wait_running(node_core, workload_ns, pod)
+        netns = cluster.pod_netns(view.uid)
+
+        def captured(path: str = netns) -> bool:
+            return podnet.has_istio_rules(path)
+
+        wait_for(captured, f"{pod} captured", 60)
+    assert metric(cluster, "istio_cni_install_conflicts_total", f'file="{platform.conflist_name}"')
+
+
+def test_a_primary_rewriting_in_a_loop_gets_an_event_and_no_tight_loop(
+    layouts: RealCluster, node_helm: Any, node_core: Any, agent_image: Image
+) -> None:
+    """A writer that takes our entry out as soon as it is back (as Cilium does with
+    cni.exclusive): the conflict metric counts it, the agent's pod gets a Warning Event naming
+    the likely writer, and past the threshold (conflictsPerMinuteWarning: 5) the agent's
+    writes are at least 0.25 s apart instead of answering each rewrite at once."""
+    platform = PLATFORMS["iks"]  # Calico's conflist
+    cluster = layouts
+    cluster.relayout(platform)
+    helm = node_helm("4")
+    install_preset(helm, agent_image, "iks", "platform value")
+    agent = agent_mod.ready_agent(node_core, cluster, image=agent_image)
+    primary = cluster.host_path(platform.conf_dir) / platform.conflist_name
+    heals_before = metric(cluster, "istio_cni_install_heals_total", 'kind="config"')
+    rewrites = 0
+    deadline = time.monotonic() + 25.0
+    while time.monotonic() < deadline:
+        if has_our_entry(primary):
+            rewrite_as_provider(cluster, platform)
+            rewrites += 1
+        time.sleep(0.05)
+    heals = metric(cluster, "istio_cni_install_heals_total", 'kind="config"') - heals_before
+    # 6 at once (the threshold, 5, and the first past it), then at most 4 a second.
+    assert 6 <= heals <= 6 + 25 / 0.25, (heals, rewrites)
+    conflicts = metric(
+        cluster, "istio_cni_install_conflicts_total", f'file="{platform.conflist_name}"'
+    )
+    assert conflicts >= 6, conflicts
+    events = kubepods.pod_events(node_core, agent_mod.AGENT_NAMESPACE, agent.pod.name)
+    assert "CNIConfigConflict" in events and "Calico" in events, events
+    assert "10-calico.conflist lost istio-cni's entry" in events, events
+    # The writer stopped: the entry comes back.
+    wait_for(lambda: has_our_entry(primary), "our entry back after the fight", 5)
