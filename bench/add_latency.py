@@ -131,6 +131,10 @@ class Bench:
     def _start_agent(self) -> None:
         for d in (self.bin_dir, self.conf_dir):
             d.mkdir(parents=True)
+        # The primary's plugins, as its installer leaves a node (the agent's cni-bin-dir
+        # readiness check looks for them); the bench calls only istio-cni.
+        for plugin in ("bridge", "portmap"):
+            (self.bin_dir / plugin).touch()
         self.conf_dir.joinpath("10-bench.conflist").write_text(
             json.dumps(
                 {

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import http.client
-import json
 import os
 import secrets
 import shutil
@@ -103,7 +102,7 @@ class NetnsAgentBed:
     def _run_agent(self) -> contextlib.AbstractContextManager[RunningAgent]:
         (self.workdir / "node").mkdir(parents=True)
         node = make_node(self.workdir / "node")
-        (node.conf_dir / "10-net.conflist").write_text(json.dumps(PRIMARY))
+        node.write_primary(PRIMARY)
         config = node.write_config_yaml(
             metricsAddress=self.network.node_ip,
             metricsPort=METRICS_PORT,
