@@ -29,25 +29,33 @@ LIBCNI_CACHE = Path("/var/lib/cni/results")
 DEFAULT_SUBNET = "10.250.0.0/24"
 
 
+def bridge_plugin(bridge: str, subnet: str, ipam_dir: Path | None = None) -> dict[str, Any]:
+    """The test bed's pod network: bridge + host-local, a default route via the bridge
+    (host-local's default dataDir when `ipam_dir` is None)."""
+    ipam: dict[str, Any] = {
+        "type": "host-local",
+        "ranges": [[{"subnet": subnet}]],
+        "routes": [{"dst": "0.0.0.0/0"}],
+    }
+    if ipam_dir is not None:
+        ipam["dataDir"] = str(ipam_dir)
+    return {
+        "type": "bridge",
+        "bridge": bridge,
+        "isGateway": True,
+        "ipMasq": False,
+        "hairpinMode": True,
+        "ipam": ipam,
+    }
+
+
 def reference_conflist(network: str, bridge: str, subnet: str, ipam_dir: Path) -> dict[str, Any]:
     """bridge + host-local + portmap: the pod network of a test bed node."""
     return {
         "cniVersion": "1.0.0",
         "name": network,
         "plugins": [
-            {
-                "type": "bridge",
-                "bridge": bridge,
-                "isGateway": True,
-                "ipMasq": False,
-                "hairpinMode": True,
-                "ipam": {
-                    "type": "host-local",
-                    "ranges": [[{"subnet": subnet}]],
-                    "routes": [{"dst": "0.0.0.0/0"}],
-                    "dataDir": str(ipam_dir),
-                },
-            },
+            bridge_plugin(bridge, subnet, ipam_dir),
             {"type": "portmap", "capabilities": {"portMappings": True}},
         ],
     }

@@ -4,8 +4,8 @@ provider's conflist stays as that provider writes it, giving pods their network 
 real `bridge` plugin.
 
     delegate   calico, aws-cni, azure-vnet: the conflist entry's own fields are ignored; the pod
-               gets bridge + host-local on the node's bridge and pod subnet, as the provider
-               would give it an address and a default route.
+               gets bridge + host-local on the node's bridge and pod subnet (cni.bridge_plugin),
+               as the provider would give it an address and a default route.
     flannel    what flannel's plugin does: reads `subnetFile` (flanneld's subnet.env), builds a
                bridge delegate (its `delegate` fields over bridge cni0, host-local on
                FLANNEL_SUBNET, FLANNEL_MTU, ipMasq unless flanneld masquerades) and runs it.
@@ -76,22 +76,6 @@ for d in os.environ.get("CNI_PATH", "").split(":"):
         sys.exit(done.returncode)
 fail("no bridge plugin in CNI_PATH")
 """
-
-
-def bridge_delegate(bridge: str, subnet: str) -> dict[str, Any]:
-    """The network the `delegate` doubles give a pod (host-local keeps its default dataDir)."""
-    return {
-        "type": "bridge",
-        "bridge": bridge,
-        "isGateway": True,
-        "ipMasq": False,
-        "hairpinMode": True,
-        "ipam": {
-            "type": "host-local",
-            "ranges": [[{"subnet": subnet}]],
-            "routes": [{"dst": "0.0.0.0/0"}],
-        },
-    }
 
 
 def write_double(

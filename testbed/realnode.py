@@ -31,8 +31,8 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from testbed import images, nodeclean, parts
-from testbed.cni import link_plugins, reference_conflist
-from testbed.cni_double import bridge_delegate, write_double
+from testbed.cni import bridge_plugin, link_plugins, reference_conflist
+from testbed.cni_double import write_double
 from testbed.containerd import Containerd, ContainerdDirs
 from testbed.controlplane import (
     NODE_CONTROLLERS,
@@ -318,8 +318,8 @@ class RealCluster:
             overlays.append(Overlay(_resolved(platform.bin_dir), bin_dir, root / "bin-work"))
             bin_dir.mkdir(parents=True)
         link_plugins(self.plugins_dir, bin_dir)
+        delegate = bridge_plugin(self.bridge, self.pod_subnet)  # host-local's default dataDir
         for double in platform.doubles:
-            delegate = bridge_delegate(self.bridge, self.pod_subnet)
             write_double(bin_dir, double.plugin_type, double.mode, delegate)
         if platform.flannel_subnet_env:
             network = ".".join(self.pod_subnet.split(".")[:2]) + ".0.0/16"
