@@ -5,6 +5,8 @@ which of its plugins are real (Debian's reference plugins) or test doubles (test
 
 RealCluster.relayout(platform) builds one on the real node: the platform's paths exist only in
 the node's mount namespace (testbed/mountns.py), as binds of dirs under `<node>/platform/`.
+OpenShift's runs CRI-O instead of containerd (testbed/crio.py), and Multus (a test double,
+testbed/multus_double.py) as the CNI the runtime calls.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from testbed.crio import PINNED_DIRS
 
 REAL_WORLD = Path(__file__).resolve().parent.parent / "tests/testdata/istio-conformance/real-world"
 
@@ -54,6 +58,13 @@ class Platform:
     """Chart values the runtime run here needs beyond the preset (see `runtime_note`)."""
     real: tuple[str, ...] = field(default=())
     """The primary's plugins that are the real ones (Debian's)."""
+    runtime: str = "containerd"
+    """The node's container runtime: containerd, or crio (testbed/crio.py)."""
+    kubeconfig: str = ""
+    """A node path where the primary expects a kubeconfig (Multus's), written by the layout."""
+    delegate_conf_dir: str = ""
+    """Multus's confDir: where a NetworkAttachmentDefinition without spec.config is looked up
+    (the chart's standalone config goes there)."""
 
     def conflist(self, subnet: str) -> str:
         """The provider's file, bytes as the provider writes them unless the pod subnet had to
@@ -81,6 +92,27 @@ def _bridge_subnet(config: dict[str, Any], subnet: str) -> None:
     config["plugins"][0]["ipam"]["subnet"] = subnet
 
 
+def _openshift_multus(config: dict[str, Any], subnet: str) -> None:
+    """Multus's thin config as OpenShift's network operator sets it (namespace isolation with
+    `default` global, binaries and kubeconfig where OpenShift keeps them), its default network
+    CRI-O's own bridge config on the node's subnet (OVN-Kubernetes cannot run here)."""
+    default = json.loads((REAL_WORLD / "crio-bridge.conf").read_text())
+    default["ipam"]["ranges"] = [[{"subnet": subnet}]]
+    default["ipam"]["routes"] = [{"dst": "0.0.0.0/0"}]
+    config.pop("cniConf", None)  # the thin entrypoint's container path; Multus's default applies
+    config.update(
+        {
+            "namespaceIsolation": True,
+            "globalNamespaces": "default,openshift-multus,openshift-sriov-network-operator",
+            "logLevel": "verbose",
+            "binDir": "/var/lib/cni/bin",
+            "kubeconfig": OPENSHIFT_MULTUS_KUBECONFIG,
+            "delegates": [default],
+        }
+    )
+
+
+OPENSHIFT_MULTUS_KUBECONFIG = "/etc/kubernetes/cni/net.d/multus.d/multus.kubeconfig"
 CALICO = Double("calico", "delegate")
 
 PLATFORMS: dict[str, Platform] = {
@@ -176,6 +208,25 @@ PLATFORMS: dict[str, Platform] = {
             edit=_ranges_subnet,
             extra_dirs=("/run/cni-ipam-state",),
             real=("ptp", "host-local", "portmap"),
+        ),
+        Platform(
+            "openshift",
+            "/var/lib/cni/bin",
+            "/etc/kubernetes/cni/net.d",
+            "00-multus.conf",
+            "multus-thin.conf",
+            edit=_openshift_multus,
+            doubles=(Double("multus", "multus"),),
+            # Multus's confDir (our standalone config) and CRI-O's pinned namespaces' dirs.
+            extra_dirs=(
+                "/etc/cni/multus/net.d",
+                *PINNED_DIRS,
+            ),
+            delegate_conf_dir="/etc/cni/multus/net.d",
+            real=("bridge", "host-local"),
+            runtime="crio",
+            runtime_note="CRI-O with conmon and runc, kubelet on it (as OpenShift's nodes)",
+            kubeconfig=OPENSHIFT_MULTUS_KUBECONFIG,
         ),
         Platform(
             "rke2",

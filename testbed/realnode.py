@@ -6,7 +6,8 @@ controllers pods need), and a node run by kubelet and containerd in its own netw
       control plane                (controlplane.py, listening on the veth's root end)
       node dir, made a shared mount (the DaemonSet's HostToContainer mounts need one)
       CNI dirs                     (Debian's reference plugins, bridge + host-local + portmap)
-      containerd + images          (containerd.py, images.py)
+      containerd + images          (containerd.py, images.py; relayout() to OpenShift's layout
+                                    swaps in CRI-O, crio.py)
       kubelet                      (kubelet.py), then waits for the Node to be Ready
     RealCluster.stop(): the reverse, then nodeclean.clean(): nothing stays behind.
 
@@ -27,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
@@ -41,8 +43,10 @@ from testbed.controlplane import (
     Binaries,
     ControlPlane,
 )
+from testbed.crio import Crio, CrioDirs
 from testbed.kubelet import Kubelet, KubeletDirs
 from testbed.mountns import Bind, MountNamespace, Overlay
+from testbed.multus_double import write_multus_double
 from testbed.nodenet import NodeNetwork
 from testbed.platforms import Platform
 from testbed.process import PartFailedError
@@ -94,6 +98,8 @@ class RealCluster:
         self.images = {name: images.image(name) for name in image_names}
         self.plane: ControlPlane | None = None
         self.runtime: Containerd | None = None
+        self.crio: Crio | None = None
+        """CRI-O, made by the first layout of a platform that runs it (OpenShift)."""
         self.kubelet: Kubelet | None = None
         self.record: nodeclean.NodeRecord | None = None
         self.platform: Platform | None = None
@@ -120,6 +126,16 @@ class RealCluster:
     def kubeconfig(self) -> Path:
         assert self.plane is not None
         return self.plane.kubeconfig
+
+    @property
+    def cri(self) -> Containerd | Crio:
+        """The runtime kubelet talks to now: the layout's (CRI-O for OpenShift), else
+        containerd."""
+        if self.platform is not None and self.platform.runtime == "crio":
+            assert self.crio is not None
+            return self.crio
+        assert self.runtime is not None
+        return self.runtime
 
     def reference_conflist(self) -> dict[str, Any]:
         return reference_conflist(
@@ -222,6 +238,7 @@ class RealCluster:
         for name, stop in (
             ("kubelet", self.kubelet.stop if self.kubelet else None),
             ("containerd", self.runtime.stop if self.runtime else None),
+            ("crio", self.crio.stop if self.crio else None),
         ):
             if stop is not None:
                 try:
@@ -251,12 +268,13 @@ class RealCluster:
         container dies too, as in a reboot, and kubelet starts every pod again.
         `while_booting` runs once containerd is back and before kubelet starts (the moment
         a booting node's other services set up their files)."""
-        assert self.kubelet is not None and self.runtime is not None and self.record is not None
+        assert self.kubelet is not None and self.record is not None
+        runtime = self.cri
         self.kubelet.stop()
-        self.runtime.stop()
+        runtime.stop()
         if reboot:
             nodeclean.kill_containers(self.record)
-        self.runtime.start()
+        runtime.start()
         if while_booting is not None:
             while_booting()
         self.kubelet.start()
@@ -283,7 +301,7 @@ class RealCluster:
         start again in it, containerd with the platform's CNI dirs; returns once Ready."""
         assert self.kubelet is not None and self.runtime is not None and self.record is not None
         self.kubelet.stop()
-        self.runtime.stop()
+        self.cri.stop()
         nodeclean.kill_containers(self.record)
         if self.mount_ns is not None:
             self.mount_ns.close()
@@ -296,12 +314,39 @@ class RealCluster:
             self.mount_ns = self._platform_namespace(platform)
             prefix = self.mount_ns.prefix()
             bin_dir, conf_dir, under_state = Path(platform.bin_dir), Path(platform.conf_dir), False
-        self.runtime.prefix = self.kubelet.prefix = prefix
-        self.runtime.cni_bin_dir, self.runtime.cni_conf_dir = bin_dir, conf_dir
-        self.runtime.netns_under_state = under_state
-        self.runtime.start()
+        self.kubelet.prefix = prefix
+        if platform is not None and platform.runtime == "crio":
+            socket = self._start_crio(prefix, platform)
+        else:
+            self.runtime.prefix = prefix
+            self.runtime.cni_bin_dir, self.runtime.cni_conf_dir = bin_dir, conf_dir
+            self.runtime.netns_under_state = under_state
+            self.runtime.start()
+            socket = self.runtime_dirs.socket
+        if self.kubelet.runtime_socket != socket:
+            self.kubelet.runtime_socket = socket
+            self.kubelet.prepare()
         self.kubelet.start()
         self.wait_node_ready()
+
+    def _start_crio(self, prefix: list[str], platform: Platform) -> Path:
+        """CRI-O in the layout's namespace with the platform's CNI dirs, every image of the
+        node in its storage (kept across layouts); returns its socket."""
+        if self.crio is None:
+            self.crio = Crio(
+                CrioDirs(self.base / "crio", self.runtime_dirs.runc_root / "crio"),
+                self.log_dir / "crio.log",
+                prefix=prefix,
+                pause_image=self.images["pause"].ref,
+                cni_bin_dir=platform.bin_dir,
+                cni_conf_dir=platform.conf_dir,
+            )
+        self.crio.prefix = prefix
+        self.crio.cni_bin_dir, self.crio.cni_conf_dir = platform.bin_dir, platform.conf_dir
+        for image in self.images.values():
+            self.crio.import_image(image.archive, image.ref)
+        self.crio.start()
+        return self.crio.socket
 
     def _platform_namespace(self, platform: Platform) -> MountNamespace:
         assert self.record is not None
@@ -320,7 +365,16 @@ class RealCluster:
         link_plugins(self.plugins_dir, bin_dir)
         delegate = bridge_plugin(self.bridge, self.pod_subnet)  # host-local's default dataDir
         for double in platform.doubles:
-            write_double(bin_dir, double.plugin_type, double.mode, delegate)
+            if double.mode == "multus":
+                write_multus_double(bin_dir)
+            else:
+                write_double(bin_dir, double.plugin_type, double.mode, delegate)
+        if platform.kubeconfig:  # the admin's credentials, as JSON (the double reads no YAML)
+            kubeconfig = self.host_path(platform.kubeconfig)
+            kubeconfig.parent.mkdir(parents=True, exist_ok=True)
+            admin = yaml.safe_load(self.kubeconfig.read_text())
+            kubeconfig.write_text(json.dumps(admin, indent=2) + "\n")
+            kubeconfig.chmod(0o600)
         if platform.flannel_subnet_env:
             network = ".".join(self.pod_subnet.split(".")[:2]) + ".0.0/16"
             gateway = self.pod_subnet.replace(".0/24", ".1/24")
@@ -339,31 +393,35 @@ class RealCluster:
         return namespace
 
     def import_image(self, image: images.Image) -> None:
+        """Into containerd, and into CRI-O's storage when it runs the node now (else at its
+        next start)."""
         assert self.runtime is not None
         self.runtime.import_image(image.archive)
+        if self.crio is not None and self.cri is self.crio:
+            self.crio.import_image(image.archive, image.ref)
         self.images[image.name] = image
 
     def runtime_images(self) -> set[str]:
-        assert self.runtime is not None
-        return self.runtime.images()
+        return self.cri.images()
 
     def remove_image(self, ref: str) -> None:
         """Take an image off the node (containers of it that exist keep their snapshots)."""
-        assert self.runtime is not None
-        self.runtime.ctr("images", "rm", ref)
+        cri = self.cri
+        if isinstance(cri, Crio):
+            cri.remove_image(ref)
+        else:
+            cri.ctr("images", "rm", ref)
 
     def container(self, pod_uid: str, name: str) -> tuple[dict[str, Any], int]:
         """(OCI spec, pid) of the pod's running container `name`."""
-        assert self.runtime is not None
-        container_id, pid = self.runtime.running_container(pod_uid, name)
-        return self.runtime.container_spec(container_id), pid
+        container_id, pid = self.cri.running_container(pod_uid, name)
+        return self.cri.container_spec(container_id), pid
 
     def pod_netns(self, pod_uid: str) -> str:
-        """/proc/<pause pid>/ns/net of the pod's running sandbox."""
-        assert self.runtime is not None
-        pid = self.runtime.sandbox_pid(pod_uid)
+        """/proc/<pid>/ns/net of the pod's running sandbox (a process of the pod)."""
+        pid = self.cri.sandbox_pid(pod_uid)
         if pid is None:
-            raise AssertionError(f"no running sandbox of pod {pod_uid} in containerd")
+            raise AssertionError(f"no running sandbox of pod {pod_uid} in the node's runtime")
         return f"/proc/{pid}/ns/net"
 
     # -- API ---------------------------------------------------------------------------------
@@ -408,7 +466,7 @@ class RealCluster:
         """Raise naming the first part of the node that exited."""
         for daemon in [
             *(self.plane.daemons if self.plane else []),
-            *([self.runtime.daemon] if self.runtime else []),
+            *([self.cri.daemon] if self.runtime else []),
             *([self.kubelet.daemon] if self.kubelet and self.kubelet.daemon else []),
         ]:
             if not daemon.alive():

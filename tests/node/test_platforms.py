@@ -3,18 +3,25 @@
 conflist there, its plugins real or named test doubles. The chart installed with the preset, as
 a values file and as `--set platform=`, gives a Ready agent whose entry is chained into the
 provider's file and whose plugin sits in the platform's bin dir; a meshed pod started by kubelet
-is captured, a plain one is not; `helm uninstall` leaves the platform's files as they were."""
+is captured, a plain one is not; `helm uninstall` leaves the platform's files as they were.
+
+OpenShift's node runs CRI-O (testbed/crio.py) with Multus (a named test double,
+testbed/multus_double.py) as its CNI: nothing is chained; Multus runs our standalone config for
+pods that name the NetworkAttachmentDefinition istio-cni, as Istio's injector writes it."""
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
+from kubernetes import client as k8s
 
 from agent.netns import run_in_netns
 from testbed import chart as agent_mod
@@ -22,6 +29,7 @@ from testbed import kubepods, podnet
 from testbed.agent_host import http_get
 from testbed.helm import Helm
 from testbed.images import Image
+from testbed.multus_double import nad_crd
 from testbed.platforms import PLATFORMS, Platform
 from testbed.realnode import RealCluster
 from testbed.wait import wait_for
@@ -44,7 +52,8 @@ def layouts(real_cluster: RealCluster) -> Iterator[RealCluster]:
 def snapshot(cluster: RealCluster, platform: Platform) -> dict[str, Any]:
     """Every file of the platform's CNI dirs: bytes and mode, or a link's target."""
     out: dict[str, Any] = {}
-    for node_dir in (platform.bin_dir, platform.conf_dir):
+    dirs = (platform.bin_dir, platform.conf_dir, platform.delegate_conf_dir)
+    for node_dir in filter(None, dirs):
         root = cluster.host_path(node_dir)
         for path in sorted(root.rglob("*")):
             key = f"{node_dir}/{path.relative_to(root)}"
@@ -55,12 +64,26 @@ def snapshot(cluster: RealCluster, platform: Platform) -> dict[str, Any]:
     return out
 
 
+def uninstall_leaves_files_as_before(
+    cluster: RealCluster,
+    platform: Platform,
+    helm: Helm,
+    core: Any,
+    before: dict[str, Any],
+    how: str,
+) -> None:
+    agent_mod.uninstall(helm, core)
+    after = snapshot(cluster, platform)
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    assert not changed, f"{how}: helm uninstall left these changed: {changed}"
+
+
 def image_values(image: Image) -> dict[str, Any]:
     """Only what the test bed needs: its image, never pulled. The paths are the preset's."""
     return {"hub": image.hub, "tag": image.tag, "pullPolicy": "Never", "logLevel": "debug"}
 
 
-def install_preset(helm: Helm, image: Image, name: str, how: str, **extra: str) -> None:
+def install_preset(helm: Helm, image: Image, name: str, how: str, **extra: Any) -> None:
     """`-f values-examples/NAME.yaml` or `--set platform=NAME`, and the test bed's image."""
     files = (PRESETS / f"{name}.yaml",) if how == "values file" else ()
     values = {**image_values(image), **({} if files else {"platform": name}), **extra}
@@ -142,6 +165,12 @@ def test_preset_on_its_platform(
     platform = PLATFORMS[name]
     cluster = layouts
     cluster.relayout(platform)
+    if platform.delegate_conf_dir:
+        with nad_crd_applied(node_core):
+            preset_through_multus(
+                cluster, platform, node_helm("4"), node_core, agent_image, workload_ns
+            )
+        return
     before = snapshot(cluster, platform)
     primary = cluster.host_path(platform.conf_dir) / platform.conflist_name
     primary_types = [p["type"] for p in json.loads(primary.read_text())["plugins"]]
@@ -178,10 +207,140 @@ def test_preset_on_its_platform(
             kubepods.delete_and_wait(node_core, workload_ns, plain)
         kubepods.delete_and_wait(node_core, workload_ns, meshed)
 
-        agent_mod.uninstall(helm, node_core)
-        after = snapshot(cluster, platform)
-        changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
-        assert not changed, f"{how}: helm uninstall left these changed: {changed}"
+        uninstall_leaves_files_as_before(cluster, platform, helm, node_core, before, how)
+
+
+NETWORKS = "k8s.v1.cni.cncf.io/networks"
+REPAIRED = "started without traffic redirect"  # the repair Event's message
+
+
+def repair_event(core: Any, namespace: str, pod: str) -> bool:
+    return REPAIRED in kubepods.pod_events(core, namespace, pod)
+
+
+NAD_GROUP, NAD_VERSION, NAD_PLURAL = "k8s.cni.cncf.io", "v1", "network-attachment-definitions"
+
+
+@contextmanager
+def nad_crd_applied(core: Any) -> Iterator[None]:
+    """The NetworkAttachmentDefinition CRD (OpenShift ships it with Multus), removed after."""
+    crds = k8s.ApiextensionsV1Api(core.api_client)
+    crd = nad_crd()
+    name = crd["metadata"]["name"]
+    crds.create_custom_resource_definition(cast(Any, crd))
+    try:
+
+        def established() -> bool:
+            status = crds.read_custom_resource_definition(name).status
+            conditions = (status.conditions if status else None) or []
+            return any(c.type == "Established" and c.status == "True" for c in conditions)
+
+        wait_for(established, f"CRD {name} Established", 30)
+        yield
+    finally:
+        crds.delete_custom_resource_definition(name)
+
+        def gone() -> bool:
+            try:
+                crds.read_custom_resource_definition(name)
+            except k8s.ApiException as e:
+                return e.status == 404
+            return False
+
+        wait_for(gone, f"CRD {name} deleted", 60)
+
+
+def preset_through_multus(
+    cluster: RealCluster,
+    platform: Platform,
+    helm: Helm,
+    core: Any,
+    agent_image: Image,
+    namespace: str,
+) -> None:
+    """OpenShift: the agent writes a standalone config in Multus's confDir and leaves Multus's
+    own file alone; a pod naming `default/istio-cni`, or `istio-cni` in a namespace of
+    networkAttachmentNamespaces (as Istio's injector writes it), is captured through Multus, by
+    the plugin (no repair Event); a plain pod naming none is left alone. A
+    sidecar pod whose annotation is missing never reaches the plugin (Multus runs only what a
+    pod names), and fails closed: the agent's repair finds its netns without rules and
+    captures it in place (its Event says so)."""
+    before = snapshot(cluster, platform)
+    multus_conf = cluster.host_path(platform.conf_dir) / platform.conflist_name
+    multus_bytes = multus_conf.read_bytes()
+    standalone = cluster.host_path(platform.delegate_conf_dir) / "istio-cni.conf"
+    nads = k8s.CustomObjectsApi(core.api_client)
+    image = cluster.images["workload"].ref
+    loop = ["connect-loop", OUTSIDE[0], str(OUTSIDE[1]), "0.5"]
+    # Istio's injector names `istio-cni` (the pod's own namespace) unless told otherwise: the
+    # second round has the chart put a NetworkAttachmentDefinition in the pods' namespace.
+    rounds: tuple[tuple[str, str, dict[str, Any]], ...] = (
+        ("values file", "default/istio-cni", {}),
+        ("platform value", "istio-cni", {"networkAttachmentNamespaces": [namespace]}),
+    )
+    for round_, (how, network, extra) in enumerate(rounds):
+        install_preset(helm, agent_image, platform.name, how, **extra)
+        agent_mod.ready_agent(core, cluster, image=agent_image)
+        config = json.loads(standalone.read_text())
+        assert (config["name"], config["type"]) == ("istio-cni", "istio-cni"), config
+        assert multus_conf.read_bytes() == multus_bytes, f"{how}: Multus's config was changed"
+        assert (cluster.host_path(platform.bin_dir) / "istio-cni").is_file()
+        for ns in (
+            "default",
+            agent_mod.AGENT_NAMESPACE,
+            *extra.get("networkAttachmentNamespaces", []),
+        ):
+            nad = cast(
+                dict[str, Any],
+                nads.get_namespaced_custom_object(
+                    NAD_GROUP, NAD_VERSION, ns, NAD_PLURAL, "istio-cni"
+                ),
+            )
+            assert not nad.get("spec", {}).get("config"), nad  # Multus reads istio-cni.conf
+
+        meshed, plain, unnamed = f"meshed-{round_}", f"plain-{round_}", f"no-network-{round_}"
+        core.create_namespaced_pod(
+            namespace,
+            kubepods.pod_manifest(
+                meshed,
+                image,
+                app_command=loop,
+                sidecar=True,
+                annotations={NETWORKS: network},
+            ),
+        )
+        if round_ == 0:
+            for pod, sidecar in ((plain, False), (unnamed, True)):
+                core.create_namespaced_pod(
+                    namespace, kubepods.pod_manifest(pod, image, app_command=loop, sidecar=sidecar)
+                )
+        kubepods.wait_running(core, namespace, meshed)
+        assert_captured(cluster, core, namespace, meshed)
+        assert REPAIRED not in kubepods.pod_events(core, namespace, meshed)
+        if round_ == 0:
+            kubepods.wait_running(core, namespace, plain)
+            assert_left_alone(cluster, core, namespace, plain)
+            kubepods.wait_running(core, namespace, unnamed)
+            repaired = functools.partial(repair_event, core, namespace, unnamed)
+            wait_for(repaired, "the repair Event of the pod Multus did not run us for", 60)
+            # Its connections escape until the repair (Istio's validation init container
+            # would hold the app back meanwhile); from then on they reach the proxy.
+            line = kubepods.wait_log_line(
+                core,
+                namespace,
+                unnamed,
+                "app",
+                lambda s: "proxy-double port=15001" in s,
+                "a connection answered by the proxy after the repair",
+            )
+            assert f"original_dst={OUTSIDE[0]}:{OUTSIDE[1]}" in line, line
+            view = kubepods.pod_view(core, namespace, unnamed)
+            assert view is not None and podnet.has_istio_rules(cluster.pod_netns(view.uid))
+            for pod in (plain, unnamed):
+                kubepods.delete_and_wait(core, namespace, pod)
+        kubepods.delete_and_wait(core, namespace, meshed)
+
+        uninstall_leaves_files_as_before(cluster, platform, helm, core, before, how)
 
 
 PORT = 15014  # the chart's default metricsPort, in the node's own network namespace

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from testbed import operator_crds, parts
+from testbed.crio import crio_version
 from testbed.istio_binaries import istio_version
 
 # The script checks Debian's etcd, a part of the cluster tier.
@@ -47,6 +48,8 @@ def test_cached_parts_are_reused_without_building(tmp_path: Path) -> None:
         f"istio/{istio_version()}/istio-cni",
         f"istio/{istio_version()}/pilot-discovery",
         f"istio/{istio_version()}/install-cni",
+        f"crio/{crio_version()}/crio",
+        f"crio/{crio_version()}/pinns",
         *(
             f"prometheus-operator-crds/{operator_crds.VERSION}/{f}"
             for f in operator_crds.FILES.values()
@@ -58,8 +61,9 @@ def test_cached_parts_are_reused_without_building(tmp_path: Path) -> None:
         path.chmod(0o755)
     result = _run(tmp_path)
     assert result.returncode == 0, result.stderr
-    assert result.stderr.count("cached at") == 10
+    assert result.stderr.count("cached at") == 11
     assert f"kube-apiserver {tmp_path}/kube/{version}/kube-apiserver" in result.stdout
     discovery = f"pilot-discovery {tmp_path}/istio/{istio_version()}/pilot-discovery"
     assert discovery in result.stdout
     assert f"install-cni {tmp_path}/istio/{istio_version()}/install-cni" in result.stdout
+    assert f"crio {tmp_path}/crio/{crio_version()}/crio" in result.stdout
