@@ -18,7 +18,6 @@ limits (no hugetlb hierarchy is mounted here, though the kernel lists the contro
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import time
 from dataclasses import dataclass
@@ -72,21 +71,6 @@ if "create" in args or "run" in args:
         os.replace(path + ".tmp", path)
 os.execv(RUNC, [RUNC, *args])
 """
-
-
-def crio_version() -> str:
-    """The CRI-O release ci/setup-testbed builds (its CRIO_VERSION line)."""
-    text = (parts.REPO_ROOT / parts.SETUP_TESTBED).read_text()
-    match = re.search(r"^CRIO_VERSION=(v\S+)$", text, re.MULTILINE)
-    if not match:
-        raise parts.MissingPartError(f"{parts.SETUP_TESTBED}: no CRIO_VERSION= line")
-    return match.group(1)
-
-
-def crio_part(name: str) -> parts.Part:
-    """crio or pinns, from the cache dir."""
-    path = parts.cache_dir() / "crio" / crio_version() / name
-    return parts.Part(name, path, parts.SETUP_TESTBED)
 
 
 @dataclass(frozen=True)
@@ -203,8 +187,8 @@ class Crio:
         cni_conf_dir: str,
     ) -> None:
         self.dirs = dirs
-        self.binary = crio_part("crio").require()
-        self.pinns = crio_part("pinns").require()
+        self.binary = parts.crio().require()
+        self.pinns = parts.crio("pinns").require()
         parts.Part("conmon (Debian package conmon)", Path(CONMON), parts.SETUP_APT).require()
         self.runc = parts.debian_tool("runc", "runc").require()
         self.buildah = parts.debian_tool("buildah", "buildah").require()

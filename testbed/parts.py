@@ -77,6 +77,28 @@ def kubelet() -> Part:
     return Part("kubelet", cache_dir() / "kube" / kube_version() / "kubelet", SETUP_TESTBED)
 
 
+def setup_testbed_version(variable: str) -> str:
+    """A version ci/setup-testbed pins itself (`CRIO_VERSION=v1.31.0`): parts it builds from a
+    module zip, with no ci/go dir of their own."""
+    text = (REPO_ROOT / SETUP_TESTBED).read_text()
+    match = re.search(rf"^{re.escape(variable)}=(v\S+)$", text, re.MULTILINE)
+    if not match:
+        raise MissingPartError(f"{SETUP_TESTBED}: no {variable}= line")
+    return match.group(1)
+
+
+def crio(name: str = "crio") -> Part:
+    """CRI-O's `crio` or `pinns`."""
+    path = cache_dir() / "crio" / setup_testbed_version("CRIO_VERSION") / name
+    return Part(name, path, SETUP_TESTBED)
+
+
+def multus() -> Part:
+    """Multus's thin CNI plugin."""
+    path = cache_dir() / "multus" / setup_testbed_version("MULTUS_VERSION") / "multus"
+    return Part("multus", path, SETUP_TESTBED)
+
+
 def debian_tool(name: str, package: str) -> Part:
     """A program from a Debian package ci/setup-apt installs (containerd, runc, ...)."""
     found = shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/bin:/sbin:/bin")

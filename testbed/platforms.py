@@ -5,19 +5,20 @@ which of its plugins are real (Debian's reference plugins) or test doubles (test
 
 RealCluster.relayout(platform) builds one on the real node: the platform's paths exist only in
 the node's mount namespace (testbed/mountns.py), as binds of dirs under `<node>/platform/`.
-OpenShift's runs CRI-O instead of containerd (testbed/crio.py), and Multus (a test double,
-testbed/multus_double.py) as the CNI the runtime calls.
+OpenShift's runs CRI-O instead of containerd (testbed/crio.py), and Multus's thin plugin (built
+from its source) as the CNI the runtime calls.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from testbed.crio import PINNED_DIRS
+from testbed.parts import Part, multus
 
 REAL_WORLD = Path(__file__).resolve().parent.parent / "tests/testdata/istio-conformance/real-world"
 
@@ -58,6 +59,8 @@ class Platform:
     """Chart values the runtime run here needs beyond the preset (see `runtime_note`)."""
     real: tuple[str, ...] = field(default=())
     """The primary's plugins that are the real ones (Debian's)."""
+    built: tuple[Part, ...] = ()
+    """Plugins of the primary the test bed builds from their source (real ones: Multus)."""
     runtime: str = "containerd"
     """The node's container runtime: containerd, or crio (testbed/crio.py)."""
     kubeconfig: str = ""
@@ -216,14 +219,14 @@ PLATFORMS: dict[str, Platform] = {
             "00-multus.conf",
             "multus-thin.conf",
             edit=_openshift_multus,
-            doubles=(Double("multus", "multus"),),
+            built=(multus(),),
             # Multus's confDir (our standalone config) and CRI-O's pinned namespaces' dirs.
             extra_dirs=(
                 "/etc/cni/multus/net.d",
                 *PINNED_DIRS,
             ),
             delegate_conf_dir="/etc/cni/multus/net.d",
-            real=("bridge", "host-local"),
+            real=("multus", "bridge", "host-local"),
             runtime="crio",
             runtime_note="CRI-O with conmon and runc, kubelet on it (as OpenShift's nodes)",
             kubeconfig=OPENSHIFT_MULTUS_KUBECONFIG,
@@ -239,3 +242,15 @@ PLATFORMS: dict[str, Platform] = {
         ),
     )
 }
+
+RUNTIME_VARIANTS: dict[str, Platform] = {
+    # minikube also runs CRI-O (--container-runtime=cri-o): the same layout, CRI-O reading the
+    # chained conflist (and reloading it when the agent writes our entry in).
+    "minikube-on-crio": replace(
+        PLATFORMS["minikube"],
+        runtime="crio",
+        runtime_note="CRI-O (minikube --container-runtime=cri-o)",
+        extra_dirs=(*PLATFORMS["minikube"].extra_dirs, *PINNED_DIRS),
+    ),
+}
+"""Layouts of a preset's platform on another runtime it supports, by test id."""

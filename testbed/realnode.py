@@ -28,7 +28,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
@@ -46,7 +45,6 @@ from testbed.controlplane import (
 from testbed.crio import Crio, CrioDirs
 from testbed.kubelet import Kubelet, KubeletDirs
 from testbed.mountns import Bind, MountNamespace, Overlay
-from testbed.multus_double import write_multus_double
 from testbed.nodenet import NodeNetwork
 from testbed.platforms import Platform
 from testbed.process import PartFailedError
@@ -365,15 +363,13 @@ class RealCluster:
         link_plugins(self.plugins_dir, bin_dir)
         delegate = bridge_plugin(self.bridge, self.pod_subnet)  # host-local's default dataDir
         for double in platform.doubles:
-            if double.mode == "multus":
-                write_multus_double(bin_dir)
-            else:
-                write_double(bin_dir, double.plugin_type, double.mode, delegate)
-        if platform.kubeconfig:  # the admin's credentials, as JSON (the double reads no YAML)
+            write_double(bin_dir, double.plugin_type, double.mode, delegate)
+        for part in platform.built:  # plugins the test bed builds (Multus), linked as Debian's
+            (bin_dir / part.name).symlink_to(part.require())
+        if platform.kubeconfig:  # the primary's credentials (the admin's, here)
             kubeconfig = self.host_path(platform.kubeconfig)
             kubeconfig.parent.mkdir(parents=True, exist_ok=True)
-            admin = yaml.safe_load(self.kubeconfig.read_text())
-            kubeconfig.write_text(json.dumps(admin, indent=2) + "\n")
+            shutil.copyfile(self.kubeconfig, kubeconfig)
             kubeconfig.chmod(0o600)
         if platform.flannel_subnet_env:
             network = ".".join(self.pod_subnet.split(".")[:2]) + ".0.0/16"

@@ -5,8 +5,8 @@ a values file and as `--set platform=`, gives a Ready agent whose entry is chain
 provider's file and whose plugin sits in the platform's bin dir; a meshed pod started by kubelet
 is captured, a plain one is not; `helm uninstall` leaves the platform's files as they were.
 
-OpenShift's node runs CRI-O (testbed/crio.py) with Multus (a named test double,
-testbed/multus_double.py) as its CNI: nothing is chained; Multus runs our standalone config for
+OpenShift's node runs CRI-O (testbed/crio.py) with Multus's thin plugin as its CNI (both built
+from their source by ci/setup-testbed): nothing is chained; Multus runs our standalone config for
 pods that name the NetworkAttachmentDefinition istio-cni, as Istio's injector writes it."""
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from testbed import kubepods, podnet
 from testbed.agent_host import http_get
 from testbed.helm import Helm
 from testbed.images import Image
-from testbed.multus_double import nad_crd
-from testbed.platforms import PLATFORMS, Platform
+from testbed.multus import nad_crd
+from testbed.platforms import PLATFORMS, RUNTIME_VARIANTS, Platform
 from testbed.realnode import RealCluster
 from testbed.wait import wait_for
 
@@ -153,7 +153,7 @@ def assert_closed_on_another_runtime(
     kubepods.delete_and_wait(core, namespace, "other-runtime")
 
 
-@pytest.mark.parametrize("name", sorted(PLATFORMS))
+@pytest.mark.parametrize("name", [*sorted(PLATFORMS), *sorted(RUNTIME_VARIANTS)])
 def test_preset_on_its_platform(
     name: str,
     layouts: RealCluster,
@@ -162,7 +162,8 @@ def test_preset_on_its_platform(
     agent_image: Image,
     workload_ns: str,
 ) -> None:
-    platform = PLATFORMS[name]
+    platform = PLATFORMS.get(name) or RUNTIME_VARIANTS[name]
+    name = platform.name  # the preset
     cluster = layouts
     cluster.relayout(platform)
     if platform.delegate_conf_dir:
@@ -212,6 +213,16 @@ def test_preset_on_its_platform(
 
 NETWORKS = "k8s.v1.cni.cncf.io/networks"
 REPAIRED = "started without traffic redirect"  # the repair Event's message
+
+
+def multus_delegates(cluster: RealCluster) -> set[str]:
+    """Plugin types of the networks in Multus's per-sandbox caches (its cniDir,
+    /var/lib/cni/multus: what it ran, kept for DEL)."""
+    types = set()
+    for cache in filter(Path.is_file, cluster.host_path("/var/lib/cni/multus").glob("*")):
+        for delegate in json.loads(cache.read_text()):
+            types.add(delegate["Conf"].get("type", ""))
+    return types
 
 
 def repair_event(core: Any, namespace: str, pod: str) -> bool:
@@ -317,6 +328,8 @@ def preset_through_multus(
         kubepods.wait_running(core, namespace, meshed)
         assert_captured(cluster, core, namespace, meshed)
         assert REPAIRED not in kubepods.pod_events(core, namespace, meshed)
+        # Multus keeps the networks it ran for each sandbox (for DEL): ours among them.
+        assert "istio-cni" in multus_delegates(cluster), f"{how}: Multus ran no istio-cni"
         if round_ == 0:
             kubepods.wait_running(core, namespace, plain)
             assert_left_alone(cluster, core, namespace, plain)

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from testbed import operator_crds, parts
-from testbed.crio import crio_version
 from testbed.istio_binaries import istio_version
 
 # The script checks Debian's etcd, a part of the cluster tier.
@@ -38,6 +37,7 @@ def test_failed_build_names_the_part_and_leaves_no_partial_binary(tmp_path: Path
 def test_cached_parts_are_reused_without_building(tmp_path: Path) -> None:
     version = parts.kube_version()
     cni_version = parts.pinned_version("cnitool", "github.com/containernetworking/cni")
+    crio_version = parts.setup_testbed_version("CRIO_VERSION")
     for rel in (
         f"kube/{version}/kube-apiserver",
         f"kube/{version}/kube-controller-manager",
@@ -48,8 +48,9 @@ def test_cached_parts_are_reused_without_building(tmp_path: Path) -> None:
         f"istio/{istio_version()}/istio-cni",
         f"istio/{istio_version()}/pilot-discovery",
         f"istio/{istio_version()}/install-cni",
-        f"crio/{crio_version()}/crio",
-        f"crio/{crio_version()}/pinns",
+        f"crio/{crio_version}/crio",
+        f"crio/{crio_version}/pinns",
+        f"multus/{parts.setup_testbed_version('MULTUS_VERSION')}/multus",
         *(
             f"prometheus-operator-crds/{operator_crds.VERSION}/{f}"
             for f in operator_crds.FILES.values()
@@ -61,9 +62,9 @@ def test_cached_parts_are_reused_without_building(tmp_path: Path) -> None:
         path.chmod(0o755)
     result = _run(tmp_path)
     assert result.returncode == 0, result.stderr
-    assert result.stderr.count("cached at") == 11
+    assert result.stderr.count("cached at") == 12
     assert f"kube-apiserver {tmp_path}/kube/{version}/kube-apiserver" in result.stdout
     discovery = f"pilot-discovery {tmp_path}/istio/{istio_version()}/pilot-discovery"
     assert discovery in result.stdout
     assert f"install-cni {tmp_path}/istio/{istio_version()}/install-cni" in result.stdout
-    assert f"crio {tmp_path}/crio/{crio_version()}/crio" in result.stdout
+    assert f"crio {tmp_path}/crio/{crio_version}/crio" in result.stdout
