@@ -254,3 +254,14 @@ RUNTIME_VARIANTS: dict[str, Platform] = {
     ),
 }
 """Layouts of a preset's platform on another runtime it supports, by test id."""
+
+CILIUM = Platform(
+    "cilium",
+    "/opt/cni/bin",
+    "/etc/cni/net.d",
+    "05-cilium.conflist",
+    "cilium.conflist",
+    doubles=(Double("cilium-cni", "delegate"),),
+)
+"""A node whose primary is Cilium (no preset: the chart's defaults fit it), for the fight with an
+agent that rewrites its conflist (cni.exclusive=true)."""

@@ -30,7 +30,7 @@ from testbed.agent_host import http_get
 from testbed.helm import Helm
 from testbed.images import Image
 from testbed.multus import nad_crd
-from testbed.platforms import PLATFORMS, RUNTIME_VARIANTS, Platform
+from testbed.platforms import CILIUM, PLATFORMS, RUNTIME_VARIANTS, Platform
 from testbed.realnode import RealCluster
 from testbed.wait import wait_for
 
@@ -519,18 +519,40 @@ def test_the_primary_rewriting_its_config_while_pods_start(
     assert metric(cluster, "istio_cni_install_conflicts_total", f'file="{platform.conflist_name}"')
 
 
+@pytest.mark.parametrize(
+    ("layout", "writer"),
+    [
+        ("iks", "Calico (install-cni rewrites the conflist"),
+        ("cilium", "Cilium (its agent rewrites its CNI config unless cni.exclusive=false)"),
+    ],
+)
 def test_a_primary_rewriting_in_a_loop_gets_an_event_and_no_tight_loop(
-    layouts: RealCluster, node_helm: Any, node_core: Any, agent_image: Image
+    layout: str,
+    writer: str,
+    layouts: RealCluster,
+    node_helm: Any,
+    node_core: Any,
+    agent_image: Image,
 ) -> None:
     """A writer that takes our entry out as soon as it is back (as Cilium does with
     cni.exclusive): the conflict metric counts it, the agent's pod gets a Warning Event naming
-    the likely writer, and past the threshold (conflictsPerMinuteWarning: 5) the agent's
-    writes are at least 0.25 s apart instead of answering each rewrite at once."""
-    platform = PLATFORMS["iks"]  # Calico's conflist
+    the likely writer and the setting to change, and past the threshold
+    (conflictsPerMinuteWarning: 5) the agent's writes are at least 0.25 s apart instead of
+    answering each rewrite at once. Calico's conflist under IKS's preset; Cilium's with the
+    chart's defaults (no preset is Cilium's)."""
+    platform = CILIUM if layout == "cilium" else PLATFORMS[layout]
     cluster = layouts
     cluster.relayout(platform)
     helm = node_helm("4")
-    install_preset(helm, agent_image, "iks", "platform value")
+    if layout == "cilium":
+        helm.install(
+            agent_mod.RELEASE,
+            agent_mod.CHART,
+            namespace=agent_mod.AGENT_NAMESPACE,
+            values=image_values(agent_image),
+        )
+    else:
+        install_preset(helm, agent_image, layout, "platform value")
     agent = agent_mod.ready_agent(node_core, cluster, image=agent_image)
     primary = cluster.host_path(platform.conf_dir) / platform.conflist_name
     heals_before = metric(cluster, "istio_cni_install_heals_total", 'kind="config"')
@@ -549,7 +571,7 @@ def test_a_primary_rewriting_in_a_loop_gets_an_event_and_no_tight_loop(
     )
     assert conflicts >= 6, conflicts
     events = kubepods.pod_events(node_core, agent_mod.AGENT_NAMESPACE, agent.pod.name)
-    assert "CNIConfigConflict" in events and "Calico" in events, events
-    assert "10-calico.conflist lost istio-cni's entry" in events, events
+    assert "CNIConfigConflict" in events and writer in events, events
+    assert f"{platform.conflist_name} lost istio-cni's entry" in events, events
     # The writer stopped: the entry comes back.
     wait_for(lambda: has_our_entry(primary), "our entry back after the fight", 5)
