@@ -254,3 +254,6 @@ class Containerd:
 
     def images(self) -> set[str]:
         return set(self.ctr("images", "ls", "-q").stdout.split())
+
+    def remove_image(self, ref: str) -> None:
+        self.ctr("images", "rm", ref)

@@ -20,11 +20,13 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from testbed import parts
+from testbed.images import Image
 from testbed.process import Daemon
 
 STORAGE_DRIVER = "overlay"
@@ -281,12 +283,16 @@ class Crio:
             raise RuntimeError(f"{' '.join(argv)} failed: {done.stderr.strip()[-2000:]}")
         return done.stdout
 
-    def import_image(self, archive: Path, ref: str) -> None:
-        """Put a docker-archive into CRI-O's storage under `ref` (once per ref)."""
-        if ref in self.images():
-            return
-        image_id = self._buildah("pull", "--quiet", f"docker-archive:{archive}").split()[-1]
-        self._buildah("tag", image_id, ref)
+    def import_images(self, images: Iterable[Image]) -> None:
+        """Put each image's docker-archive into CRI-O's storage under its ref (those not there
+        yet)."""
+        present = self.images()
+        for image in images:
+            if image.ref in present:
+                continue
+            archive = f"docker-archive:{image.archive}"
+            image_id = self._buildah("pull", "--quiet", archive).split()[-1]
+            self._buildah("tag", image_id, image.ref)
 
     def images(self) -> set[str]:
         out = self._buildah("images", "--json")
@@ -308,25 +314,28 @@ class Crio:
             raise RuntimeError(f"runc list failed: {done.stderr.strip()}")
         return list(json.loads(done.stdout or "null") or [])
 
-    def running_container(self, pod_uid: str, name: str) -> tuple[str, int]:
-        """(container id, pid) of the pod's running container `name`."""
+    def _running(self, pod_uid: str, name: str | None = None) -> Iterator[dict[str, Any]]:
+        """The pod's running containers (only `name`, when given)."""
         for c in self._containers():
             notes = c.get("annotations") or {}
             if (
                 c.get("status") == "running"
                 and notes.get("io.kubernetes.pod.uid") == pod_uid
-                and notes.get("io.kubernetes.container.name") == name
+                and name in (None, notes.get("io.kubernetes.container.name"))
             ):
-                return str(c["id"]), int(c["pid"])
+                yield c
+
+    def running_container(self, pod_uid: str, name: str) -> tuple[str, int]:
+        """(container id, pid) of the pod's running container `name`."""
+        for c in self._running(pod_uid, name):
+            return str(c["id"]), int(c["pid"])
         raise AssertionError(f"no running container {name} of pod {pod_uid} in CRI-O")
 
     def sandbox_pid(self, pod_uid: str) -> int | None:
         """A running process of the pod (CRI-O drops the infra container: the pod's netns is
         pinned, and every container of the pod is in it), or None."""
-        for c in self._containers():
-            notes = c.get("annotations") or {}
-            if c.get("status") == "running" and notes.get("io.kubernetes.pod.uid") == pod_uid:
-                return int(c["pid"])
+        for c in self._running(pod_uid):
+            return int(c["pid"])
         return None
 
     def container_spec(self, container_id: str) -> dict[str, Any]:

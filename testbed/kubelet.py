@@ -142,6 +142,7 @@ class Kubelet:
         self.prefix = prefix
         self.log_path = log_path
         self.daemon: Daemon | None = None
+        self.serving: pki.KeyPair | None = None
         self.starts = 0
 
     def prepare(self) -> None:
@@ -154,7 +155,7 @@ class Kubelet:
             common_name=f"system:node:{self.node_name}",
             organizations=["system:nodes"],
         )
-        serving = pki.issue(
+        self.serving = pki.issue(
             self.ca,
             self.dirs.pki,
             "serving",
@@ -170,10 +171,16 @@ class Kubelet:
             client_cert=client.cert,
             client_key=client.key,
         )
+        self.write_config()
+
+    def write_config(self) -> None:
+        """The KubeletConfiguration (again after `runtime_socket` changed: the node's certificates
+        from prepare() stay)."""
+        assert self.serving is not None, "prepare() first"
         config = kubelet_configuration(
             runtime_socket=self.runtime_socket,
             ca_file=self.ca.cert,
-            serving=serving,
+            serving=self.serving,
             pod_logs=self.dirs.pod_logs,
             address=self.node_ip,
             cgroup_root=self.cgroup_root,

@@ -323,7 +323,7 @@ class RealCluster:
             socket = self.runtime_dirs.socket
         if self.kubelet.runtime_socket != socket:
             self.kubelet.runtime_socket = socket
-            self.kubelet.prepare()
+            self.kubelet.write_config()
         self.kubelet.start()
         self.wait_node_ready()
 
@@ -339,10 +339,10 @@ class RealCluster:
                 cni_bin_dir=platform.bin_dir,
                 cni_conf_dir=platform.conf_dir,
             )
-        self.crio.prefix = prefix
-        self.crio.cni_bin_dir, self.crio.cni_conf_dir = platform.bin_dir, platform.conf_dir
-        for image in self.images.values():
-            self.crio.import_image(image.archive, image.ref)
+        else:
+            self.crio.prefix = prefix
+            self.crio.cni_bin_dir, self.crio.cni_conf_dir = platform.bin_dir, platform.conf_dir
+        self.crio.import_images(self.images.values())
         self.crio.start()
         return self.crio.socket
 
@@ -394,7 +394,7 @@ class RealCluster:
         assert self.runtime is not None
         self.runtime.import_image(image.archive)
         if self.crio is not None and self.cri is self.crio:
-            self.crio.import_image(image.archive, image.ref)
+            self.crio.import_images([image])
         self.images[image.name] = image
 
     def runtime_images(self) -> set[str]:
@@ -402,11 +402,7 @@ class RealCluster:
 
     def remove_image(self, ref: str) -> None:
         """Take an image off the node (containers of it that exist keep their snapshots)."""
-        cri = self.cri
-        if isinstance(cri, Crio):
-            cri.remove_image(ref)
-        else:
-            cri.ctr("images", "rm", ref)
+        self.cri.remove_image(ref)
 
     def container(self, pod_uid: str, name: str) -> tuple[dict[str, Any], int]:
         """(OCI spec, pid) of the pod's running container `name`."""

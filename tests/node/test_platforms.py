@@ -15,7 +15,6 @@ import functools
 import json
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
@@ -25,7 +24,7 @@ from kubernetes import client as k8s
 
 from agent.netns import run_in_netns
 from testbed import chart as agent_mod
-from testbed import kubepods, podnet
+from testbed import crds, kubepods, podnet
 from testbed.agent_host import http_get
 from testbed.helm import Helm
 from testbed.images import Image
@@ -167,7 +166,7 @@ def test_preset_on_its_platform(
     cluster = layouts
     cluster.relayout(platform)
     if platform.delegate_conf_dir:
-        with nad_crd_applied(node_core):
+        with crds.applied(node_core.api_client, nad_crd()):
             preset_through_multus(
                 cluster, platform, node_helm("4"), node_core, agent_image, workload_ns
             )
@@ -230,35 +229,6 @@ def repair_event(core: Any, namespace: str, pod: str) -> bool:
 
 
 NAD_GROUP, NAD_VERSION, NAD_PLURAL = "k8s.cni.cncf.io", "v1", "network-attachment-definitions"
-
-
-@contextmanager
-def nad_crd_applied(core: Any) -> Iterator[None]:
-    """The NetworkAttachmentDefinition CRD (OpenShift ships it with Multus), removed after."""
-    crds = k8s.ApiextensionsV1Api(core.api_client)
-    crd = nad_crd()
-    name = crd["metadata"]["name"]
-    crds.create_custom_resource_definition(cast(Any, crd))
-    try:
-
-        def established() -> bool:
-            status = crds.read_custom_resource_definition(name).status
-            conditions = (status.conditions if status else None) or []
-            return any(c.type == "Established" and c.status == "True" for c in conditions)
-
-        wait_for(established, f"CRD {name} Established", 30)
-        yield
-    finally:
-        crds.delete_custom_resource_definition(name)
-
-        def gone() -> bool:
-            try:
-                crds.read_custom_resource_definition(name)
-            except k8s.ApiException as e:
-                return e.status == 404
-            return False
-
-        wait_for(gone, f"CRD {name} deleted", 60)
 
 
 def preset_through_multus(

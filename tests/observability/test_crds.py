@@ -18,6 +18,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
 from testbed import operator_crds
+from testbed.crds import wait_established
 from testbed.helm import Helm, HelmError
 from testbed.parts import MissingPartError
 from tests.chart.conftest import helm, only  # noqa: F401 (fixture)
@@ -31,7 +32,6 @@ RELEASE_NS = "crd-check-agent"
 """The release namespace the chart is rendered for (the agent's pods would live here)."""
 MONITORING_NS = "crd-check-monitoring"
 """Where the variation that moves the monitoring resources puts them."""
-ESTABLISHED_TIMEOUT = 30.0
 ENABLED = ("podMonitor.enabled=true", "prometheusRule.enabled=true", "dashboards.enabled=true")
 
 VARIATIONS = {
@@ -53,18 +53,6 @@ VARIATIONS = {
         "fullnameOverride=cni-agent",
     ],
 }
-
-
-def wait_established(ext: Any, name: str) -> None:
-    """Until the CRD's Established condition is True (its resource is then served)."""
-    deadline = time.monotonic() + ESTABLISHED_TIMEOUT
-    conditions: list[Any] = []
-    while time.monotonic() < deadline:
-        conditions = ext.read_custom_resource_definition(name).status.conditions or []
-        if any(c.type == "Established" and c.status == "True" for c in conditions):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"CRD {name} not Established within {ESTABLISHED_TIMEOUT}s: {conditions}")
 
 
 @pytest.fixture(scope="module")
