@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 from kubernetes.client.exceptions import ApiException
 
 from testbed import kubepods, podnet
-from testbed.realnode import RealCluster
 
 INTERVAL = 1.0
 """One new pod a second."""
@@ -61,15 +61,30 @@ class ChurnReport:
         )
 
 
+class PodNetns(Protocol):
+    """Where a pod's netns is: a RealCluster, or several nodes (testbed/nodes.py)."""
+
+    def pod_netns(self, pod_uid: str) -> str: ...
+
+
 class Churn:
     """A creator thread (one sidecar pod a second) and a checker thread (each Running pod's
-    rules read, then the pod deleted)."""
+    rules read, then the pod deleted). With `nodes`, the pods go to those nodes in turn
+    (a nodeSelector on the hostname label: the scheduler still checks taints and cordons)."""
 
-    def __init__(self, core: Any, cluster: RealCluster, namespace: str, image: str) -> None:
+    def __init__(
+        self,
+        core: Any,
+        cluster: PodNetns,
+        namespace: str,
+        image: str,
+        nodes: Sequence[str] = (),
+    ) -> None:
         self.core = core
         self.cluster = cluster
         self.namespace = namespace
         self.image = image
+        self.nodes = list(nodes)
         self.report = ChurnReport()
         self._by_name: dict[str, ChurnPod] = {}
         self._lock = threading.Lock()
@@ -121,6 +136,9 @@ class Churn:
             began = time.monotonic()
             name = f"churn-{index}"
             manifest = kubepods.pod_manifest(name, self.image, app_command=["sleep"], sidecar=True)
+            if self.nodes:
+                node = self.nodes[index % len(self.nodes)]
+                manifest["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
             try:
                 self.core.create_namespaced_pod(self.namespace, manifest)
             except ApiException as e:

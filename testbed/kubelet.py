@@ -70,7 +70,18 @@ def kubelet_configuration(
     address: str,
     cgroup_root: str,
     max_pods: int = 110,
+    register_taints: tuple[str, ...] = (),
 ) -> dict[str, Any]:
+    """`register_taints`: `key=value:Effect` (or `key:Effect`), as --register-with-taints."""
+    taints = []
+    for taint in register_taints:
+        key_value, effect = taint.rsplit(":", 1)
+        key, _, value = key_value.partition("=")
+        taints.append(
+            {"key": key, "value": value, "effect": effect}
+            if value
+            else {"key": key, "effect": effect}
+        )
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
@@ -107,6 +118,7 @@ def kubelet_configuration(
         "nodeStatusUpdateFrequency": "2s",
         "syncFrequency": "10s",
         "maxPods": max_pods,
+        "registerWithTaints": taints,
     }
 
 
@@ -127,9 +139,11 @@ class Kubelet:
         log_path: Path,
         cgroup_root: str,
         max_pods: int = 110,
+        register_taints: tuple[str, ...] = (),
     ) -> None:
         """`max_pods`: kubelet's limit (its default, 110, unless a benchmark fills a node with
-        more beside the DaemonSet's pod)."""
+        more beside the DaemonSet's pod). `register_taints`: the Node's taints at registration."""
+        self.register_taints = register_taints
         self.binary = parts.kubelet().require()
         self.max_pods = max_pods
         self.cgroup_root = cgroup_root
@@ -185,6 +199,7 @@ class Kubelet:
             address=self.node_ip,
             cgroup_root=self.cgroup_root,
             max_pods=self.max_pods,
+            register_taints=self.register_taints,
         )
         self.dirs.config.write_text(yaml.safe_dump(config, sort_keys=False))
 

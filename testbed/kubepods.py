@@ -228,6 +228,11 @@ def pod_namespace(core: Any, prefix: str) -> Iterator[str]:
                 lambda: not core.list_namespaced_pod(name).items,
                 f"the pods of {name} to be gone",
                 90,
+                on_timeout=lambda: "\n".join(
+                    f"{p.metadata.name} on {p.spec.node_name}: {p.status.phase}, deleted at "
+                    f"{p.metadata.deletion_timestamp}"
+                    for p in core.list_namespaced_pod(name).items
+                ),
             )
 
 

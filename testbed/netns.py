@@ -57,3 +57,26 @@ def delete(name: str) -> None:
 
 def exists(name: str) -> bool:
     return (NETNS_DIR / name).exists()
+
+
+def sysctl(name: str, key: str, value: str) -> None:
+    """Set a per-namespace sysctl (`net.*`) in netns `name`."""
+    argv = ["nsenter", f"--net={NETNS_DIR / name}", "--", "sysctl", "-q", "-w", f"{key}={value}"]
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr.strip()}")
+
+
+def delete_link(ifname: str) -> None:
+    """Delete a link of the machine's namespace if it is there (a veth whose peer's netns was
+    just deleted may go by itself meanwhile: the kernel tears the netns down in the background)."""
+
+    def present() -> bool:
+        return any(link.get("ifname") == ifname for link in ip_json("link", "show"))
+
+    if present():
+        try:
+            ip("link", "delete", ifname)
+        except RuntimeError:
+            if present():
+                raise

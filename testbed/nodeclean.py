@@ -103,7 +103,7 @@ def clean(record: NodeRecord) -> list[str]:
     attempt("processes in the node netns", lambda: _kill_netns_processes(record.netns_name))
     attempt("mounts", lambda: unmount_below(Path(record.base)))
     attempt("node netns", lambda: netns.delete(record.netns_name))
-    attempt("veth", lambda: _delete_link(record.host_ifname))
+    attempt("veth", lambda: netns.delete_link(record.host_ifname))
     for sock in shim_sockets:
         with contextlib.suppress(OSError):
             sock.unlink()
@@ -327,11 +327,6 @@ def _remove_tree(base: Path) -> None:
         return
     if base.exists():
         shutil.rmtree(base)
-
-
-def _delete_link(ifname: str) -> None:
-    if any(link.get("ifname") == ifname for link in netns.ip_json("link", "show")):
-        netns.ip("link", "delete", ifname)
 
 
 def _remove_log_links(base: Path, made_dir: bool) -> None:

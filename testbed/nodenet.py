@@ -102,6 +102,11 @@ class NodeNetwork:
             self.delete()
             raise
 
+    def route_host(self, address: str) -> None:
+        """Reach `address` (another node's link end in the machine's namespace, where the API
+        server listens) over this node's link."""
+        netns.ip("route", "add", f"{address}/32", "via", self.gateway, netns=self.netns_name)
+
     def route_service(
         self, service_cidr: str, cluster_ip: str, port: int, target: str, target_port: int
     ) -> None:
@@ -125,8 +130,7 @@ class NodeNetwork:
     def delete(self) -> None:
         """Delete the netns (with the node end of the veth, so the root end goes too)."""
         netns.delete(self.netns_name)
-        if any(link.get("ifname") == self.host_ifname for link in netns.ip_json("link", "show")):
-            netns.ip("link", "delete", self.host_ifname)
+        netns.delete_link(self.host_ifname)
 
     def nsenter(self) -> list[str]:
         """Command prefix that runs a program in the node netns and nothing else: unlike

@@ -63,8 +63,23 @@ class RealCluster:
         node_name: str = NODE_NAME,
         image_names: tuple[str, ...] = ("pause", "workload", "istio-cni"),
         max_pods: int = 110,
+        plane: ControlPlane | None = None,
+        controllers: str = NODE_CONTROLLERS,
+        layout: Platform | None = None,
+        register_taints: tuple[str, ...] = (),
+        pod_subnet: str | None = None,
     ) -> None:
+        """`plane`: join the control plane of another RealCluster (reached over this node's own
+        link) instead of starting one. `layout`: laid out as that platform from the start (no
+        pod ever runs in the test bed's own layout). `register_taints`: `key=value:Effect`
+        taints kubelet registers the Node with."""
+        if layout is not None and layout.runtime != "containerd":
+            raise ValueError(f"{layout.name}: only a containerd layout can be made at start")
         self.workdir = workdir
+        self.shared_plane = plane
+        self.controllers = controllers
+        self.layout = layout
+        self.register_taints = register_taints
         self.max_pods = max_pods
         self.node_name = node_name
         self.log_dir = workdir / "logs"
@@ -74,7 +89,9 @@ class RealCluster:
         self.bridge = f"tbbr{secrets.token_hex(4)}"
         # A subnet of its own: the agent's repair finds pods by address among every netns of the
         # machine, where other test runs' pods may use the test bed's default subnet.
-        self.pod_subnet = f"10.{secrets.randbelow(40) + 200}.{secrets.randbelow(256)}.0/24"
+        self.pod_subnet = (
+            pod_subnet or f"10.{secrets.randbelow(40) + 200}.{secrets.randbelow(256)}.0/24"
+        )
         self.cni_bin_dir = self.base / "cni" / "bin"
         self.cni_conf_dir = self.base / "cni" / "net.d"
         self.agent_run_dir = self.base / "run" / "istio-cni"
@@ -94,7 +111,7 @@ class RealCluster:
             parts.debian_tool(tool, package).require()
         self.plugins_dir = parts.cni_plugins_dir()
         self.images = {name: images.image(name) for name in image_names}
-        self.plane: ControlPlane | None = None
+        self.plane: ControlPlane | None = plane
         self.runtime: Containerd | None = None
         self.crio: Crio | None = None
         """CRI-O, made by the first layout of a platform that runs it (OpenShift)."""
@@ -166,27 +183,33 @@ class RealCluster:
         atexit.register(self._stop_at_exit)
 
         self.network.create()
-        self.plane = ControlPlane(
-            self.workdir / "controlplane",
-            self.binaries,
-            address=self.network.gateway,
-            controllers=NODE_CONTROLLERS,
-            kubelet_client=True,
-        )
-        self.plane.start()
-        self.timings["control plane"] = time.monotonic() - began
+        if self.shared_plane is None:
+            self.plane = ControlPlane(
+                self.workdir / "controlplane",
+                self.binaries,
+                address=self.network.gateway,
+                controllers=self.controllers,
+                kubelet_client=True,
+            )
+            self.plane.start()
+            self.timings["control plane"] = time.monotonic() - began
+        else:  # the API server listens on the first node's link; this node reaches it over its own
+            self.network.route_host(self.shared_plane.address)
+        assert self.plane is not None
         self.network.route_service(
-            SERVICE_CIDR, SERVICE_IP, 443, self.network.gateway, self.plane.port
+            SERVICE_CIDR, SERVICE_IP, 443, self.plane.address, self.plane.port
         )
         self._make_node_dirs()
+        prefix, bin_dir, conf_dir, under_state = self._enter_layout(self.layout)
         self.runtime = Containerd(
             self.runtime_dirs,
             self.log_dir / "containerd.log",
-            prefix=self.network.nsenter(),
+            prefix=prefix,
             sandbox_image=self.images["pause"].ref,
-            cni_bin_dir=self.cni_bin_dir,
-            cni_conf_dir=self.cni_conf_dir,
+            cni_bin_dir=bin_dir,
+            cni_conf_dir=conf_dir,
         )
+        self.runtime.netns_under_state = under_state
         self.runtime.start()
         self.timings["containerd"] = time.monotonic() - began
         for image in self.images.values():
@@ -200,10 +223,11 @@ class RealCluster:
             server=self.plane.server,
             ca=self.plane.ca,
             runtime_socket=self.runtime_dirs.socket,
-            prefix=self.network.nsenter(),
+            prefix=prefix,
             log_path=self.log_dir / "kubelet.log",
             cgroup_root=self.record.kubelet_cgroup_root,
             max_pods=self.max_pods,
+            register_taints=self.register_taints,
         )
         self.kubelet.prepare()
         nodeclean.make_cgroups(self.record.kubelet_cgroup_root)
@@ -249,7 +273,7 @@ class RealCluster:
         if self.record is not None:
             errors += nodeclean.clean(self.record)
             self.record = None
-        if self.plane is not None:
+        if self.plane is not None and self.shared_plane is None:
             self.plane.stop()
         try:
             self.network.delete()
@@ -301,17 +325,7 @@ class RealCluster:
         self.kubelet.stop()
         self.cri.stop()
         nodeclean.kill_containers(self.record)
-        if self.mount_ns is not None:
-            self.mount_ns.close()
-            self.mount_ns = None
-        self.platform = platform
-        prefix = self.network.nsenter()
-        if platform is None:
-            bin_dir, conf_dir, under_state = self.cni_bin_dir, self.cni_conf_dir, True
-        else:
-            self.mount_ns = self._platform_namespace(platform)
-            prefix = self.mount_ns.prefix()
-            bin_dir, conf_dir, under_state = Path(platform.bin_dir), Path(platform.conf_dir), False
+        prefix, bin_dir, conf_dir, under_state = self._enter_layout(platform)
         self.kubelet.prefix = prefix
         if platform is not None and platform.runtime == "crio":
             socket = self._start_crio(prefix, platform)
@@ -326,6 +340,19 @@ class RealCluster:
             self.kubelet.write_config()
         self.kubelet.start()
         self.wait_node_ready()
+
+    def _enter_layout(self, platform: Platform | None) -> tuple[list[str], Path, Path, bool]:
+        """Make `platform`'s mount namespace (None: the node's own dirs, no namespace of its
+        own); returns the runtime's (command prefix, CNI bin dir, CNI conf dir, netns under its
+        state dir)."""
+        if self.mount_ns is not None:
+            self.mount_ns.close()
+            self.mount_ns = None
+        self.platform = platform
+        if platform is None:
+            return self.network.nsenter(), self.cni_bin_dir, self.cni_conf_dir, True
+        self.mount_ns = self._platform_namespace(platform)
+        return self.mount_ns.prefix(), Path(platform.bin_dir), Path(platform.conf_dir), False
 
     def _start_crio(self, prefix: list[str], platform: Platform) -> Path:
         """CRI-O in the layout's namespace with the platform's CNI dirs, every image of the
