@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -46,6 +47,7 @@ from typing import Any
 
 from agent.rules.sidecar.apply import host_facts, rules_present
 from agent.rules.sidecar.pod import capture_config_for_pod
+from bench.quiet import wait_quiet
 from testbed.controlplane import Binaries, ControlPlane
 from testbed.daemon import DaemonAgent, NodeDirs, cleanup_host_root, start_daemon_agent
 from testbed.node import new_core, pod_manifest, register_node
@@ -314,6 +316,13 @@ def run_sequential(bench: Bench, n: int) -> None:
         print("  failure:", out.strip()[:300])
 
 
+def process_cpu(pid: int) -> tuple[float, float]:
+    """(own, reaped children's) CPU seconds of a process, from /proc/PID/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / tick, (int(fields[13]) + int(fields[14])) / tick
+
+
 def run_concurrent(bench: Bench, n: int, offset: int) -> None:
     entry = bench.entry()
     sandboxes = bench.sandboxes(bench.pods[offset : offset + n])
@@ -329,18 +338,39 @@ def run_concurrent(bench: Bench, n: int, offset: int) -> None:
     threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
+    busy = wait_quiet(window=2.0, timeout=60.0)
     before = bench.agent_add_seconds()
+    assert bench.agent is not None
+    agent_pid = bench.agent.proc.pid
+    agent0, children0 = process_cpu(agent_pid)
+    plugins0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    self0 = resource.getrusage(resource.RUSAGE_SELF)
     barrier.wait()
     released = time.perf_counter()
     for t in threads:
         t.join()
     wall = max(ended) - released
+    agent1, children1 = process_cpu(agent_pid)
+    plugins1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    self1 = resource.getrusage(resource.RUSAGE_SELF)
     after = bench.agent_add_seconds()
     failures = [out for ok, _, out in results if not ok]
     agent_ms = (after[0] - before[0]) / max(after[1] - before[1], 1) * 1000
-    print(f"concurrent {n} ADDs    all done in {wall * 1000:7.1f} ms  failures {len(failures)}")
+    print(
+        f"concurrent {n} ADDs    all done in {wall * 1000:7.1f} ms  failures {len(failures)}"
+        f"  (CPU busy {busy:.0%} before)"
+    )
     print(f"  per ADD             {summary([ms for _, ms, _ in results])}")
     print(f"  agent's share       mean {agent_ms:6.1f} ms (latency histogram)")
+
+    def cpu(a: resource.struct_rusage, b: resource.struct_rusage) -> float:
+        return (b.ru_utime - a.ru_utime) + (b.ru_stime - a.ru_stime)
+
+    print(
+        f"  CPU s               plugins {cpu(plugins0, plugins1):.2f}, agent {agent1 - agent0:.2f}"
+        f" + its rule processes {children1 - children0:.2f}, bench {cpu(self0, self1):.2f}"
+        f" (2 cores: {2 * wall:.2f} core-s in the wall time)"
+    )
     print(f"  netns without the pod's exact rules: {bench.verify(sandboxes)}")
     for out in failures[:3]:
         print("  failure:", out.strip()[:300])

@@ -36,6 +36,7 @@ from typing import Any
 from agent.rules.sidecar.apply import host_facts, rules_present
 from agent.rules.sidecar.pod import capture_config_for_pod
 from bench.node_start import percentile, sandbox_times
+from bench.quiet import wait_quiet
 from testbed import kubepods
 from testbed.chart import (
     AGENT_CONTAINER,
@@ -65,6 +66,9 @@ class Burst:
     peak_rss_mib: float = 0.0
     cpu_s: float = 0.0
     load: float = 0.0
+    busy_before: float = 0.0
+    """The machine's CPU use over the quiet window before the scale-up (0-1): each burst waits
+    for the previous one's teardown (bench/quiet.py)."""
 
     @property
     def failures(self) -> int:
@@ -162,7 +166,8 @@ class Bench:
             self._remove(namespace)
 
     def _scale_up(self, namespace: str, agent_pid: int | None) -> Burst:
-        burst = Burst(load=os.getloadavg()[0])
+        busy = wait_quiet()
+        burst = Burst(load=os.getloadavg()[0], busy_before=busy)
         sampler = AgentSampler(agent_pid) if agent_pid else None
         counts = {"sidecar": self.pods // 2, "plain": self.pods - self.pods // 2}
         if sampler:
@@ -242,6 +247,7 @@ def summary(with_chart: list[Burst], without: list[Burst]) -> dict[str, Any]:
         "failures": sum(b.failures for b in with_chart),
         "failures_without": sum(b.not_ready for b in without),
         "load_average": round(statistics.fmean(b.load for b in with_chart + without), 2),
+        "busy_before_max": round(max(b.busy_before for b in with_chart + without), 2),
     }
 
 
@@ -253,7 +259,7 @@ def describe(label: str, burst: Burst) -> str:
         f"{statistics.median(sandboxes) * 1000:6.0f} ms p99 {percentile(sandboxes, 99) * 1000:6.0f}"
         f" ms (n={len(burst.sandboxes)}), failures {burst.failures}"
         + (agent if burst.peak_rss_mib else "")
-        + f", load {burst.load:.1f}"
+        + f", load {burst.load:.1f}, CPU busy before {burst.busy_before:.0%}"
     )
 
 
