@@ -12,6 +12,7 @@ idempotent, and `sweep_stale()` cleans the records of test processes that died w
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -60,13 +61,15 @@ class NodeRecord:
     sysctls: dict[str, str] = field(default_factory=dict)
     made_log_links_dir: bool = False
     made_xtables_lock: bool = False
+    """The chart mounts /run/xtables.lock (FileOrCreate): kubelet creates it when missing."""
     made_cgroups: list[str] = field(default_factory=list)
     """The runtime's per-namespace cgroup (k8s.io) of each controller, where this node made it."""
     kubelet_cgroup_root: str = ""
+    """kubelet's cgroupRoot (the node's own): its tree in every controller goes at clean-up."""
     made_dirs: list[str] = field(default_factory=list)
     """Empty dirs made on the machine as mount points of a platform layout (mountns.py)."""
-    """kubelet's cgroupRoot (the node's own): its tree in every controller goes at clean-up."""
-    """The chart mounts /run/xtables.lock (FileOrCreate): kubelet creates it when missing."""
+    extra_netns: list[str] = field(default_factory=list)
+    """Network namespaces made beside the node's (the fabric between several nodes, nodes.py)."""
 
     @property
     def path(self) -> Path:
@@ -103,6 +106,8 @@ def clean(record: NodeRecord) -> list[str]:
     attempt("processes in the node netns", lambda: _kill_netns_processes(record.netns_name))
     attempt("mounts", lambda: unmount_below(Path(record.base)))
     attempt("node netns", lambda: netns.delete(record.netns_name))
+    for name in record.extra_netns:
+        attempt(f"netns {name}", functools.partial(netns.delete, name))
     attempt("veth", lambda: netns.delete_link(record.host_ifname))
     for sock in shim_sockets:
         with contextlib.suppress(OSError):

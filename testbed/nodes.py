@@ -58,7 +58,6 @@ class Nodes:
         return self.first.core()
 
     def start(self) -> None:
-        self.fabric.create()
         for _ in range(self.count):
             self.add()
 
@@ -78,6 +77,13 @@ class Nodes:
         )
         self.members.append(node)  # stop() covers a start that failed half-way
         node.start()
+        if node is self.first:
+            # The first node's record holds the fabric: a session killed before its teardown
+            # has it removed with the node by the next one's sweep (nodeclean.sweep_stale).
+            assert node.record is not None
+            node.record.extra_netns.append(self.fabric.netns_name)
+            node.record.save()
+            self.fabric.create()
         self.fabric.join(node.network.netns_name, node.pod_subnet)
         return node
 

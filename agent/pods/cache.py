@@ -1,9 +1,9 @@
 """A cache of the pods scheduled to this node, kept current by a list + watch on the API server.
 
-    list (spec.nodeName=<node>) ──► store, resourceVersion
+    list (spec.nodeName=<node>, from the watch cache) ──► store, resourceVersion
       └─► watch from that resourceVersion ──► ADDED/MODIFIED/DELETED/BOOKMARK into the store
             ├─ server timeout ends the watch ──► watch again from the last resourceVersion
-            ├─ 410 Gone (version expired) ─────► list again
+            ├─ 410 Gone (version expired) ─────► list again (consistent: from etcd)
             ├─ error / connection lost ────────► back off, then watch again
             └─ resync period passed (if set) ──► list again
 
@@ -16,7 +16,8 @@ an API server restart) do not all re-watch in the same second ever after. T is 2
 ends (and the staleness gauge moves) within 480 s, under IstioCniPodCacheStale's 600 s.
 
 Objects are kept as slim records of the API's JSON (camelCase dicts, only the fields the agent
-reads: agent.pods.slim), the form the redirect decision reads; a list comes in pages of
+reads: agent.pods.slim), the form the redirect decision reads. The pod list comes from the API
+server's watch cache in one answer (a node's pods); the namespace list, consistent, in pages of
 LIST_PAGE_SIZE objects, so neither the cache nor one list's answer grows with the cluster beyond
 what is kept. Both list and watch read the raw JSON (the client's models are never built). A pod
 not in the cache yet (its sandbox can be created before the watch delivers it) is fetched with a
@@ -69,6 +70,11 @@ class ListWatchCache:
     """Objects of one kind from a background list + watch; subclasses say what to list."""
 
     kind = "object"
+    list_from_watch_cache = False
+    """List at resourceVersion 0: the API server answers from its watch cache (the whole list
+    at once, pages ignored) with the version that cache holds, as client-go's informers list;
+    a consistent list is read from etcd instead, and the watch that follows can be refused
+    while the watch cache lags behind that version (504 "Too large resource version")."""
 
     def __init__(
         self,
@@ -106,6 +112,8 @@ class ListWatchCache:
         self._listeners: list[Listener] = []
         self.relists = 0
         """How many full lists were done (first one included); read by tests and logs."""
+        self._consistent_list = False
+        """The next list reads etcd (after a 410: the watch cache may not have the version)."""
         self._metrics = metrics or default_cache_metrics()
         self._metrics.created(self.kind)
 
@@ -245,6 +253,7 @@ class ListWatchCache:
         try:
             return self.watch_once(resource_version)
         except ResourceExpired as e:
+            self._consistent_list = True
             log.info(
                 "%s watch version expired; listing again",
                 self.kind,
@@ -282,9 +291,11 @@ class ListWatchCache:
         return version
 
     def _list_pages(self) -> tuple[dict[tuple[str, str], Obj], str]:
-        """Every object, page by page (one consistent snapshot); the list's version."""
+        """Every object, page by page (one snapshot); the list's version."""
         objs: dict[tuple[str, str], Obj] = {}
         options: dict[str, Any] = {"limit": LIST_PAGE_SIZE}
+        if self.list_from_watch_cache and not self._consistent_list:
+            options["resource_version"] = "0"
         while True:
             body = api.get_json(self._list, timeout=self._timeouts.list(), **options)
             for item in body.get("items") or []:
@@ -293,7 +304,9 @@ class ListWatchCache:
             meta = body.get("metadata") or {}
             token = meta.get("continue")
             if not token:
+                self._consistent_list = False
                 return objs, str(meta["resourceVersion"])
+            options.pop("resource_version", None)  # a continued list names no version
             options["_continue"] = token
 
     def watch_once(self, resource_version: str) -> str:
@@ -362,6 +375,11 @@ class PodCache(ListWatchCache):
     """Pods on `node_name`, from a background list + watch; `get` answers ADDs from it."""
 
     kind = "pod"
+    # A node's pods are few (kubelet's max pods) and the watch cache indexes pods by node: one
+    # answer from memory costs the API server little, where a consistent list reads etcd. With
+    # 1,000 nodes starting, consistent lists then watches were refused by the hundreds
+    # (bench/README "API server load").
+    list_from_watch_cache = True
 
     def _list(self, **options: Any) -> Any:
         return self._core.list_pod_for_all_namespaces(

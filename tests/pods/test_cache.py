@@ -121,7 +121,9 @@ def test_first_list_includes_existing_pods(
     assert not cache.ready()
     cache.start()
     wait_for(cache.ready, "first list", EVENTUAL)
-    assert cache.cached(namespace, "before-start") is not None
+    # From the watch cache (resourceVersion 0): a pod created a moment before may come with the
+    # watch that follows the list rather than in it, as with client-go's informers.
+    wait_for(lambda: cache.cached(namespace, "before-start"), "the pod made before", EVENTUAL)
 
 
 def test_expired_resource_version_leads_to_a_relist(
