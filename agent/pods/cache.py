@@ -26,14 +26,13 @@ GET, retried a few times over about two seconds.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from agent.background import BackgroundLoop
@@ -46,6 +45,7 @@ from agent.errors import (
     WatchError,
 )
 from agent.kube import api
+from agent.pods import watch_stream
 from agent.pods.metrics import CacheMetrics, default_cache_metrics
 from agent.pods.slim import POD, slim
 
@@ -151,7 +151,7 @@ class ListWatchCache:
         """Ends the open watch at once (stop() has set `_stopping` first)."""
         with self._response_lock:
             if self._response is not None:
-                _cut(self._response)
+                watch_stream.cut(self._response)
 
     def ready(self) -> bool:
         """True once the first list of this node's pods is in the cache."""
@@ -329,11 +329,11 @@ class ListWatchCache:
             raise ResourceExpired(f"watch from {resource_version}: {e.reason}") from e
         with self._response_lock:
             if self._stopping.is_set():
-                _cut(response)
+                watch_stream.cut(response)
             self._response = response
         try:
             version = resource_version
-            for line in _lines(response):
+            for line in watch_stream.events(response):
                 version = self.apply_event(json.loads(line), version)
             self._metrics.heard(self.kind)  # the server ended the watch: still in touch
             return version
@@ -434,26 +434,6 @@ def _as_pod(obj: dict[str, Any]) -> Pod:
     obj.setdefault("apiVersion", "v1")
     obj.setdefault("kind", "Pod")
     return obj
-
-
-def _lines(response: Any) -> Iterator[bytes]:
-    """Newline-separated JSON events of a chunked watch response."""
-    pending = b""
-    for chunk in response.stream(amt=None, decode_content=False):
-        pending += chunk
-        *lines, pending = pending.split(b"\n")
-        for line in lines:
-            if line.strip():
-                yield line
-    if pending.strip():
-        yield pending
-
-
-def _cut(response: Any) -> None:
-    """Unblock a thread reading the watch response (stop() must not wait for the server)."""
-    # Already released or closed: nobody is blocked on it.
-    with contextlib.suppress(ValueError, RuntimeError, OSError):
-        response.shutdown()
 
 
 def _short(error: BaseException) -> str:
