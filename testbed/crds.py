@@ -3,7 +3,6 @@ served, deleted and waited for until gone."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -17,15 +16,21 @@ ESTABLISHED_TIMEOUT = 30.0
 
 def wait_established(ext: Any, name: str, timeout: float = ESTABLISHED_TIMEOUT) -> None:
     """Until the CRD's Established condition is True (its resource is then served)."""
-    deadline = time.monotonic() + timeout
     conditions: list[Any] = []
-    while time.monotonic() < deadline:
+
+    def established() -> bool:
+        nonlocal conditions
         status = ext.read_custom_resource_definition(name).status
         conditions = (status.conditions if status else None) or []
-        if any(c.type == "Established" and c.status == "True" for c in conditions):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"CRD {name} not Established within {timeout}s: {conditions}")
+        return any(c.type == "Established" and c.status == "True" for c in conditions)
+
+    wait_for(
+        established,
+        f"CRD {name} Established",
+        timeout,
+        interval=0.2,
+        on_timeout=lambda: f"{conditions}",
+    )
 
 
 @contextmanager

@@ -48,6 +48,7 @@ from testbed.mountns import Bind, MountNamespace, Overlay
 from testbed.nodenet import NodeNetwork
 from testbed.platforms import Platform
 from testbed.process import PartFailedError
+from testbed.wait import explain
 
 NODE_NAME = "tb-node"
 READY_TIMEOUT = 180.0
@@ -478,6 +479,7 @@ class RealCluster:
                 assert self.kubelet is not None and self.kubelet.daemon is not None
                 raise self.kubelet.daemon.failure(
                     f"did not make node {self.node_name} Ready (and untainted) within {timeout}s"
+                    f"\n{explain()}"
                 )
             time.sleep(0.5)
 

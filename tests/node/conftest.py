@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from testbed import images, kubepods
+from testbed import diagnose, images, kubepods, wait
 from testbed.chart import AGENT_NAMESPACE, wait_agent_gone
 from testbed.helm import Helm, uninstall_all
 from testbed.istiod import Istiod
@@ -36,6 +36,18 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealClust
         pytest.fail(str(e), pytrace=False)
     finally:
         cluster.stop()
+
+
+@pytest.fixture(autouse=True)
+def cluster_on_timeout(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every wait of a test on the real node reports, on timeout, the cluster's DaemonSets,
+    pods, Nodes and the controller manager's and scheduler's log tails."""
+    if "real_cluster" not in request.fixturenames:
+        yield
+        return
+    cluster: RealCluster = request.getfixturevalue("real_cluster")
+    with wait.diagnostics(diagnose.for_cluster(cluster)):
+        yield
 
 
 @pytest.fixture(scope="session")
