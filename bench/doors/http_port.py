@@ -1,0 +1,42 @@
+"""The HTTP port every pod on the node can reach (/healthz, /readyz, /metrics), served by the
+agent's own HttpServer on loopback; the fuzzer's bytes are what a hostile pod sends.
+Contract: bench/doors/http_peer.py (well-formed replies, no 500, still serving)."""
+
+from __future__ import annotations
+
+import socket
+
+from agent.http_server import HttpServer
+from bench.doors import http_peer
+
+SEEDS = [
+    b"\0" + seed
+    for seed in [
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /readyz HTTP/1.1\r\n\r\nGET /metrics HTTP/1.1\r\n\r\nHEAD /healthz HTTP/1.0\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nContent-Length: 12\r\nConnection: close\r\n\r\nhello world!",
+        b"POST /metrics HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\nx",
+        # Near the limits: many pipelined requests in one write; a long numeric header.
+        b"GET /healthz HTTP/1.1\r\n\r\n" * 246,
+        b"GET /healthz HTTP/1.1\r\nContent-Length: " + b"9" * 4299 + b"\r\n\r\n",
+    ]
+]
+_server: HttpServer | None = None
+DICTIONARY = http_peer.DICTIONARY
+
+
+def _connect() -> socket.socket:
+    assert _server is not None
+    return socket.create_connection(("127.0.0.1", _server.bound_port), timeout=2)
+
+
+def setup() -> None:
+    global _server
+    _server = HttpServer(port=0, host="127.0.0.1", readiness=lambda: ())
+    _server.start()
+
+
+def one_input(data: bytes) -> None:
+    http_peer.judge(http_peer.converse(_connect, http_peer.chunks_of(data)))
+    http_peer.probe(_connect, b"GET /healthz HTTP/1.1\r\n\r\n", b"HTTP/1.1 200")
