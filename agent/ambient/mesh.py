@@ -14,6 +14,13 @@ Failures, as Istio treats them:
   snapshot), annotation `pending`, `ZtunnelPending` raised (a CNI ADD fails and the runtime
   retries; the watch retries until enabled).
 - host probe set or annotation failed: raised as is, retried by the watch.
+- a value of the pod refused (agent.podinput: `ambient.istio.io/bypass-inbound-capture: "yes
+  please"`), failing closed by where the pod is. At a CNI ADD (a netns given) the pod is refused,
+  `NonRetryableAdd`: it does not start, as the sidecar ADD and `rules --ambient pod --pod` refuse
+  it. A running pod (the watch enrolling it, start-up reconcile re-checking it) cannot be kept
+  from running, and leaving it out would let its owner take it out of the mesh with a bad value:
+  it is captured with the node-wide options, none of its own overrides (inbound captured, DNS as
+  the node says, no virtual interfaces), and the refusal logged once per distinct reason.
 
 The enrolled set (uid -> AmbientPod) is what ztunnel gets as its snapshot on each connect, and
 the agent's own record of each pod's state (`state`): the pod-writable annotation is written for
@@ -30,35 +37,31 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from agent.ambient.annotator import Annotator, StatusAnnotator
 from agent.ambient.dataplane import AmbientPod, HostProbeRules, PodRules, ZtunnelLink
-from agent.ambient.enrollment import (
-    AnnotationPatch,
-    RedirectionState,
-    annotation_patch,
-    pod_ips,
-)
+from agent.ambient.enrollment import RedirectionState, annotation_patch, pod_ips
 from agent.errors import (
-    ApiNotFound,
     InvalidPodInputError,
-    KubeApiError,
     MeshError,
     NonRetryableAdd,
     ZtunnelError,
     ZtunnelPending,
 )
-from agent.kube import api
 from agent.podinput import pod as podinput
+from agent.rules.ambient.options import PodRuleOptions
 from agent.rules.ambient.overrides import OptionsFor, rule_options_for
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MeshDataplane", "MeshError", "NonRetryableAdd", "ZtunnelPending", "rule_options_for"]
-
-
-class Annotator(Protocol):
-    def patch(self, namespace: str, name: str, patch: AnnotationPatch) -> None:
-        """Apply the redirection annotation patch (pods/status, merge patch)."""
-        ...
+__all__ = [
+    "Annotator",
+    "MeshDataplane",
+    "MeshError",
+    "NonRetryableAdd",
+    "StatusAnnotator",
+    "ZtunnelPending",
+    "rule_options_for",
+]
 
 
 class NetnsFinder(Protocol):
@@ -68,32 +71,6 @@ class NetnsFinder(Protocol):
         ...
 
 
-class StatusAnnotator:
-    """The real annotator: `PATCH pods/<name>/status` with Istio's merge patch."""
-
-    def __init__(self, core: Any, timeouts: api.Timeouts = api.DEFAULT_TIMEOUTS) -> None:
-        self._core = core
-        self._timeouts = timeouts
-
-    def patch(self, namespace: str, name: str, patch: AnnotationPatch) -> None:
-        try:
-            api.call(
-                self._core.patch_namespaced_pod_status,
-                name,
-                namespace,
-                patch.body,
-                _content_type=patch.content_type,
-                timeout=self._timeouts.update(),
-                raw=False,
-            )
-        except KubeApiError as e:
-            if isinstance(e, ApiNotFound) and patch.ignore_not_found:
-                return
-            if not e.answered:
-                raise  # no answer: the caller names the step, as for any other failure
-            raise MeshError(f"annotate pod {namespace}/{name} ({patch.data.decode()}): {e}") from e
-
-
 def _meta(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     meta = pod.get("metadata")
     return meta if isinstance(meta, Mapping) else {}
@@ -101,6 +78,11 @@ def _meta(pod: Mapping[str, Any]) -> Mapping[str, Any]:
 
 def _ref(pod: Mapping[str, Any]) -> str:
     return f"{_meta(pod).get('namespace')}/{_meta(pod).get('name')}"
+
+
+def _without_annotations(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """The pod as its overrides would not be there: the node-wide options apply."""
+    return {**pod, "metadata": {**_meta(pod), "annotations": {}}}
 
 
 def ambient_pod(pod: Mapping[str, Any], netns_path: str) -> AmbientPod:
@@ -155,6 +137,8 @@ class MeshDataplane:
         self._pending: set[str] = set()
         """uids in the enrolled set that ztunnel has not acknowledged (yet)."""
         self._pod_locks: dict[str, threading.Lock] = {}
+        self._refusals: dict[str, str] = {}
+        """uid -> the refusal of the running pod's values last logged (once per reason)."""
         ztunnel.set_snapshot_source(self.snapshot)
 
     def _pod_lock(self, uid: str) -> threading.Lock:
@@ -209,11 +193,12 @@ class MeshDataplane:
         if deleted:
             with self._lock:
                 self._pod_locks.pop(uid, None)
+                self._refusals.pop(uid, None)
 
     def _add(self, pod: Mapping[str, Any], netns_path: str) -> AmbientPod:
         ref, uid = _ref(pod), str(_meta(pod).get("uid", ""))
-        try:  # the pod's own values first: a refused one programs nothing
-            options = self._options_for(pod)
+        try:  # the pod's own values first: at an ADD a refused one programs nothing
+            options = self._options(pod, running=not netns_path)
             podinput.pod_ips(pod)
         except InvalidPodInputError as e:
             self._take(uid)
@@ -296,19 +281,20 @@ class MeshDataplane:
         self._host.ensure()
         found = self._find_netns(pods) if pods else {}
         enrolled: list[Mapping[str, Any]] = []
-        for pod in pods:
+        for pod in pods:  # each on its own: one pod's failure leaves the others' start-up alone
             uid = str(_meta(pod).get("uid", ""))
-            netns = found.get(uid)
-            if netns is None:
-                report.missing.append(uid)
-            elif not self._rules_installed(pod, netns):
-                report.not_enrolled.append(uid)
-            else:
-                self._put(ambient_pod(pod, netns))
-                report.found.append(uid)
-                enrolled.append(pod)
-                if reapply_rules:
-                    self._reapply(pod, netns, report)
+            try:
+                if self._reconcile_one(pod, found.get(uid), report):
+                    enrolled.append(pod)
+                    if reapply_rules:
+                        self._reapply(pod, str(found.get(uid)), report)
+            except Exception as e:
+                report.failed.append(uid)
+                log.error(
+                    "reconcile of pod failed; the other pods go on",
+                    exc_info=e,
+                    extra={"fields": {"pod": _ref(pod)}},
+                )
         self._sync_host(enrolled)
         log.info(
             "ambient reconcile on start-up",
@@ -323,6 +309,21 @@ class MeshDataplane:
             },
         )
         return report
+
+    def _reconcile_one(
+        self, pod: Mapping[str, Any], netns: str | None, report: ReconcileReport
+    ) -> bool:
+        """True when the pod is enrolled: its netns, found, holds our rules."""
+        uid = str(_meta(pod).get("uid", ""))
+        if netns is None:
+            report.missing.append(uid)
+            return False
+        if not self._rules_installed(pod, netns):
+            report.not_enrolled.append(uid)
+            return False
+        self._put(ambient_pod(pod, netns))
+        report.found.append(uid)
+        return True
 
     def _rules_installed(self, pod: Mapping[str, Any], netns: str) -> bool:
         """Our rules in the pod's netns; when that cannot be read, not enrolled (the watch then
@@ -347,9 +348,10 @@ class MeshDataplane:
                 self._host.add(uid, ips)
 
     def _reapply(self, pod: Mapping[str, Any], netns: str, report: ReconcileReport) -> None:
+        """The pod stays enrolled whatever happens here: its netns holds our rules."""
         uid = str(_meta(pod).get("uid", ""))
-        options = self._options_for(pod)
         try:
+            options = self._options(pod, running=True)
             if not self._rules.present(netns, options):
                 self._rules.apply(netns, options)
                 report.reapplied.append(uid)
@@ -365,6 +367,25 @@ class MeshDataplane:
         self._host.remove_all()
 
     # -- helpers -----------------------------------------------------------------------------
+
+    def _options(self, pod: Mapping[str, Any], *, running: bool) -> PodRuleOptions:
+        """The pod's rule options. A refused value raises InvalidPodInputError unless the pod is
+        `running`: then it is captured with the node-wide options (see the module docstring)."""
+        try:
+            return self._options_for(pod)
+        except InvalidPodInputError as e:
+            if not running:
+                raise
+            uid = str(_meta(pod).get("uid", ""))
+            with self._lock:
+                reported, self._refusals[uid] = self._refusals.get(uid), str(e)
+            if reported != str(e):
+                log.warning(
+                    "a value of the running pod is refused; it is captured with the node-wide "
+                    "options, none of its own",
+                    extra={"fields": {"pod": _ref(pod), "error": str(e)}},
+                )
+            return self._options_for(_without_annotations(pod))
 
     def _known_or_found_netns(self, pod: Mapping[str, Any]) -> str:
         uid = str(_meta(pod).get("uid", ""))

@@ -79,7 +79,7 @@ class AmbientService:
         self._namespaces.start()
         if not self._wait_for(self._namespaces.ready):
             return
-        candidates = [p for p in self._pods.list_pods() if self._candidate(p)]
+        candidates = [p for p in self._pods.list_pods() if self._checked_candidate(p)]
         try:
             self.reconciled = self.mesh.reconcile(
                 candidates, reapply_rules=self._settings.reconcileIptablesOnStartup
@@ -92,6 +92,19 @@ class AmbientService:
         self.watch.start()
         self._started.set()
         log.info("ambient ready", extra={"fields": {"socket": self._settings.ztunnelSocketPath}})
+
+    def _checked_candidate(self, pod: Mapping[str, Any]) -> bool:
+        """One pod's failure cannot stop start-up: a pod that cannot be judged is a candidate
+        (fail closed: reconcile keeps it enrolled exactly when its netns holds our rules)."""
+        try:
+            return self._candidate(pod)
+        except Exception as e:
+            log.error(
+                "cannot tell whether the pod may be enrolled; reconciled as if it were",
+                exc_info=e,
+                extra={"fields": {"pod": _ref(pod)}},
+            )
+            return True
 
     def _candidate(self, pod: Mapping[str, Any]) -> bool:
         """May have been enrolled by a previous agent: claimed so (Istio's
@@ -134,3 +147,9 @@ class AmbientService:
     def uninstall(self) -> None:
         """The agent is going away for good: remove the node-side rules and address set."""
         self.mesh.remove_host_rules()
+
+
+def _ref(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    return f"{meta.get('namespace')}/{meta.get('name')}"

@@ -2,9 +2,18 @@
 informers.go), queued and applied to the mesh dataplane one at a time, retried until they work.
 
     pod cache ──(update, delete)──┐
-                                  ├──► queue ──► worker: enrollment decisions ──► MeshDataplane
-    namespace cache ──(add, label ┘         ▲        failure: back off, retry the event
-      change) ──► its pods as updates       └────────(5 ms doubling to 5 s, as Istio's queue)
+                                  ├──► keyed queue ──► worker: enrollment ──► MeshDataplane
+    namespace cache ──(add, label ┘         ▲            failure: back off, retry the key
+      change) ──► its pods as updates       └────────────(5 ms doubling to 5 s, as Istio's queue)
+
+The queue holds one item per pod (by UID) and per namespace (agent.ambient.workqueue): the
+updates of a pod waiting for its turn, or for its back-off, merge into that one item, whose
+handling reads the pod's latest state from the cache. A pod updated a thousand times while
+ztunnel is away costs as much as a pod updated once.
+
+One pod never stops the watch: whatever fails for it is retried for that pod alone (logged once
+per distinct reason, then at debug level), and a pod the mesh will not capture (NonRetryableAdd)
+is logged once per distinct reason, not once per update.
 
 Pod adds need nothing (the CNI ADD enrolls new pods); on start-up every namespace arrives as an
 add, so every pod on the node is examined once: pods that should be enrolled and are not (they
@@ -13,11 +22,7 @@ started before the agent, or their namespace was labelled meanwhile) are enrolle
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
-import threading
-import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -29,6 +34,7 @@ from agent.ambient.enrollment import (
     pod_update_action,
     release_on_delete,
 )
+from agent.ambient.workqueue import KeyedQueue, Taken
 from agent.background import BackgroundLoop
 from agent.errors import NonRetryableAdd
 from agent.label_selectors import EnablementSelector
@@ -36,8 +42,8 @@ from agent.label_selectors import EnablementSelector
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
-RETRY_FIRST_SECONDS = 0.005
-RETRY_MAX_SECONDS = 5.0
+Key = tuple[str, str]
+"""("pod", uid) or ("namespace", name): what one pending item stands for."""
 
 
 class Mesh(Protocol):
@@ -69,6 +75,24 @@ class Event:
     def latest(self) -> Obj:
         return self.new if self.new is not None else (self.old or {})
 
+    @property
+    def key(self) -> Key:
+        meta = _meta(self.latest)
+        if self.kind == "namespace":
+            return ("namespace", str(meta.get("name", "")))
+        return ("pod", str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"))
+
+
+def merge(older: Event, newer: Event) -> Event:
+    """One pending event per object: the `old` of the first (what the object was when the last
+    handled event left it) and the `new` of the latest; a delete ends the object, so it wins."""
+    if newer.type == "delete":
+        return newer
+    if older.type == "delete":
+        return older
+    type_ = "add" if "add" in (older.type, newer.type) else newer.type
+    return Event(newer.kind, type_, older.old, newer.new)
+
 
 def _meta(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
     meta = (obj or {}).get("metadata")
@@ -97,10 +121,12 @@ class AmbientWatch:
         self._exclude = frozenset(exclude_namespaces)
         self._system_ns = system_namespace
         self._on_event = on_event
-        self._queue: list[tuple[float, int, Event, float]] = []  # (due, seq, event, last delay)
-        self._seq = itertools.count()
-        self._cond = threading.Condition()
-        self._loop = BackgroundLoop("ambient-watch", self._run, wake=self._wake)
+        self._queue: KeyedQueue[Key, Event] = KeyedQueue(merge)
+        self._loop = BackgroundLoop("ambient-watch", self._run, wake=self._queue.wake)
+        self._failing: dict[Key, str] = {}
+        """Key -> the failure last logged for it, until its item is handled."""
+        self._not_captured: dict[str, str] = {}
+        """Pod UID -> why the mesh last would not capture it (logged once per reason)."""
         self.processed = 0
         """Events handled without error (tests wait on it)."""
 
@@ -114,10 +140,9 @@ class AmbientWatch:
         if type_ != "delete":
             self._put(Event("namespace", type_, old, new))
 
-    def _put(self, event: Event, delay: float = 0.0, last: float = 0.0) -> None:
-        with self._cond:
-            heapq.heappush(self._queue, (time.monotonic() + delay, next(self._seq), event, last))
-            self._cond.notify()
+    def _put(self, event: Event) -> None:
+        # A delete is due at once: the pod is gone, whatever back-off its updates were in.
+        self._queue.put(event.key, event, at_once=event.type == "delete")
 
     # -- service -----------------------------------------------------------------------------
 
@@ -127,49 +152,44 @@ class AmbientWatch:
     def stop(self) -> None:
         self._loop.stop()
 
-    def _wake(self) -> None:
-        with self._cond:
-            self._cond.notify_all()
-
     def pending(self) -> int:
-        with self._cond:
-            return len(self._queue)
+        """Objects waiting to be handled (one item per pod or namespace)."""
+        return len(self._queue)
 
     def _run(self) -> None:
         while not self._loop.stopping.is_set():
-            item = self._next()
-            if item is None:
-                continue
-            _, _, event, last = item
-            try:
-                self.handle(event)
-                self.processed += 1
-            except Exception as e:  # retried with back-off, forever, as Istio's queue
-                delay = min(RETRY_MAX_SECONDS, max(RETRY_FIRST_SECONDS, last * 2))
-                log.warning(
-                    "ambient event failed; retrying",
-                    extra={
-                        "fields": {
-                            "kind": event.kind,
-                            "type": event.type,
-                            "object": _ref(event.latest),
-                            "error": str(e),
-                            "retryIn": f"{delay:.3f}s",
-                        }
-                    },
-                )
-                self._put(event, delay, delay)
+            taken = self._queue.get(0.5)
+            if taken is not None:
+                self.step(taken)
 
-    def _next(self) -> tuple[float, int, Event, float] | None:
-        with self._cond:
-            if not self._queue:
-                self._cond.wait(0.5)
-                return None
-            wait = self._queue[0][0] - time.monotonic()
-            if wait > 0:
-                self._cond.wait(wait)
-                return None
-            return heapq.heappop(self._queue)
+    def next_item(self, timeout: float = 0.0) -> Taken[Key, Event] | None:
+        """The next due item, for a test driving the worker's steps itself."""
+        return self._queue.get(timeout)
+
+    def step(self, taken: Taken[Key, Event]) -> None:
+        """Handle one item; on failure it is queued again after its key's back-off."""
+        event = taken.value
+        try:
+            self.handle(event)
+        except Exception as e:  # retried with back-off, forever, as Istio's queue
+            delay = self._queue.retry(taken)
+            again = self._failing.get(taken.key) == str(e)
+            self._failing[taken.key] = str(e)
+            (log.debug if again else log.warning)(
+                "ambient event failed; retrying",
+                extra={
+                    "fields": {
+                        "kind": event.kind,
+                        "type": event.type,
+                        "object": _ref(event.latest),
+                        "error": str(e),
+                        "retryIn": f"{delay:.3f}s",
+                    }
+                },
+            )
+            return
+        self._failing.pop(taken.key, None)
+        self.processed += 1
 
     # -- reconcile ---------------------------------------------------------------------------
 
@@ -207,6 +227,7 @@ class AmbientWatch:
             # The namespace may be gone with its pods: the agent's record still tells.
             if release_on_delete(latest, namespace, self._selectors, state=state):
                 self._mesh.remove(latest, deleted=True)
+            self._not_captured.pop(str(meta.get("uid", "")), None)
             return
         if namespace is None:
             log.warning(
@@ -237,19 +258,27 @@ class AmbientWatch:
             },
         )
         if action.action == "add":
-            try:
-                self._mesh.add(current)
-            except NonRetryableAdd as e:
-                log.error(
-                    "failed capturing pod, will not retry",
-                    extra={"fields": {"pod": f"{ns_name}/{name}", "error": str(e)}},
-                )
+            self._add(current)
         elif action.action == "remove":
             self._mesh.remove(current, deleted=False)
         elif action.action == "remove-deleted":
             self._mesh.remove(event.old or current, deleted=True)
         elif action.action == "sync-host-probe":
             self._mesh.sync_host_probe(current)
+
+    def _add(self, pod: Obj) -> None:
+        uid = str(_meta(pod).get("uid", ""))
+        try:
+            self._mesh.add(pod)
+        except NonRetryableAdd as e:
+            if self._not_captured.get(uid) != str(e):
+                self._not_captured[uid] = str(e)
+                log.error(
+                    "failed capturing pod, will not retry",
+                    extra={"fields": {"pod": _ref(pod), "error": str(e)}},
+                )
+            return
+        self._not_captured.pop(uid, None)
 
 
 def _ref(obj: Mapping[str, Any]) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from agent.rules.sidecar import pod as pod_rules
+
 SIDECAR_STATUS_ANNOTATION = "sidecar.istio.io/status"
 # istio-validation exits with this code when it finds traffic is not redirected.
 VALIDATION_FAILED_EXIT_CODE = 126
@@ -60,3 +62,12 @@ def pod_ips(pod: Mapping[str, Any]) -> list[str]:
 def pod_key(pod: Mapping[str, Any]) -> str:
     meta = pod.get("metadata") or {}
     return f"{meta.get('namespace')}/{meta.get('name')}"
+
+
+def check_sidecar_inputs(pod: Mapping[str, Any]) -> None:
+    """Raise InvalidPodInputError, naming the value, when the plugin's ADD would refuse one of
+    the values it reads from this pod to program it (its IPs, ISTIO_DUAL_STACK, the capture
+    annotations): repair agrees with the ADD and never acts on a pod whose values it refuses."""
+    pod_rules.pod_ips(pod)
+    pod_rules.dual_stack(pod)
+    pod_rules.capture_config_for_pod(pod, ipv6=False)

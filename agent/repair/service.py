@@ -11,6 +11,15 @@ newer release, an annotation edited on the running pod) is not broken: it is rep
 line, istio_cni_repair_rules_differ_total, a Warning Event `RedirectRulesDiffer`, once per pod)
 and left alone. Acting on it would let a release that renders one rule differently, or a tenant
 who edits an annotation, make every meshed pod a repair target (with `delete`: deleted).
+
+A pod whose values the plugin's ADD would refuse (an annotation set after start to a value the
+parser refuses: `sidecar.istio.io/inject: "no thanks"`) is refused here too: neither repaired,
+deleted nor labelled, but reported (a log line, istio_cni_repair_pods_repaired_total with result
+`refused`, a Warning Event `RedirectRefused`, the status listing) once per distinct reason, and
+looked at again each round, so that correcting the value lets it be handled.
+
+One pod never stops a round: whatever fails for a pod ends that pod's handling this round (an
+outcome `fail`, logged once per distinct reason), and the other pods proceed.
 """
 
 from __future__ import annotations
@@ -24,9 +33,15 @@ from prometheus_client import Counter
 
 from agent.background import BackgroundLoop
 from agent.config import Settings
+from agent.errors import InvalidPodInputError
 from agent.pods import states as pod_states
 from agent.repair import actions
-from agent.repair.detect import is_running_with_addresses, pod_key, validation_failed
+from agent.repair.detect import (
+    check_sidecar_inputs,
+    is_running_with_addresses,
+    pod_key,
+    validation_failed,
+)
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +50,12 @@ RulesInPlace = Callable[[Mapping[str, Any], str], bool]
 OursPresent = Callable[[str], bool]
 ShouldRedirect = Callable[[Mapping[str, Any]], bool]
 FindNetns = Callable[[Sequence[Mapping[str, Any]]], Mapping[str, str]]
+CheckInputs = Callable[[Mapping[str, Any]], object]
 
 METRIC_TYPE = {"repair-in-place": "repair", "delete": "delete", "label": "label"}
 RULES_DIFFER_REASON = "RedirectRulesDiffer"
+REFUSED_REASON = "RedirectRefused"
+"""The Event of a refused pod: the reason the pod server's refused ADD gives too."""
 RULES_DIFFER = Counter(
     "istio_cni_repair_rules_differ",
     "Running pods whose redirect rules are ours but differ from what this agent renders for "
@@ -54,7 +72,7 @@ class PodSource(Protocol):
 class Outcome:
     pod: str
     action: str  # repair | delete | label | none
-    result: str  # success | fail | skip | differ
+    result: str  # success | fail | skip | differ | refused
     detail: str = ""
 
 
@@ -75,9 +93,12 @@ class RepairService:
         find_netns: FindNetns,
         interval: float = 5.0,
         states: pod_states.PodStates | None = None,
+        check_inputs: CheckInputs = check_sidecar_inputs,
     ) -> None:
-        """`states`: where each pod's outcome is noted (`istio-cni-agent status`)."""
+        """`states`: where each pod's outcome is noted (`istio-cni-agent status`);
+        `check_inputs` raises InvalidPodInputError for a pod whose values the ADD refuses."""
         self._states = states
+        self._check_inputs = check_inputs
         self._settings = settings
         self._node_name = node_name
         self._pods = pods
@@ -90,6 +111,9 @@ class RepairService:
         self._handled: set[str] = set()
         self._failed: set[str] = set()
         """UIDs whose failure was reported: retried each round, reported (Event, metric) once."""
+        self._reported: dict[str, str] = {}
+        """UID -> the last problem logged for the pod (a refusal, a failed check): a problem is
+        reported when it first shows, not every round."""
         self._loop = BackgroundLoop.every(
             "repair", interval, self._round, failed="repair round failed"
         )
@@ -108,18 +132,85 @@ class RepairService:
             self.run_once()
 
     def run_once(self) -> list[Outcome]:
+        """One round: each pod is looked at on its own, so a pod that fails or is refused ends
+        only its own handling; returns the outcome of each pod acted on, checked or refused."""
         pods = self._pods.list_pods()
-        live = {str(p["metadata"].get("uid")) for p in pods}
-        self._handled &= live  # forget deleted pods so the sets cannot grow without bound
+        live = {_uid(p) for p in pods}
+        self._handled &= live  # forget deleted pods so the records cannot grow without bound
         self._failed &= live
-        todo = [p for p in pods if self._is_candidate(p)]
-        if not todo:
-            return []
-        found = self._find_netns(todo)
-        outcomes = [self._handle(pod, found.get(str(pod["metadata"]["uid"]))) for pod in todo]
-        for pod, outcome in zip(todo, outcomes, strict=True):
+        self._reported = {uid: r for uid, r in self._reported.items() if uid in live}
+        todo: list[Mapping[str, Any]] = []
+        looked: list[tuple[Mapping[str, Any], Outcome]] = []
+        for pod in pods:
+            chosen = self._select(pod)
+            if isinstance(chosen, Outcome):
+                looked.append((pod, chosen))
+            elif chosen:
+                todo.append(pod)
+        found = self._find_netns(todo) if todo else {}
+        looked += [(pod, self._handle_one(pod, found.get(_uid(pod)))) for pod in todo]
+        for pod, outcome in looked:
             self._note(pod, outcome)
-        return outcomes
+        return [outcome for _, outcome in looked]
+
+    def _select(self, pod: Mapping[str, Any]) -> bool | Outcome:
+        """Is the pod a candidate? An Outcome when its values are refused or looking failed."""
+        try:
+            return self._is_candidate(pod)
+        except InvalidPodInputError as e:
+            return self._refuse(pod, e)
+        except Exception as e:
+            return self._failed_unexpectedly(pod, e)
+
+    def _handle_one(self, pod: Mapping[str, Any], netns: str | None) -> Outcome:
+        try:
+            return self._handle(pod, netns)
+        except InvalidPodInputError as e:
+            return self._refuse(pod, e)
+        except Exception as e:
+            return self._failed_unexpectedly(pod, e)
+
+    def _first_report(self, uid: str, problem: str) -> bool:
+        """True when `problem` is new for the pod (then remembered), False when reported."""
+        if self._reported.get(uid) == problem:
+            return False
+        self._reported[uid] = problem
+        return True
+
+    def _refuse(self, pod: Mapping[str, Any], error: InvalidPodInputError) -> Outcome:
+        """The ADD would refuse the pod's values: repair leaves it alone and reports it, once
+        per distinct reason (the error names the value and quotes an excerpt of it)."""
+        key, uid = pod_key(pod), _uid(pod)
+        outcome = Outcome(key, "none", "refused", f"refused: {error}")
+        if not self._first_report(uid, outcome.detail):
+            return outcome
+        kind = METRIC_TYPE[self._settings.repair.mode]
+        actions.PODS_REPAIRED.labels(type=kind, result="refused").inc()
+        log.warning(
+            "pod's values are refused, as its CNI ADD would refuse them; repair leaves it alone",
+            extra={"fields": {"pod": key, "error": str(error)}},
+        )
+        actions.record_event(
+            self._core,
+            pod,
+            reason=REFUSED_REASON,
+            message="this node's istio-cni agent refuses a value of the pod, as it refuses it "
+            f"at a pod start (CNI ADD); repair leaves the pod as it is: {error}",
+            node_name=self._node_name,
+        )
+        return outcome
+
+    def _failed_unexpectedly(self, pod: Mapping[str, Any], error: Exception) -> Outcome:
+        """A failure no step expected (a malformed pod, a bug): the pod's round ends here."""
+        key = pod_key(pod)
+        detail = f"internal error: {type(error).__name__}: {error}"
+        if self._first_report(_uid(pod), detail):
+            log.error(
+                "repair of pod failed; the other pods go on",
+                exc_info=error,
+                extra={"fields": {"pod": key}},
+            )
+        return Outcome(key, "none", "fail", detail)
 
     def _note(self, pod: Mapping[str, Any], outcome: Outcome) -> None:
         state = _STATES.get(outcome.result)
@@ -127,7 +218,7 @@ class RepairService:
             state = pod_states.CAPTURED
         if self._states is None or state is None:
             return
-        meta = pod["metadata"]
+        meta = pod.get("metadata") or {}
         if state == pod_states.CAPTURED:
             known = self._states.get(str(meta.get("uid")))
             if known is not None and pod_states.ADD in known.outcomes:
@@ -142,10 +233,14 @@ class RepairService:
         )
 
     def _is_candidate(self, pod: Mapping[str, Any]) -> bool:
-        uid = str(pod["metadata"].get("uid"))
+        """Raises InvalidPodInputError for a pod whose values the ADD would refuse."""
+        uid = _uid(pod)
         if uid in self._handled or (pod["metadata"].get("deletionTimestamp")):
             return False
-        return is_running_with_addresses(pod) and self._should_redirect(pod)
+        if not (is_running_with_addresses(pod) and self._should_redirect(pod)):
+            return False
+        self._check_inputs(pod)
+        return True
 
     def _handle(self, pod: Mapping[str, Any], netns: str | None) -> Outcome:
         key, uid = pod_key(pod), str(pod["metadata"]["uid"])
@@ -161,11 +256,15 @@ class RepairService:
                 return Outcome(key, "none", "skip", "netns not found yet")
             try:
                 state = self._rules_state(pod, netns)
+            except InvalidPodInputError:
+                raise
             except Exception as e:
-                log.warning("cannot check rules of pod %s in %s: %s", key, netns, e)
+                if self._first_report(uid, f"check failed: {e}"):
+                    log.warning("cannot check rules of pod %s in %s: %s", key, netns, e)
                 return Outcome(key, "none", "skip", f"check failed: {e}")
             if state != "absent":
                 self._handled.add(uid)
+                self._reported.pop(uid, None)
                 if state == "differ":
                     self._report_difference(pod, netns)
                     return Outcome(key, "none", "differ", f"rules differ in {netns}; left alone")
@@ -202,6 +301,8 @@ class RepairService:
         kind = METRIC_TYPE[mode]
         try:
             detail = self._act(mode, pod, netns)
+        except InvalidPodInputError:
+            raise  # refused, not failed
         except Exception as e:
             if uid in self._failed:  # retried every round: one Event per pod, not a flood
                 log.debug("repair of pod %s (%s) failed again: %s", key, mode, e)
@@ -221,6 +322,7 @@ class RepairService:
             )
             return Outcome(key, kind, "fail", str(e))
         self._handled.add(uid)
+        self._reported.pop(uid, None)
         if detail == "skip":
             actions.PODS_REPAIRED.labels(type=kind, result="skip").inc()
             return Outcome(key, kind, "skip", "already labeled")
@@ -256,10 +358,15 @@ class RepairService:
         return f"labeled {repair.labelKey}={repair.labelValue}"
 
 
+def _uid(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("metadata") or {}).get("uid"))
+
+
 _STATES = {
     "success": pod_states.REPAIRED,
     "fail": pod_states.REPAIR_FAILED,
     "differ": pod_states.RULES_DIFFER,
+    "refused": pod_states.REFUSED,
 }
 
 _REASON = {

@@ -3,6 +3,7 @@ failure, the enrolled set as ztunnel's snapshot, and start-up reconcile."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -249,3 +250,59 @@ def test_state_follows_the_ztunnel_answer(parts: Parts) -> None:
 )
 def test_pod_level_overrides(annotations: dict[str, str], expected: PodRuleOptions) -> None:
     assert rule_options_for(PodRuleOptions())(pod(annotations=annotations)) == expected
+
+
+REFUSED = {"ambient.istio.io/bypass-inbound-capture": "yes please"}
+
+
+def test_reconcile_goes_on_past_a_pod_whose_value_is_refused(parts: Parts, tmp_path: Path) -> None:
+    """An enrolled pod whose owner set a refused value after it started stays enrolled (fail
+    closed: captured with the node-wide options), and the pods after it are reconciled too."""
+    second = tmp_path / "netns-2"
+    second.touch()
+    parts.rules.programmed[str(parts.netns)] = PodRuleOptions(ingress=True)  # value was "true"
+    parts.rules.programmed[str(second)] = PodRuleOptions()
+    parts.finder.by_uid = {"uid-1": str(parts.netns), "uid-2": str(second)}
+    pods = [pod(annotations=REFUSED), pod("web-1", uid="uid-2", ips=("10.0.0.6",))]
+    report = parts.mesh.reconcile(pods, reapply_rules=True)
+    assert report.found == ["uid-1", "uid-2"] and report.failed == []
+    assert {p.uid for p in parts.mesh.snapshot()} == {"uid-1", "uid-2"}
+    assert set(parts.host.entries) == {"uid-1", "uid-2"}  # the probe set synced
+    assert report.reapplied == ["uid-1"]
+    assert parts.rules.programmed[str(parts.netns)] == PodRuleOptions()  # inbound captured
+
+
+def test_reconcile_isolates_a_pod_that_fails_unexpectedly(parts: Parts, tmp_path: Path) -> None:
+    second = tmp_path / "netns-2"
+    second.touch()
+    parts.rules.programmed[str(parts.netns)] = PodRuleOptions()
+    parts.rules.programmed[str(second)] = PodRuleOptions()
+    parts.finder.by_uid = {"uid-1": str(parts.netns), "uid-2": str(second)}
+    malformed = pod()
+    malformed["status"]["podIPs"] = 5  # not a list: reading its IPs raises
+    report = parts.mesh.reconcile([malformed, pod("web-1", uid="uid-2")], reapply_rules=True)
+    assert report.failed == ["uid-1"] and report.found == ["uid-2"]
+    assert set(parts.host.entries) == {"uid-2"}
+
+
+def test_a_running_pod_with_a_refused_value_is_captured_with_the_node_wide_options(
+    parts: Parts, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The watch enrolling a running pod: refusing it would leave it uncaptured, so it is
+    captured, none of its own overrides applied; the refusal is logged once per reason."""
+    parts.finder.by_uid["uid-1"] = str(parts.netns)
+    refused = pod(annotations={**REFUSED, "ambient.istio.io/dns-capture": "false"})
+    with caplog.at_level(logging.WARNING, logger="agent.ambient"):
+        for _ in range(3):
+            parts.mesh.add(refused)
+    assert parts.mesh.state("uid-1") == "enabled"
+    assert parts.rules.programmed[str(parts.netns)] == PodRuleOptions()
+    [warning] = [r for r in caplog.records if "refused" in r.getMessage()]
+    assert "yes please" in str(warning.__dict__.get("fields"))
+
+
+def test_a_cni_add_with_a_refused_value_is_refused(parts: Parts) -> None:
+    """A pod that is starting is refused instead: it does not start (the runtime retries)."""
+    with pytest.raises(NonRetryableAdd, match=r"bypass-inbound-capture.*yes please"):
+        parts.mesh.add(pod(annotations=REFUSED), str(parts.netns))
+    assert parts.rules.programmed == {} and parts.mesh.snapshot() == []

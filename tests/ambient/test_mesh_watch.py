@@ -3,6 +3,8 @@ leads to, the retry of failures, and no retry of Istio's non-retryable adds."""
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 import pytest
@@ -204,8 +206,91 @@ def test_a_pod_claiming_to_be_enrolled_is_enrolled_and_one_claiming_not_released
     assert mesh.calls[-1] == ("remove", "web-0")
 
 
+def test_updates_of_one_pod_merge_into_one_pending_item() -> None:
+    store, mesh = FakeStore(), FakeMesh()
+    store.namespaces["app"] = namespace(labels=AMBIENT)
+    p = store.put(pod())
+    watch = make(store, mesh)
+    for _ in range(200):
+        watch.on_pod("update", p, p)
+    watch.on_pod("update", pod("web-1", uid="uid-2"), pod("web-1", uid="uid-2"))
+    assert watch.pending() == 2  # one item per pod
+    _drain(watch)
+    assert mesh.calls == [("add", "web-0")]  # web-1 is not in the cache: nothing to do
+
+
+def test_a_failing_pod_updated_without_end_is_tried_at_its_back_off_pace(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """ztunnel away: one pod's add fails for as long as the test runs while the pod is updated
+    every few milliseconds; its tries follow the back-off (5 ms doubling), one warning."""
+    store, mesh = FakeStore(), FakeMesh()
+    store.namespaces["app"] = namespace(labels=AMBIENT)
+    p = store.put(pod())
+    mesh.failures = 10**9
+    watch = make(store, mesh)
+    with caplog.at_level(logging.DEBUG, logger="agent.ambient"):
+        for _ in range(200):
+            watch.on_pod("update", p, p)
+        watch.start()
+        try:
+            deadline = time.monotonic() + 1.0
+            while time.monotonic() < deadline:
+                watch.on_pod("update", p, p)
+                time.sleep(0.005)
+        finally:
+            watch.stop()
+    # 0, 5, 15, 35, 75, 155, 315, 635 ms: 8 tries in the second (2,000 a second when each update
+    # was an item of its own, retried on its own)
+    assert 2 <= len(mesh.calls) <= 12, len(mesh.calls)
+    assert watch.pending() == 1
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "retrying" in warnings[0].getMessage()
+
+
+def test_a_delete_ends_the_pending_updates_of_its_pod_at_once() -> None:
+    store, mesh = FakeStore(), FakeMesh()
+    mesh.enrolled.add("uid-1")
+    store.namespaces["app"] = namespace(labels=AMBIENT)
+    p = pod(annotations=ENABLED)
+    watch = make(store, mesh)
+    watch.on_pod("update", p, p)
+    watch.on_pod("delete", p, None)
+    assert watch.pending() == 1
+    _drain(watch)
+    assert mesh.calls == [("remove-deleted", "web-0")]
+
+
+def test_merged_updates_keep_the_first_old_pod_so_a_new_ip_is_seen() -> None:
+    store, mesh = FakeStore(), FakeMesh()
+    mesh.enrolled.add("uid-1")
+    store.namespaces["app"] = namespace(labels=AMBIENT)
+    before, after = pod(ips=("10.0.0.5",)), pod(ips=("10.0.0.8",))
+    store.put(after)
+    watch = make(store, mesh)
+    watch.on_pod("update", before, after)
+    watch.on_pod("update", after, after)  # e.g. a namespace change re-examining its pods
+    _drain(watch)
+    assert mesh.calls == [("sync", "web-0")]
+
+
+def test_a_pod_the_mesh_will_not_capture_is_logged_once_per_reason(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store, mesh = FakeStore(), FakeMesh()
+    store.namespaces["app"] = namespace(labels=AMBIENT)
+    p = store.put(pod())
+    mesh.non_retryable = True
+    watch = make(store, mesh)
+    with caplog.at_level(logging.ERROR, logger="agent.ambient"):
+        for _ in range(5):
+            watch.handle(Event("pod", "update", p, p))
+    assert len(mesh.calls) == 5
+    assert len([r for r in caplog.records if "will not retry" in r.getMessage()]) == 1
+
+
 def _drain(watch: AmbientWatch) -> None:
     while watch.pending():
-        item = watch._next()  # the worker's own step, driven here
-        if item is not None:
-            watch.handle(item[2])
+        taken = watch.next_item(0.01)  # the worker's own steps, driven here
+        if taken is not None:
+            watch.step(taken)

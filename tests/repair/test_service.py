@@ -3,14 +3,17 @@ test doubles (named so): the end-to-end tests in tests/e2e/test_repair.py run th
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
 
 from agent.config import RepairMode, RepairSettings, Settings
+from agent.pods import states as pod_states
 from agent.repair.service import RepairService
+from agent.rules.sidecar import pod as pod_rules
 
 BROKEN_STATUS = {
     "phase": "Pending",
@@ -78,6 +81,8 @@ def service(
     netns: Mapping[str, str] | None = None,
     rules: str = "absent",
     repair: RepairSettings | None = None,
+    should_redirect: Callable[[Mapping[str, Any]], bool] = lambda pod: True,
+    states: pod_states.PodStates | None = None,
 ) -> RepairService:
     """`netns`: uid -> path the (test double) finder finds, none by default; `rules`: what the
     found netns holds: exact (today's rendering), differ (ours, otherwise) or absent (none)."""
@@ -87,7 +92,8 @@ def service(
         node_name="node-1",
         pods=pods,
         core=core,
-        should_redirect=lambda pod: True,
+        should_redirect=should_redirect,
+        states=states,
         redirect=lambda pod, path: "iptables-nft",
         rules_in_place=lambda pod, path: rules == "exact",
         ours_present=lambda path: rules != "absent",
@@ -216,3 +222,95 @@ def test_validation_failure_by_the_configured_exit_code_and_message(
     repair = service(FakePods([pod]), core, repair=settings, netns={"u1": "/n/1"}, rules="exact")
     repair.run_once()
     assert bool(core.deleted) is broken
+
+
+def sidecar_pod(pod: dict[str, Any], **annotations: str) -> dict[str, Any]:
+    """The pod with an injected istio-proxy container and these annotations added."""
+    pod["spec"] = {"containers": [{"name": "app"}, {"name": "istio-proxy"}]}
+    pod["metadata"]["annotations"].update(annotations)
+    return pod
+
+
+def plugin_decides(pod: Mapping[str, Any]) -> bool:
+    """The plugin's own decision (the agent's should_redirect), refusals and all."""
+    return pod_rules.decide(pod, exclude_namespaces=()).redirect
+
+
+def refused_total() -> float:
+    labels = {"type": "delete", "result": "refused"}
+    return REGISTRY.get_sample_value("istio_cni_repair_pods_repaired_total", labels) or 0.0
+
+
+def test_a_refused_annotation_is_reported_once_and_the_other_pods_are_repaired(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An annotation set after start to a value the ADD refuses: that pod is reported, never
+    acted on, and a broken pod beside it is still repaired, round after round."""
+    refused = sidecar_pod(running_pod("bad"), **{"sidecar.istio.io/inject": "no thanks"})
+    broken = sidecar_pod(broken_pod("u1"))
+    core, states, before = FakeCore(), pod_states.PodStates(), refused_total()
+    pods = FakePods([refused, broken])
+    repair = service(
+        pods, core, mode="delete", should_redirect=plugin_decides, states=states, rules="exact"
+    )
+    with caplog.at_level(logging.DEBUG, logger="agent.repair"):
+        rounds = [repair.run_once() for _ in range(4)]
+    assert [(o.pod, o.result) for o in rounds[0]] == [
+        ("ns/run-bad", "refused"),
+        ("ns/p", "success"),
+    ]
+    assert [(o.pod, o.result) for o in rounds[3]] == [("ns/run-bad", "refused")]
+    assert [name for _, name, _ in core.deleted] == ["p"]  # the broken pod, not the refused one
+    assert [e["reason"] for e in core.events] == ["RedirectRefused", "DeleteBrokenPod"]
+    assert "sidecar.istio.io/inject" in core.events[0]["message"]
+    assert "no thanks" in core.events[0]["message"]
+    assert refused_total() == before + 1
+    warnings = [r for r in caplog.records if "refused" in r.getMessage()]
+    assert len(warnings) == 1 and not any(r.exc_info for r in caplog.records)
+    record = states.get("bad")
+    assert record is not None
+    noted = record.outcomes[pod_states.REPAIR]
+    assert noted.state == pod_states.REFUSED
+    assert "sidecar.istio.io/inject" in noted.reason and "no thanks" in noted.reason
+
+
+def test_a_broken_pod_whose_capture_annotation_is_refused_is_not_deleted() -> None:
+    """The ADD reads the capture annotations too: repair agrees with it and leaves the pod."""
+    pod = sidecar_pod(
+        broken_pod(), **{"traffic.sidecar.istio.io/includeOutboundIPRanges": "10.0.0.0/8, all"}
+    )
+    core = FakeCore()
+    repair = service(FakePods([pod]), core, mode="delete", should_redirect=plugin_decides)
+    assert [o.result for o in repair.run_once()] == ["refused"]
+    assert core.deleted == []
+    assert "includeOutboundIPRanges" in core.events[0]["message"]
+
+
+def test_a_corrected_annotation_lets_the_pod_be_handled() -> None:
+    pod = sidecar_pod(broken_pod(), **{"sidecar.istio.io/inject": "no thanks"})
+    core = FakeCore()
+    repair = service(FakePods([pod]), core, mode="delete", should_redirect=plugin_decides)
+    assert [o.result for o in repair.run_once()] == ["refused"]
+    pod["metadata"]["annotations"]["sidecar.istio.io/inject"] = "true"
+    assert [o.result for o in repair.run_once()] == ["success"]
+    assert [name for _, name, _ in core.deleted] == ["p"]
+
+
+def test_a_pod_failing_unexpectedly_ends_only_its_own_handling(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def should_redirect(pod: Mapping[str, Any]) -> bool:
+        if pod["metadata"]["uid"] == "odd":
+            raise TypeError("a value of an unexpected type")
+        return True
+
+    core = FakeCore()
+    pods = FakePods([broken_pod("odd"), broken_pod("u1")])
+    repair = service(pods, core, mode="delete", should_redirect=should_redirect)
+    with caplog.at_level(logging.ERROR, logger="agent.repair"):
+        first = repair.run_once()
+        again = [repair.run_once() for _ in range(3)]
+    assert [(o.action, o.result) for o in first] == [("none", "fail"), ("delete", "success")]
+    assert all([o.result for o in r] == ["fail"] for r in again)
+    assert len(core.deleted) == 1
+    assert len([r for r in caplog.records if r.exc_info]) == 1  # one traceback, not one a round
