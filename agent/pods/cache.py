@@ -4,7 +4,9 @@
       └─► watch from that resourceVersion ──► ADDED/MODIFIED/DELETED/BOOKMARK into the store
             ├─ server timeout ends the watch ──► watch again from the last resourceVersion
             ├─ 410 Gone (version expired) ─────► list again (consistent: from etcd)
-            ├─ error / connection lost ────────► back off, then watch again
+            ├─ error / connection lost ────────► back off, then watch again from the last
+            │                                    event's or bookmark's resourceVersion
+            ├─ ended in < 1 s with no event ───► an error too (client-go: "very short watch")
             └─ resync period passed (if set) ──► list again
 
 No periodic relist by default, as client-go's informers (Istio's agent among them): a watch
@@ -114,6 +116,9 @@ class ListWatchCache:
         """How many full lists were done (first one included); read by tests and logs."""
         self._consistent_list = False
         """The next list reads etcd (after a 410: the watch cache may not have the version)."""
+        self._seen_version: str | None = None
+        """The version of the last event or bookmark of the current watch: a watch that breaks
+        is resumed from there, as client-go's reflector does, not from where it started."""
         self._metrics = metrics or default_cache_metrics()
         self._metrics.created(self.kind)
 
@@ -226,20 +231,13 @@ class ListWatchCache:
             except Exception as e:  # every failure: back off and retry, never end the watch
                 if self._stopping.is_set():
                     break
+                if version is not None:  # resume from the last event or bookmark (reflector)
+                    version = self._seen_version or version
                 failures += 1
                 delay = min(self._backoff_max, 0.5 * 2 ** min(failures, 10))
                 delay *= random.uniform(0.8, 1.2)  # jitter: nodes must not relist in step
-                log.warning(
-                    "%s watch failed; retrying",
-                    self.kind,
-                    extra={
-                        "fields": {
-                            "node": self._node,
-                            "error": _short(e),
-                            "retryIn": f"{delay:.1f}s",
-                        }
-                    },
-                )
+                fields = {"node": self._node, "error": _short(e), "retryIn": f"{delay:.1f}s"}
+                log.warning("%s watch failed; retrying", self.kind, extra={"fields": fields})
                 self._stopping.wait(delay)
         log.debug("%s cache stopped", self.kind, extra={"fields": {"node": self._node}})
 
@@ -331,10 +329,12 @@ class ListWatchCache:
             if self._stopping.is_set():
                 watch_stream.cut(response)
             self._response = response
+        started, version, self._seen_version = time.monotonic(), resource_version, resource_version
         try:
-            version = resource_version
             for line in watch_stream.events(response):
-                version = self.apply_event(json.loads(line), version)
+                version = self._seen_version = self.apply_event(json.loads(line), version)
+            if version == resource_version:
+                watch_stream.check_not_short(started)
             self._metrics.heard(self.kind)  # the server ended the watch: still in touch
             return version
         finally:
