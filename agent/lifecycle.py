@@ -71,7 +71,7 @@ def run(settings: Settings, *, config_path: str, decide_on_stop: StopDecider | N
     pod = AgentPod.from_env()
     try:
         node_name = pod.require_node()
-        clients = build_clients()
+        clients = build_clients(settings=settings.kubeApi)
     except ConfigError as e:
         sys.stderr.write(f"istio-cni-agent run: {e}\n")
         return 1
