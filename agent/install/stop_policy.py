@@ -6,13 +6,16 @@ the API server saying the DaemonSet that made this pod is gone (404, or another 
 being deleted, or no longer selecting this node; the agent's own pod gone (404) counts only
 with its DaemonSet gone too. A refusal (401/403) is no such answer: a force-deleted pod's
 token, a rotated signing key or RBAC in the middle of an upgrade are refused alike; neither is an
-unreachable or failing API server. Both keep, saying why in the log.
+unreachable or failing API server. Both keep, saying why in the log, unless the agent's watch of
+its DaemonSet heard the API server tell of its deletion while the agent ran: `helm uninstall`
+deletes the ServiceAccount and RBAC with the DaemonSet, before the kubelet sends SIGTERM.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +40,9 @@ class ClusterState:
     error: str = ""
     refused: bool = False
     """The error is the API server refusing the agent's credentials (401/403)."""
+    watched_gone: str = ""
+    """Why the agent's watch of its DaemonSet saw it deleted while the agent ran (the API
+    server's word, heard before the credentials were refused); "" when it did not."""
 
 
 def decide(mode: str, state: ClusterState | None) -> StopDecision:
@@ -47,6 +53,10 @@ def decide(mode: str, state: ClusterState | None) -> StopDecision:
         return StopDecision(False, "uninstallOnStop is never")
     if state is None:
         return StopDecision(False, "not running in a pod of a DaemonSet: keeping (fail closed)")
+    if state.error and state.watched_gone:
+        return StopDecision(
+            True, f"DaemonSet is gone: {state.watched_gone} (now asking fails: {state.error})"
+        )
     if state.refused:
         return StopDecision(
             False,
@@ -193,11 +203,13 @@ def decide_from_cluster(
     node_name: str,
     clients: Any = None,
     timeouts: Any = None,
+    watched_gone: Callable[[], str] | None = None,
 ) -> StopDecision:
     """The fetch part: ask the API server only when the mode leaves the choice to it.
 
     `clients` (agent.kube.KubeClients) are the agent's own, left open; without them a set is
-    built for this one question and closed again.
+    built for this one question and closed again. `watched_gone`: what the agent's watch of
+    its DaemonSet saw (agent.pods.own_daemonset), used when asking now fails.
     """
     if mode in ("always", "never"):
         return decide(mode, None)
@@ -222,4 +234,6 @@ def decide_from_cluster(
     finally:
         if own:
             clients.close()
+    if state is not None and state.error and watched_gone is not None:
+        state = dataclasses.replace(state, watched_gone=watched_gone())
     return decide(mode, state)

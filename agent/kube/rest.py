@@ -251,10 +251,14 @@ class CoreV1:
 
 
 class AppsV1:
-    """The apps/v1 call the agent makes (its own DaemonSet, at stop)."""
+    """The apps/v1 calls the agent makes (its own DaemonSet: watched, and read at stop)."""
 
     def __init__(self, client: RestClient) -> None:
         self.api_client = client
+
+    def list_namespaced_daemon_set(self, namespace: str, **kw: Any) -> Any:
+        path = f"/apis/apps/v1/namespaces/{_segment(namespace)}/daemonsets"
+        return self.api_client.request("GET", path, options=kw)
 
     def read_namespaced_daemon_set(self, name: str, namespace: str, **kw: Any) -> Any:
         path = f"/apis/apps/v1/namespaces/{_segment(namespace)}/daemonsets/{_segment(name)}"

@@ -11,7 +11,9 @@ import pytest
 
 from agent.install.stop_policy import decide_from_cluster
 from agent.kube import KubeClients, build_clients
-from testbed.fakeapi import FakeApiServer, Reply, Request
+from agent.pods.own_daemonset import OwnDaemonSetWatch
+from testbed.fakeapi import FakeApiServer, Reply, Request, watch_events
+from testbed.wait import wait_for
 
 NS = "istio-system"
 POD = "istio-cni-node-x7k2p"
@@ -93,3 +95,47 @@ def test_a_refusal_names_the_way_out(server: FakeApiServer, clients: KubeClients
     assert not decision.uninstall
     assert "HTTP 401" in decision.reason and "istio-cni-agent uninstall" in decision.reason
     assert [r.path for r in server.requests] == [POD_PATH]
+
+
+def own_daemonset_route(deleted: bool) -> Callable[[Request], Reply]:
+    """The DaemonSet by name: listed, then a watch telling (or not) of its deletion. A list or
+    watch without the name's field selector is refused, as the Role (resourceNames) refuses it."""
+
+    def route(request: Request) -> Reply:
+        if request.path != f"/apis/apps/v1/namespaces/{NS}/daemonsets":
+            return Reply(404)
+        if request.query.get("fieldSelector") != "metadata.name=istio-cni-node":
+            return Reply(403)
+        if request.query.get("watch") != "true":
+            return Reply(body={"metadata": {"resourceVersion": "10"}, "items": [DAEMONSET]})
+        gone = {**DAEMONSET, "metadata": {**DAEMONSET["metadata"], "resourceVersion": "11"}}
+        events = watch_events(("DELETED", gone)) if deleted else []
+        return Reply(events=events, then="silent")
+
+    return route
+
+
+@pytest.mark.parametrize("deleted", [True, False], ids=["deleted", "not-deleted"])
+def test_a_refusal_after_the_watch_saw_the_daemonset_deleted(
+    server: FakeApiServer, clients: KubeClients, deleted: bool
+) -> None:
+    server.route = own_daemonset_route(deleted)
+    own = OwnDaemonSetWatch.for_pod(clients.apps, POD, NS)
+    own.start()
+    try:
+        wait_for(lambda: len(server.seen(watch="true")) == 1, "the DaemonSet's watch")
+        wait_for(lambda: bool(own.gone()) is deleted, "the watch's word")
+        server.tokens = set()  # helm uninstall: ServiceAccount and RBAC gone before SIGTERM
+        decision = decide_from_cluster(
+            "auto",
+            pod_name=POD,
+            pod_namespace=NS,
+            node_name="node-1",
+            clients=clients,
+            watched_gone=own.gone,
+        )
+    finally:
+        own.stop()
+    assert decision.uninstall is deleted, decision.reason
+    assert ("watch saw the DaemonSet deleted" in decision.reason) is deleted
+    assert ("refused" in decision.reason) is not deleted
