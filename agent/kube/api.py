@@ -55,7 +55,11 @@ class Timeouts:
     settings: KubeApiSettings = field(default_factory=KubeApiSettings)
     watch_idle_seconds: float = WATCH_IDLE_SECONDS
 
-    def lookup(self) -> Timeout:
+    def lookup(self, within: float | None = None) -> Timeout:
+        """`within`: what is left of a lookup's time (its retries share it), if less."""
+        read = float(self.settings.lookupTimeoutSeconds)
+        if within is not None and within < read:
+            return (CONNECT_SECONDS, max(0.001, within))
         return (CONNECT_SECONDS, self.settings.lookupTimeoutSeconds)
 
     def update(self) -> Timeout:

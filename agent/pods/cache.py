@@ -179,24 +179,30 @@ class ListWatchCache:
 
         With `uid`, a pod of that name but another uid (a deleted and recreated pod) does not
         count. Returns None when the pod still does not exist after the retries; raises
-        ApiLookupError when the API server kept failing.
+        ApiLookupError when the API server kept failing. All tries together take at most the
+        lookup timeout (kubeApi.lookupTimeoutSeconds) beyond the time to connect, waits for the
+        client's throttle (a Retry-After) included: a CNI ADD waits on it.
         """
         delay = self._get_first_delay
         error: Exception | None = None
+        deadline = time.monotonic() + self._timeouts.settings.lookupTimeoutSeconds
         for attempt in range(self._get_tries):
             pod = self._matching(self.cached(namespace, name), uid)
-            if pod is not None:
-                return pod
+            left = deadline - time.monotonic()
+            if pod is not None or left <= 0:
+                break
             try:
-                pod = self._matching(self._read(namespace, name), uid)
+                pod = self._matching(self._read(namespace, name, within=left), uid)
                 error = None
             except ApiLookupError as e:
                 error = e
             if pod is not None:
                 return pod
             if attempt + 1 < self._get_tries:
-                self._wait_for_change(delay)
+                self._wait_for_change(min(delay, max(0.0, deadline - time.monotonic())))
                 delay *= 2
+        if pod is not None:
+            return pod
         if error is not None:
             raise error
         return None
@@ -215,8 +221,9 @@ class ListWatchCache:
         with self._changed:
             self._changed.wait(seconds)
 
-    def _read(self, namespace: str, name: str) -> Obj | None:
-        """GET one object; None when it does not exist; ApiLookupError when the lookup failed."""
+    def _read(self, namespace: str, name: str, *, within: float | None = None) -> Obj | None:
+        """GET one object (answered `within` seconds at most); None when it does not exist;
+        ApiLookupError when the lookup failed."""
         raise NotImplementedError
 
     # -- list + watch ------------------------------------------------------------------------
@@ -389,14 +396,14 @@ class PodCache(ListWatchCache):
     def _as_obj(self, obj: Obj) -> Obj:
         return _as_pod(slim(obj, POD))
 
-    def _read(self, namespace: str, name: str) -> Pod | None:
+    def _read(self, namespace: str, name: str, *, within: float | None = None) -> Pod | None:
         try:
             return self._as_obj(
                 api.get_json(
                     self._core.read_namespaced_pod,
                     name,
                     namespace,
-                    timeout=self._timeouts.lookup(),
+                    timeout=self._timeouts.lookup(within),
                 )
             )
         except ApiNotFound:

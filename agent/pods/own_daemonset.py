@@ -50,7 +50,7 @@ class OwnDaemonSetWatch(ListWatchCache):
         kept = ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp")
         return {"metadata": {k: meta[k] for k in kept if k in meta}}
 
-    def _read(self, namespace: str, name: str) -> Obj | None:
+    def _read(self, namespace: str, name: str, *, within: float | None = None) -> Obj | None:
         return self.cached(namespace, name)
 
     def relist(self) -> str:
