@@ -73,7 +73,8 @@ class RepairSettings:
 @dataclass(frozen=True)
 class KubeApiSettings:
     """How long the agent's calls to the Kubernetes API may take to answer, in seconds, by kind
-    of call (agent.kube.api adds the time to connect: 2 s where a CNI ADD waits, else 5 s)."""
+    of call (agent.kube.api adds the time to connect: 2 s where a CNI ADD waits, else 5 s), and
+    how fast it may make them."""
 
     lookupTimeoutSeconds: int = field(default=5, metadata=POSITIVE)
     """GET of a pod or namespace that a CNI ADD waits for (not in the caches yet)."""
@@ -87,6 +88,11 @@ class KubeApiSettings:
     """Each question of the stop policy at SIGTERM (the agent's pod, its DaemonSet, the node)."""
     readinessTimeoutSeconds: int = field(default=3, metadata=POSITIVE)
     """The readiness `api` check's list of this node's pods, until the pod cache has listed."""
+    qps: int = field(default=5, metadata=POSITIVE)
+    """Calls per second the agent makes at most, over time (client-go's token bucket; its
+    default): a call waits for its turn, as long as its timeout allows."""
+    burst: int = field(default=10, metadata=POSITIVE)
+    """Calls the agent may make at once before `qps` applies (client-go's default)."""
 
 
 @dataclass(frozen=True)

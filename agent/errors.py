@@ -39,7 +39,9 @@ Control flow inside one module stays there, each an AgentError too: the pod serv
 (a request answered early, agent.podserver.requests), the HTTP server's `FramingError`
 (agent.serving.http), the ZDS connection's `ConnectionClosed`, `AckTimeout`, `ProtocolError`
 (agent.ambient.zds_conn), and the REST client's `ApiError` (an answer other than 2xx,
-agent.kube.rest), which agent.kube.api turns into the KubeApiError of its status.
+agent.kube.rest), which agent.kube.api turns into the KubeApiError of its status, as it does
+the throttle's `Throttled` (a call not sent: its turn was further away than its timeout,
+agent.kube.throttle).
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ from agent.install.installer import Installer
 from agent.install.watcher import InstallWatcher
 from agent.kube import KubeClients, api, build_clients
 from agent.logs import setup_logging
+from agent.pods.own_daemonset import OwnDaemonSetWatch
 from agent.serving.limits import raise_descriptor_limit
 from agent.wiring import Service, Uninstalls, build_services, node_services
 
@@ -71,10 +72,13 @@ def run(settings: Settings, *, config_path: str, decide_on_stop: StopDecider | N
     pod = AgentPod.from_env()
     try:
         node_name = pod.require_node()
-        clients = build_clients()
+        clients = build_clients(settings=settings.kubeApi)
     except ConfigError as e:
         sys.stderr.write(f"istio-cni-agent run: {e}\n")
         return 1
+    own = None  # the DaemonSet's watch, for the stop policy's auto mode
+    if decide_on_stop is None and settings.uninstallOnStop == "auto":
+        own = _watch_own_daemonset(pod, clients)
     try:
         return _serve(
             settings,
@@ -83,9 +87,11 @@ def run(settings: Settings, *, config_path: str, decide_on_stop: StopDecider | N
             node_name=node_name,
             clients=clients,
             stop=stop,
-            decide_on_stop=decide_on_stop,
+            decide_on_stop=decide_on_stop or _cluster_decider(pod, clients, own),
         )
     finally:
+        if own is not None:
+            own.stop()
         clients.close()
 
 
@@ -97,7 +103,7 @@ def _serve(
     node_name: str,
     clients: KubeClients,
     stop: threading.Event,
-    decide_on_stop: StopDecider | None,
+    decide_on_stop: StopDecider,
 ) -> int:
     installer = make_installer(settings, pod)
     reloads: queue.Queue[Settings] = queue.Queue()
@@ -136,8 +142,7 @@ def _serve(
         started = [watcher, *restarted]
         uninstallers = rebuilt.uninstallers
     _stop_all(started)
-    decide = decide_on_stop or _cluster_decider(pod, clients)
-    return _finish(decide(installer.settings), installer, uninstallers)
+    return _finish(decide_on_stop(installer.settings), installer, uninstallers)
 
 
 def _next_reload(reloads: queue.Queue[Settings], stop: threading.Event) -> Settings | None:
@@ -153,8 +158,11 @@ def _next_reload(reloads: queue.Queue[Settings], stop: threading.Event) -> Setti
             return None if stop.is_set() else latest
 
 
-def _cluster_decider(pod: AgentPod, clients: KubeClients) -> StopDecider:
-    """Ask the API server about our DaemonSet (unless the config forces the answer)."""
+def _cluster_decider(
+    pod: AgentPod, clients: KubeClients, own: OwnDaemonSetWatch | None
+) -> StopDecider:
+    """Ask the API server about our DaemonSet (unless the config forces the answer); what the
+    watch of it saw counts when asking fails."""
 
     def decide(settings: Settings) -> stop_policy.StopDecision:
         return stop_policy.decide_from_cluster(
@@ -164,9 +172,19 @@ def _cluster_decider(pod: AgentPod, clients: KubeClients) -> StopDecider:
             node_name=pod.node_name,
             clients=clients,
             timeouts=api.Timeouts(settings.kubeApi),
+            watched_gone=own.gone if own is not None else None,
         )
 
     return decide
+
+
+def _watch_own_daemonset(pod: AgentPod, clients: KubeClients) -> OwnDaemonSetWatch | None:
+    """The watch of the agent's DaemonSet, started (None outside a pod)."""
+    if not pod.pod_name or not pod.pod_namespace:
+        return None
+    own = OwnDaemonSetWatch.for_pod(clients.apps, pod.pod_name, pod.pod_namespace)
+    own.start()
+    return own
 
 
 def _start_all(services: Sequence[Service]) -> list[Service] | None:

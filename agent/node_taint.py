@@ -87,6 +87,7 @@ def remove_taint(
             patch,
             _content_type="application/json-patch+json",
             timeout=timeouts.node(),
+            raw=False,  # read and released: the connection goes back to the pool
         )
     except ApiConflict as e:
         raise TaintChanged(f"HTTP {e.status}: {e.message}") from None

@@ -1,16 +1,21 @@
 """On SIGTERM: uninstall (the DaemonSet is going away from this node) or keep (upgrade, reboot).
 
 Keeping is the safe side: a stale entry makes new pods wait for the next agent (the plugin fails
-closed), while a missing one lets them start uncaptured. So anything unclear keeps. One answer is
-clear although it is an error: 401/403 for our own pod or DaemonSet. `helm uninstall` deletes the
-ServiceAccount and RBAC together with the DaemonSet, before the kubelet sends SIGTERM, while an
-upgrade keeps them; keeping then would leave every node with an entry no agent serves.
+closed), while a missing one lets them start uncaptured. So only a definite answer uninstalls:
+the API server saying the DaemonSet that made this pod is gone (404, or another of its name),
+being deleted, or no longer selecting this node; the agent's own pod gone (404) counts only
+with its DaemonSet gone too. A refusal (401/403) is no such answer: a force-deleted pod's
+token, a rotated signing key or RBAC in the middle of an upgrade are refused alike; neither is an
+unreachable or failing API server. Both keep, saying why in the log, unless the agent's watch of
+its DaemonSet heard the API server tell of its deletion while the agent ran: `helm uninstall`
+deletes the ServiceAccount and RBAC with the DaemonSet, before the kubelet sends SIGTERM.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,9 +38,11 @@ class ClusterState:
     """None: the DaemonSet does not exist (any more)."""
     node: Mapping[str, Any] | None = None
     error: str = ""
-    revoked: str = ""
-    """Set when the API server refused our identity (401/403): its ServiceAccount or RBAC is
-    gone, which only the release's uninstall does."""
+    refused: bool = False
+    """The error is the API server refusing the agent's credentials (401/403)."""
+    watched_gone: str = ""
+    """Why the agent's watch of its DaemonSet saw it deleted while the agent ran (the API
+    server's word, heard before the credentials were refused); "" when it did not."""
 
 
 def decide(mode: str, state: ClusterState | None) -> StopDecision:
@@ -46,11 +53,16 @@ def decide(mode: str, state: ClusterState | None) -> StopDecision:
         return StopDecision(False, "uninstallOnStop is never")
     if state is None:
         return StopDecision(False, "not running in a pod of a DaemonSet: keeping (fail closed)")
-    if state.revoked:
+    if state.error and state.watched_gone:
         return StopDecision(
-            True,
-            f"the agent's ServiceAccount or its RBAC is gone "
-            f"({state.revoked}): the release was uninstalled",
+            True, f"DaemonSet is gone: {state.watched_gone} (now asking fails: {state.error})"
+        )
+    if state.refused:
+        return StopDecision(
+            False,
+            f"the API server refused the agent's credentials ({state.error}): whether the "
+            "DaemonSet is gone cannot be confirmed, keeping (fail closed); if the release was "
+            "uninstalled, run `istio-cni-agent uninstall` on this node",
         )
     if state.error:
         return StopDecision(False, f"API server unreachable ({state.error}): keeping (fail closed)")
@@ -124,23 +136,14 @@ def fetch_state(
     """Own pod -> owning DaemonSet (None if gone) and this node, as plain JSON objects.
 
     `clients` is agent.kube.KubeClients; `timeouts` agent.kube.api.Timeouts (default: the
-    settings' defaults). Returns None when the pod has no DaemonSet owner.
+    settings' defaults). Returns None when the pod has no DaemonSet owner. The agent's own pod
+    gone (404: force-deleted) leaves its DaemonSet to be asked by the name it was made from.
     """
     from agent.kube import api  # the Kubernetes client only when the cluster is asked
 
     timeout = (timeouts or api.DEFAULT_TIMEOUTS).stop()
     try:
-        pod = api.get_json(
-            clients.core.read_namespaced_pod, pod_name, pod_namespace, timeout=timeout
-        )
-        owner = next(
-            (
-                o
-                for o in (pod.get("metadata") or {}).get("ownerReferences") or []
-                if o.get("kind") == "DaemonSet"
-            ),
-            None,
-        )
+        owner = _owner(clients, pod_name, pod_namespace, timeout)
         if owner is None:
             return None
         try:
@@ -159,18 +162,37 @@ def fetch_state(
         ):
             ds = None  # a new DaemonSet of the same name is not the one that made us
         node = None
-        if node_name:
+        if node_name and ds is not None:
             node = api.get_json(clients.core.read_node, node_name, timeout=timeout)
         return ClusterState(daemonset=ds, node=node)
     except KubeApiError as e:
-        if isinstance(e, ApiForbidden):
-            return ClusterState(revoked=f"HTTP {e.status} {e.reason}")
         if e.answered:
-            return ClusterState(error=f"HTTP {e.status} {e.reason}")
+            return ClusterState(error=f"HTTP {e.status} {e.reason}", refused=_refused(e))
         cause = e.cause
         return ClusterState(error=f"{type(cause).__name__}: {str(cause)[:200]}")
     except Exception as e:  # any other failure to ask means "keep" (fail closed)
         return ClusterState(error=f"{type(e).__name__}: {str(e)[:200]}")
+
+
+def _owner(clients: Any, pod_name: str, namespace: str, timeout: Any) -> Mapping[str, Any] | None:
+    """The owner reference of the agent's pod naming a DaemonSet; None when it has none. When
+    the pod is gone (404), its DaemonSet by the name a DaemonSet gives its pods (`<name>-xxxxx`),
+    with no uid to compare."""
+    from agent.kube import api
+
+    try:
+        pod = api.get_json(clients.core.read_namespaced_pod, pod_name, namespace, timeout=timeout)
+    except ApiNotFound:
+        return {"name": pod_name.rsplit("-", 1)[0], "uid": ""}
+    references = (pod.get("metadata") or {}).get("ownerReferences") or []
+    return next((o for o in references if o.get("kind") == "DaemonSet"), None)
+
+
+def _refused(error: KubeApiError) -> bool:
+    """401/403: the API server would not answer the agent. Not a sign of an uninstall: a
+    force-deleted pod's token, a rotated signing key, RBAC in the middle of an upgrade or a
+    webhook authorizer that failed answer the same."""
+    return isinstance(error, ApiForbidden)
 
 
 def decide_from_cluster(
@@ -181,11 +203,13 @@ def decide_from_cluster(
     node_name: str,
     clients: Any = None,
     timeouts: Any = None,
+    watched_gone: Callable[[], str] | None = None,
 ) -> StopDecision:
     """The fetch part: ask the API server only when the mode leaves the choice to it.
 
     `clients` (agent.kube.KubeClients) are the agent's own, left open; without them a set is
-    built for this one question and closed again.
+    built for this one question and closed again. `watched_gone`: what the agent's watch of
+    its DaemonSet saw (agent.pods.own_daemonset), used when asking now fails.
     """
     if mode in ("always", "never"):
         return decide(mode, None)
@@ -210,4 +234,6 @@ def decide_from_cluster(
     finally:
         if own:
             clients.close()
+    if state is not None and state.error and watched_gone is not None:
+        state = dataclasses.replace(state, watched_gone=watched_gone())
     return decide(mode, state)

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from agent.config import KubeApiSettings
 from agent.kube import rest
 from agent.kube.config import Configuration
 from agent.kube.config import load_configuration as _load
@@ -47,7 +48,11 @@ def load_configuration(environ: Mapping[str, str] | None = None) -> Configuratio
     return configuration
 
 
-def build_clients(environ: Mapping[str, str] | None = None) -> KubeClients:
-    """Load the configuration and build the core and apps calls over one pool."""
-    client = rest.RestClient(load_configuration(environ))
+def build_clients(
+    environ: Mapping[str, str] | None = None, *, settings: KubeApiSettings | None = None
+) -> KubeClients:
+    """Load the configuration and build the core and apps calls over one pool, throttled to
+    the settings' `qps` and `burst` (client-go's defaults without settings)."""
+    rate = settings or KubeApiSettings()
+    client = rest.RestClient(load_configuration(environ), qps=rate.qps, burst=rate.burst)
     return KubeClients(api=client, core=rest.CoreV1(client), apps=rest.AppsV1(client))

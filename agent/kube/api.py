@@ -28,6 +28,7 @@ import urllib3
 from agent.config import KubeApiSettings
 from agent.errors import ApiConflict, ApiForbidden, ApiGone, ApiNotFound, KubeApiError
 from agent.kube.rest import ApiError
+from agent.kube.throttle import Throttled
 
 Timeout = float | tuple[float, float]
 """Seconds for the whole call, or (connect, read)."""
@@ -38,6 +39,12 @@ SLOW_CONNECT_SECONDS = 5.0
 """Connecting, for the calls nothing waits on (the caches' lists and watches, the node)."""
 WATCH_SLACK_SECONDS = 30.0
 """A watch's read timeout beyond its server-side timeout: the server ends it first."""
+WATCH_IDLE_SECONDS = 130.0
+"""The longest a watch may stay silent (its read timeout when shorter than the server-side
+timeout + slack): the API server sends a bookmark about every 60 s on a watch that asked for
+them, so two missed bookmarks and 10 s of slack mean the server or the path to it is gone,
+noticed in about 2 minutes, not after the watch's 4-8 minutes. A server that sent no bookmark
+costs a watch resumed from its last version every ~2 minutes, which is cheap."""
 
 
 @dataclass(frozen=True)
@@ -46,8 +53,13 @@ class Timeouts:
     time to connect."""
 
     settings: KubeApiSettings = field(default_factory=KubeApiSettings)
+    watch_idle_seconds: float = WATCH_IDLE_SECONDS
 
-    def lookup(self) -> Timeout:
+    def lookup(self, within: float | None = None) -> Timeout:
+        """`within`: what is left of a lookup's time (its retries share it), if less."""
+        read = float(self.settings.lookupTimeoutSeconds)
+        if within is not None and within < read:
+            return (CONNECT_SECONDS, max(0.001, within))
         return (CONNECT_SECONDS, self.settings.lookupTimeoutSeconds)
 
     def update(self) -> Timeout:
@@ -57,7 +69,8 @@ class Timeouts:
         return (SLOW_CONNECT_SECONDS, self.settings.listTimeoutSeconds)
 
     def watch(self, server_seconds: int) -> Timeout:
-        return (SLOW_CONNECT_SECONDS, server_seconds + WATCH_SLACK_SECONDS)
+        read = min(server_seconds + WATCH_SLACK_SECONDS, self.watch_idle_seconds)
+        return (SLOW_CONNECT_SECONDS, read)
 
     def node(self) -> Timeout:
         return (SLOW_CONNECT_SECONDS, self.settings.nodeTimeoutSeconds)
@@ -89,7 +102,7 @@ def call(fn: Callable[..., Any], *args: Any, timeout: Timeout, raw: bool = True,
         kw["_preload_content"] = False
     try:
         return fn(*args, _request_timeout=timeout, **kw)
-    except (urllib3.exceptions.HTTPError, OSError) as e:
+    except (urllib3.exceptions.HTTPError, OSError, Throttled) as e:
         raise KubeApiError(e) from e
     except Exception as e:
         if not _is_answer(e):

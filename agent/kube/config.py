@@ -32,14 +32,20 @@ from agent.errors import ConfigError
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REREAD_SECONDS = 60.0
 """How long a read token is used before the file is read again (client-go's period)."""
+TOKEN_RETRY_SECONDS = 5.0
+"""After a 401, the file is read again at once, but not more often than this: a token the
+API server refuses (revoked, or signed by a rotated key) is replaced as soon as kubelet writes
+the new one, without reading the file on every refused call."""
 
 
 class TokenSource:
-    """A bearer token: fixed, or from a file read again every TOKEN_REREAD_SECONDS."""
+    """A bearer token: fixed, or from a file read again every TOKEN_REREAD_SECONDS, and at once
+    after a 401 (`refresh`), as client-go's cached token source drops a token refused."""
 
     def __init__(self, token: str = "", path: Path | None = None) -> None:
         self._token, self._path = token, path
         self._read_at = 0.0
+        self._forced_at = -TOKEN_RETRY_SECONDS
         self._lock = threading.Lock()
         if path is not None:
             self._reread()
@@ -58,6 +64,20 @@ class TokenSource:
             with self._lock, contextlib.suppress(ConfigError):
                 self._reread()
         return self._token
+
+    def refresh(self) -> bool:
+        """The API server refused the token (401): read the file again now, unless it was
+        forced less than TOKEN_RETRY_SECONDS ago. True when the token changed."""
+        if self._path is None:
+            return False
+        with self._lock:
+            now = time.monotonic()
+            if now - self._forced_at < TOKEN_RETRY_SECONDS:
+                return False
+            self._forced_at, before = now, self._token
+            with contextlib.suppress(ConfigError):
+                self._reread()
+            return self._token != before
 
     def __repr__(self) -> str:
         return "TokenSource(<redacted>)"

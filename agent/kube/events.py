@@ -194,7 +194,8 @@ class EventRecorder:
                 entry.namespace,
                 self._body(entry, count),
                 timeout=self._timeouts.update(),
-            ).release_conn()
+                raw=False,
+            )
             EVENTS_SENT.labels(call="create").inc()
         except ApiConflict:  # made before the agent restarted: count on it
             self._patch(entry, count)
@@ -207,7 +208,8 @@ class EventRecorder:
             entry.namespace,
             patch,
             timeout=self._timeouts.update(),
-        ).release_conn()
+            raw=False,
+        )
         EVENTS_SENT.labels(call="patch").inc()
 
     def _body(self, entry: _Entry, count: int) -> dict[str, Any]:

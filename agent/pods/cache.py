@@ -4,7 +4,9 @@
       └─► watch from that resourceVersion ──► ADDED/MODIFIED/DELETED/BOOKMARK into the store
             ├─ server timeout ends the watch ──► watch again from the last resourceVersion
             ├─ 410 Gone (version expired) ─────► list again (consistent: from etcd)
-            ├─ error / connection lost ────────► back off, then watch again
+            ├─ error / connection lost ────────► back off, then watch again from the last
+            │                                    event's or bookmark's resourceVersion
+            ├─ ended in < 1 s with no event ───► an error too (client-go: "very short watch")
             └─ resync period passed (if set) ──► list again
 
 No periodic relist by default, as client-go's informers (Istio's agent among them): a watch
@@ -114,6 +116,9 @@ class ListWatchCache:
         """How many full lists were done (first one included); read by tests and logs."""
         self._consistent_list = False
         """The next list reads etcd (after a 410: the watch cache may not have the version)."""
+        self._seen_version: str | None = None
+        """The version of the last event or bookmark of the current watch: a watch that breaks
+        is resumed from there, as client-go's reflector does, not from where it started."""
         self._metrics = metrics or default_cache_metrics()
         self._metrics.created(self.kind)
 
@@ -174,24 +179,30 @@ class ListWatchCache:
 
         With `uid`, a pod of that name but another uid (a deleted and recreated pod) does not
         count. Returns None when the pod still does not exist after the retries; raises
-        ApiLookupError when the API server kept failing.
+        ApiLookupError when the API server kept failing. All tries together take at most the
+        lookup timeout (kubeApi.lookupTimeoutSeconds) beyond the time to connect, waits for the
+        client's throttle (a Retry-After) included: a CNI ADD waits on it.
         """
         delay = self._get_first_delay
         error: Exception | None = None
+        deadline = time.monotonic() + self._timeouts.settings.lookupTimeoutSeconds
         for attempt in range(self._get_tries):
             pod = self._matching(self.cached(namespace, name), uid)
-            if pod is not None:
-                return pod
+            left = deadline - time.monotonic()
+            if pod is not None or left <= 0:
+                break
             try:
-                pod = self._matching(self._read(namespace, name), uid)
+                pod = self._matching(self._read(namespace, name, within=left), uid)
                 error = None
             except ApiLookupError as e:
                 error = e
             if pod is not None:
                 return pod
             if attempt + 1 < self._get_tries:
-                self._wait_for_change(delay)
+                self._wait_for_change(min(delay, max(0.0, deadline - time.monotonic())))
                 delay *= 2
+        if pod is not None:
+            return pod
         if error is not None:
             raise error
         return None
@@ -210,8 +221,9 @@ class ListWatchCache:
         with self._changed:
             self._changed.wait(seconds)
 
-    def _read(self, namespace: str, name: str) -> Obj | None:
-        """GET one object; None when it does not exist; ApiLookupError when the lookup failed."""
+    def _read(self, namespace: str, name: str, *, within: float | None = None) -> Obj | None:
+        """GET one object (answered `within` seconds at most); None when it does not exist;
+        ApiLookupError when the lookup failed."""
         raise NotImplementedError
 
     # -- list + watch ------------------------------------------------------------------------
@@ -226,20 +238,13 @@ class ListWatchCache:
             except Exception as e:  # every failure: back off and retry, never end the watch
                 if self._stopping.is_set():
                     break
+                if version is not None:  # resume from the last event or bookmark (reflector)
+                    version = self._seen_version or version
                 failures += 1
                 delay = min(self._backoff_max, 0.5 * 2 ** min(failures, 10))
                 delay *= random.uniform(0.8, 1.2)  # jitter: nodes must not relist in step
-                log.warning(
-                    "%s watch failed; retrying",
-                    self.kind,
-                    extra={
-                        "fields": {
-                            "node": self._node,
-                            "error": _short(e),
-                            "retryIn": f"{delay:.1f}s",
-                        }
-                    },
-                )
+                fields = {"node": self._node, "error": _short(e), "retryIn": f"{delay:.1f}s"}
+                log.warning("%s watch failed; retrying", self.kind, extra={"fields": fields})
                 self._stopping.wait(delay)
         log.debug("%s cache stopped", self.kind, extra={"fields": {"node": self._node}})
 
@@ -331,10 +336,12 @@ class ListWatchCache:
             if self._stopping.is_set():
                 watch_stream.cut(response)
             self._response = response
+        started, version, self._seen_version = time.monotonic(), resource_version, resource_version
         try:
-            version = resource_version
             for line in watch_stream.events(response):
-                version = self.apply_event(json.loads(line), version)
+                version = self._seen_version = self.apply_event(json.loads(line), version)
+            if version == resource_version:
+                watch_stream.check_not_short(started)
             self._metrics.heard(self.kind)  # the server ended the watch: still in touch
             return version
         finally:
@@ -389,14 +396,14 @@ class PodCache(ListWatchCache):
     def _as_obj(self, obj: Obj) -> Obj:
         return _as_pod(slim(obj, POD))
 
-    def _read(self, namespace: str, name: str) -> Pod | None:
+    def _read(self, namespace: str, name: str, *, within: float | None = None) -> Pod | None:
         try:
             return self._as_obj(
                 api.get_json(
                     self._core.read_namespaced_pod,
                     name,
                     namespace,
-                    timeout=self._timeouts.lookup(),
+                    timeout=self._timeouts.lookup(within),
                 )
             )
         except ApiNotFound:

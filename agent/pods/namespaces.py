@@ -37,11 +37,10 @@ class NamespaceCache(ListWatchCache):
     def cached_namespace(self, name: str) -> Namespace | None:
         return self.cached("", name)
 
-    def _read(self, namespace: str, name: str) -> Obj | None:
+    def _read(self, namespace: str, name: str, *, within: float | None = None) -> Obj | None:
+        timeout = self._timeouts.lookup(within)
         try:
-            return self._as_obj(
-                api.get_json(self._core.read_namespace, name, timeout=self._timeouts.lookup())
-            )
+            return self._as_obj(api.get_json(self._core.read_namespace, name, timeout=timeout))
         except ApiNotFound:
             return None
         except KubeApiError as e:

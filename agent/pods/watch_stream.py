@@ -4,8 +4,16 @@ chunked response that stays open until the watch ends."""
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from typing import Any
+
+from agent.errors import WatchError
+
+SHORT_WATCH_SECONDS = 1.0
+"""A watch that ends sooner than this with no event is an error (backed off), as in client-go's
+reflector: an API server or proxy that answers 200 and closes at once must not be re-asked in a
+tight loop."""
 
 
 def events(response: Any) -> Iterator[bytes]:
@@ -26,3 +34,11 @@ def cut(response: Any) -> None:
     # Already released or closed: nobody is blocked on it.
     with contextlib.suppress(ValueError, RuntimeError, OSError):
         response.shutdown()
+
+
+def check_not_short(started: float) -> None:
+    """WatchError when a watch that brought no event ended within SHORT_WATCH_SECONDS of
+    `started` (time.monotonic())."""
+    lasted = time.monotonic() - started
+    if lasted < SHORT_WATCH_SECONDS:
+        raise WatchError(f"very short watch: ended after {lasted:.3f} s with no event")

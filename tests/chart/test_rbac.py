@@ -85,7 +85,7 @@ def test_daemonset_get_is_limited_to_the_own_daemonset_in_its_namespace(helm: He
             "apiGroups": ["apps"],
             "resources": ["daemonsets"],
             "resourceNames": [ds["metadata"]["name"]],
-            "verbs": ["get"],
+            "verbs": ["get", "list", "watch"],
         }
     ]
     (binding,) = [b for b in of_kind(docs, "RoleBinding") if b["roleRef"]["kind"] == "Role"]

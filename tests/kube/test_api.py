@@ -99,6 +99,6 @@ def test_timeouts_come_from_the_settings() -> None:
         (5.0, 60),
         (5.0, 15),
     )
-    assert (default.stop(), default.readiness(), default.watch(240)) == (5.0, 3.0, (5.0, 270.0))
+    assert (default.stop(), default.readiness(), default.watch(240)) == (5.0, 3.0, (5.0, 130.0))
     mine = api.Timeouts(KubeApiSettings(lookupTimeoutSeconds=1, stopTimeoutSeconds=30))
     assert (mine.lookup(), mine.stop()) == ((2.0, 1), 30.0)

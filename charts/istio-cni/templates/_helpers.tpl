@@ -82,7 +82,9 @@ istio.io/rev: {{ .revision | default "default" | quote }}
   "listTimeoutSeconds" (int $k.listTimeoutSeconds)
   "nodeTimeoutSeconds" (int $k.nodeTimeoutSeconds)
   "stopTimeoutSeconds" (int $k.stopTimeoutSeconds)
-  "readinessTimeoutSeconds" (int $k.readinessTimeoutSeconds) -}}
+  "readinessTimeoutSeconds" (int $k.readinessTimeoutSeconds)
+  "qps" (int $k.qps)
+  "burst" (int $k.burst) -}}
 {{- $cfg := dict
   "cniBinDir" $v.cniBinDir
   "platform" ($v.platform | default "")

@@ -1,0 +1,141 @@
+"""The SIGTERM decision against a strict fake API server (testbed.fakeapi): only a definite
+answer uninstalls (the DaemonSet gone, being deleted, or the agent's pod and its DaemonSet both
+gone); a refused credential (401/403) or a failing API server keeps the plugin, saying why."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.install.stop_policy import decide_from_cluster
+from agent.kube import KubeClients, build_clients
+from agent.pods.own_daemonset import OwnDaemonSetWatch
+from testbed.fakeapi import FakeApiServer, Reply, Request, watch_events
+from testbed.wait import wait_for
+
+NS = "istio-system"
+POD = "istio-cni-node-x7k2p"
+POD_PATH = f"/api/v1/namespaces/{NS}/pods/{POD}"
+DS_PATH = f"/apis/apps/v1/namespaces/{NS}/daemonsets/istio-cni-node"
+NODE_PATH = "/api/v1/nodes/node-1"
+OWNER = {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "istio-cni-node", "uid": "ds-1"}
+AGENT_POD = {"metadata": {"name": POD, "namespace": NS, "ownerReferences": [OWNER]}}
+DAEMONSET = {"metadata": {"name": "istio-cni-node", "namespace": NS, "uid": "ds-1"}, "spec": {}}
+NODE = {"metadata": {"name": "node-1", "labels": {}}}
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[FakeApiServer]:
+    with FakeApiServer(tmp_path) as fake:
+        yield fake
+
+
+@pytest.fixture
+def clients(server: FakeApiServer) -> Iterator[KubeClients]:
+    made = build_clients({"KUBECONFIG": str(server.kubeconfig())})
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def answers(pod: Reply, ds: Reply, node: Reply | None = None) -> Callable[[Request], Reply]:
+    by_path = {POD_PATH: pod, DS_PATH: ds, NODE_PATH: node or Reply(body=NODE)}
+    return lambda request: by_path.get(request.path, Reply(404))
+
+
+CASES = [
+    ("pod-401", answers(Reply(401), Reply(body=DAEMONSET)), False, "refused"),
+    ("ds-401", answers(Reply(body=AGENT_POD), Reply(401)), False, "refused"),
+    ("ds-403", answers(Reply(body=AGENT_POD), Reply(403)), False, "refused"),
+    (
+        "node-403",
+        answers(Reply(body=AGENT_POD), Reply(body=DAEMONSET), Reply(403)),
+        False,
+        "refused",
+    ),
+    ("ds-503", answers(Reply(body=AGENT_POD), Reply(503)), False, "unreachable"),
+    ("upgrade", answers(Reply(body=AGENT_POD), Reply(body=DAEMONSET)), False, "still runs"),
+    ("ds-404", answers(Reply(body=AGENT_POD), Reply(404)), True, "DaemonSet is gone"),
+    ("pod-404-ds-404", answers(Reply(404), Reply(404)), True, "DaemonSet is gone"),
+    ("pod-404-ds-there", answers(Reply(404), Reply(body=DAEMONSET)), False, "still runs"),
+    (
+        "ds-replaced",
+        answers(Reply(body=AGENT_POD), Reply(body={**DAEMONSET, "metadata": {"uid": "ds-2"}})),
+        True,
+        "DaemonSet is gone",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("route", "uninstall", "reason"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_only_a_definite_answer_uninstalls(
+    server: FakeApiServer,
+    clients: KubeClients,
+    route: Callable[[Request], Reply],
+    uninstall: bool,
+    reason: str,
+) -> None:
+    server.route = route
+    decision = decide_from_cluster(
+        "auto", pod_name=POD, pod_namespace=NS, node_name="node-1", clients=clients
+    )
+    assert (decision.uninstall, reason in decision.reason) == (uninstall, True), decision.reason
+
+
+def test_a_refusal_names_the_way_out(server: FakeApiServer, clients: KubeClients) -> None:
+    server.tokens = {"another"}  # the agent's token is not accepted any more
+    decision = decide_from_cluster(
+        "auto", pod_name=POD, pod_namespace=NS, node_name="node-1", clients=clients
+    )
+    assert not decision.uninstall
+    assert "HTTP 401" in decision.reason and "istio-cni-agent uninstall" in decision.reason
+    assert [r.path for r in server.requests] == [POD_PATH]
+
+
+def own_daemonset_route(deleted: bool) -> Callable[[Request], Reply]:
+    """The DaemonSet by name: listed, then a watch telling (or not) of its deletion. A list or
+    watch without the name's field selector is refused, as the Role (resourceNames) refuses it."""
+
+    def route(request: Request) -> Reply:
+        if request.path != f"/apis/apps/v1/namespaces/{NS}/daemonsets":
+            return Reply(404)
+        if request.query.get("fieldSelector") != "metadata.name=istio-cni-node":
+            return Reply(403)
+        if request.query.get("watch") != "true":
+            return Reply(body={"metadata": {"resourceVersion": "10"}, "items": [DAEMONSET]})
+        gone = {**DAEMONSET, "metadata": {**DAEMONSET["metadata"], "resourceVersion": "11"}}
+        events = watch_events(("DELETED", gone)) if deleted else []
+        return Reply(events=events, then="silent")
+
+    return route
+
+
+@pytest.mark.parametrize("deleted", [True, False], ids=["deleted", "not-deleted"])
+def test_a_refusal_after_the_watch_saw_the_daemonset_deleted(
+    server: FakeApiServer, clients: KubeClients, deleted: bool
+) -> None:
+    server.route = own_daemonset_route(deleted)
+    own = OwnDaemonSetWatch.for_pod(clients.apps, POD, NS)
+    own.start()
+    try:
+        wait_for(lambda: len(server.seen(watch="true")) == 1, "the DaemonSet's watch")
+        wait_for(lambda: bool(own.gone()) is deleted, "the watch's word")
+        server.tokens = set()  # helm uninstall: ServiceAccount and RBAC gone before SIGTERM
+        decision = decide_from_cluster(
+            "auto",
+            pod_name=POD,
+            pod_namespace=NS,
+            node_name="node-1",
+            clients=clients,
+            watched_gone=own.gone,
+        )
+    finally:
+        own.stop()
+    assert decision.uninstall is deleted, decision.reason
+    assert ("watch saw the DaemonSet deleted" in decision.reason) is deleted
+    assert ("refused" in decision.reason) is not deleted
