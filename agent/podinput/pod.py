@@ -49,6 +49,49 @@ DNS_CAPTURE_ANNOTATION = "ambient.istio.io/dns-capture"
 
 PROXY_STATUS_PORT = "15020"
 
+PROXY_ENV = (DNS_CAPTURE_ENV, DUAL_STACK_ENV, INVALID_DROP_ENV, DISABLE_ENVOY_ENV)
+"""Every env var of the istio-proxy container this module reads (the caches keep no other)."""
+ANNOTATIONS = (
+    INJECT,
+    STATUS,
+    INTERCEPTION_MODE,
+    INCLUDE_OUTBOUND_IP_RANGES,
+    EXCLUDE_OUTBOUND_IP_RANGES,
+    INCLUDE_INBOUND_PORTS,
+    EXCLUDE_INBOUND_PORTS,
+    INCLUDE_OUTBOUND_PORTS,
+    EXCLUDE_OUTBOUND_PORTS,
+    EXCLUDE_INTERFACES,
+    KUBEVIRT_INTERFACES,
+    REROUTE_VIRTUAL_INTERFACES,
+    BYPASS_INBOUND_ANNOTATION,
+    DNS_CAPTURE_ANNOTATION,
+)
+"""Every annotation this module reads."""
+LABELS = (INJECT,)
+"""Every label this module reads."""
+
+
+class Cut(str):
+    """A pod's value that the agent's pod cache did not keep whole: its first characters, and
+    `why`. `checked` refuses it, so a value the agent parses is never read cut; a reader that
+    only compares a value with a short constant gets from the cut value the answer the whole
+    value gives (neither equals it). `str()` of it is itself, so the mark survives the readers'
+    conversions."""
+
+    why: str
+
+    def __new__(cls, text: str, why: str) -> Cut:
+        made = super().__new__(cls, text)
+        made.why = why
+        return made
+
+    def __str__(self) -> str:
+        return self
+
+    def __getnewargs__(self) -> tuple[str, str]:  # type: ignore[override]  # copy and pickle
+        return str.__str__(self), self.why
+
 
 def refused(where: str, value: object, why: object) -> InvalidPodInputError:
     """The error for a refused value: the input, an excerpt of the value, the reason."""
@@ -58,6 +101,8 @@ def refused(where: str, value: object, why: object) -> InvalidPodInputError:
 
 
 def checked(where: str, value: T, parse: Callable[[T], Any]) -> Any:
+    if isinstance(value, Cut):
+        raise refused(where, value, value.why)
     try:
         return parse(value)
     except ValueError as e:

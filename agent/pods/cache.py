@@ -21,7 +21,9 @@ Objects are kept as slim records of the API's JSON (camelCase dicts, only the fi
 reads: agent.pods.slim), the form the redirect decision reads. The pod list comes from the API
 server's watch cache in one answer (a node's pods); the namespace list, consistent, in pages of
 LIST_PAGE_SIZE objects, so neither the cache nor one list's answer grows with the cluster beyond
-what is kept. Both list and watch read the raw JSON (the client's models are never built). A pod
+what is kept. Both list and watch read the raw JSON (the client's models are never built), a
+list one item at a time (agent.pods.list_body) and a watch one event at a time, so only one
+object's full form is ever alive beside the slim records, however large its owner made it. A pod
 not in the cache yet (its sandbox can be created before the watch delivers it) is fetched with a
 GET, retried a few times over about two seconds.
 """
@@ -47,9 +49,9 @@ from agent.errors import (
     WatchError,
 )
 from agent.kube import api
-from agent.pods import watch_stream
+from agent.pods import list_body, watch_stream
 from agent.pods.metrics import CacheMetrics, default_cache_metrics
-from agent.pods.slim import POD, slim
+from agent.pods.slim import PodFields, pod_shape, slim
 
 log = logging.getLogger(__name__)
 
@@ -292,7 +294,7 @@ class ListWatchCache:
             extra={"fields": {"node": self._node, "count": len(pods), "resourceVersion": version}},
         )
         if self._listeners:
-            self._notify(_differences(old, pods))
+            self._notify(list_body.differences(old, pods))
         return version
 
     def _list_pages(self) -> tuple[dict[tuple[str, str], Obj], str]:
@@ -302,10 +304,14 @@ class ListWatchCache:
         if self.list_from_watch_cache and not self._consistent_list:
             options["resource_version"] = "0"
         while True:
-            body = api.get_json(self._list, timeout=self._timeouts.list(), **options)
-            for item in body.get("items") or []:
-                obj = self._as_obj(item)
-                objs[self._obj_key(obj)] = obj
+            answer = api.call(self._list, timeout=self._timeouts.list(), **options)
+            try:  # as it streams, item by item (agent.pods.list_body)
+                items, body = list_body.read(list_body.chunks(answer), self._as_obj)
+            except ValueError as e:
+                raise KubeApiError(e) from e
+            finally:
+                getattr(answer, "release_conn", lambda: None)()
+            objs.update((self._obj_key(obj), obj) for obj in items)
             meta = body.get("metadata") or {}
             token = meta.get("continue")
             if not token:
@@ -388,13 +394,21 @@ class PodCache(ListWatchCache):
     # (bench/README "API server load").
     list_from_watch_cache = True
 
+    def __init__(
+        self, core: Any, node_name: str, *, fields: PodFields | None = None, **kw: Any
+    ) -> None:
+        """`fields`: what the settings make the agent read of a pod (agent.pods.slim); the
+        other arguments are ListWatchCache's."""
+        super().__init__(core, node_name, **kw)
+        self._shape = pod_shape(fields or PodFields())
+
     def _list(self, **options: Any) -> Any:
         return self._core.list_pod_for_all_namespaces(
             field_selector=f"spec.nodeName={self._node}", **options
         )
 
     def _as_obj(self, obj: Obj) -> Obj:
-        return _as_pod(slim(obj, POD))
+        return _as_pod(slim(obj, self._shape))
 
     def _read(self, namespace: str, name: str, *, within: float | None = None) -> Pod | None:
         try:
@@ -410,25 +424,6 @@ class PodCache(ListWatchCache):
             return None
         except KubeApiError as e:
             raise ApiLookupError(f"get pod {namespace}/{name}: {e}") from e
-
-
-def _differences(
-    old: dict[tuple[str, str], Obj], new: dict[tuple[str, str], Obj]
-) -> list[tuple[str, Obj | None, Obj | None]]:
-    """The add/update/delete events that turn `old` into `new` (by resourceVersion)."""
-    changes: list[tuple[str, Obj | None, Obj | None]] = []
-    for key, obj in new.items():
-        before = old.get(key)
-        if before is None:
-            changes.append(("add", None, obj))
-        elif _version(before) != _version(obj):
-            changes.append(("update", before, obj))
-    changes += [("delete", obj, None) for key, obj in old.items() if key not in new]
-    return changes
-
-
-def _version(obj: Obj) -> str:
-    return str(obj.get("metadata", {}).get("resourceVersion", ""))
 
 
 def _key(pod: dict[str, Any]) -> tuple[str, str]:

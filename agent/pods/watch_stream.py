@@ -17,16 +17,23 @@ tight loop."""
 
 
 def events(response: Any) -> Iterator[bytes]:
-    """Newline-separated JSON events of a chunked watch response."""
-    pending = b""
+    """Newline-separated JSON events of a chunked watch response.
+
+    An event's bytes are held until its line ends, then handed on (one event at a time: its
+    parsed form is the caller's, as short-lived). Each chunk is searched once, so an event that
+    comes in many chunks costs time in proportion to its size."""
+    parts: list[bytes] = []
     for chunk in response.stream(amt=None, decode_content=False):
-        pending += chunk
-        *lines, pending = pending.split(b"\n")
-        for line in lines:
-            if line.strip():
-                yield line
-    if pending.strip():
-        yield pending
+        *ended, tail = chunk.split(b"\n")
+        if ended:
+            ended[0] = b"".join([*parts, ended[0]])
+            parts = []
+            yield from (line for line in ended if line.strip())
+        if tail:
+            parts.append(tail)
+    last = b"".join(parts)
+    if last.strip():
+        yield last
 
 
 def cut(response: Any) -> None:

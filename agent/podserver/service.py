@@ -8,6 +8,7 @@ from collections.abc import Callable
 from agent.config import Settings
 from agent.kube import KubeClients, api
 from agent.pods.cache import PodCache
+from agent.pods.slim import PodFields
 from agent.pods.states import PodStates
 from agent.podserver.handlers import Ambient, EventSink, PodHandlers, Redirector
 from agent.podserver.metrics import PluginMetrics, default_metrics
@@ -49,9 +50,13 @@ class PodService:
         self.sandboxes = sandboxes if sandboxes is not None else SandboxStore()
         """The sandboxes of the ADDs answered: pod UID -> the netns the runtime named."""
         self.pods = cache or PodCache(
-            kube_client_factory().core, node_name, timeouts=api.Timeouts(settings.kubeApi)
+            kube_client_factory().core,
+            node_name,
+            fields=PodFields.of(settings),
+            timeouts=api.Timeouts(settings.kubeApi),
         )
-        """The node's pod cache; repair reads it too."""
+        """The node's pod cache; repair and ambient read it too (what they read of a pod, the
+        settings say: PodFields)."""
         if redirector is None:
             redirector = RulesRedirector(
                 exclude_namespaces=settings.excludeNamespaces, backend=settings.ruleBackend

@@ -29,10 +29,11 @@ def test_added_modified_deleted(cache: PodCache) -> None:
     version = cache.apply_event(event("ADDED", versioned(make_pod(), "10")), "9")
     assert version == "10"
     assert cache.cached("app", "web-0") is not None
-    changed = versioned(make_pod(annotations={"a": "b"}), "11")
+    changed = versioned(make_pod(annotations={"sidecar.istio.io/interceptionMode": "TPROXY"}), "11")
     assert cache.apply_event(event("MODIFIED", changed), version) == "11"
     cached = cache.cached("app", "web-0")
-    assert cached is not None and cached["metadata"]["annotations"]["a"] == "b"
+    notes = cached["metadata"]["annotations"] if cached else {}
+    assert notes["sidecar.istio.io/interceptionMode"] == "TPROXY"
     assert cache.apply_event(event("DELETED", versioned(make_pod(), "12")), "11") == "12"
     assert cache.cached("app", "web-0") is None
     assert cache.list_pods() == []

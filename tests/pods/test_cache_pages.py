@@ -5,12 +5,15 @@ version. The API server's side of paging is tested against the real one in tests
 from __future__ import annotations
 
 import json
+import tracemalloc
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from agent.errors import ResourceExpired
+from agent.errors import KubeApiError, ResourceExpired
+from agent.pods import list_body
 from agent.pods.cache import LIST_PAGE_SIZE, PodCache
 from agent.pods.namespaces import NamespaceCache
 
@@ -112,3 +115,119 @@ def test_namespace_lists_stay_consistent_and_paged() -> None:
     core = PagedListDouble([f"ns-{i}" for i in range(3)])
     NamespaceCache(core, "node-1").relist()
     assert all("resource_version" not in c for c in core.calls)
+
+
+@dataclass
+class FatPodsDouble:
+    """list_pod_for_all_namespaces answering `pods` pods of `size` bytes of container args."""
+
+    pods: int
+    size: int
+    answer: bytes = b""
+
+    def __post_init__(self) -> None:
+        items = [self.pod(i) for i in range(self.pods)]
+        body = {"kind": "PodList", "metadata": {"resourceVersion": "9"}, "items": items}
+        self.answer = json.dumps(body, separators=(",", ":")).encode()
+
+    def pod(self, i: int) -> dict[str, Any]:
+        args = [f"{j % 100:02d}" for j in range(self.size // 5)]
+        containers = [{"name": "app", "args": args}, {"name": "istio-proxy", "args": ["proxy"]}]
+        meta = {"name": f"fat{i}", "namespace": "ns", "uid": f"u{i}", "resourceVersion": "5"}
+        return {"metadata": meta, "spec": {"nodeName": "node-1", "containers": containers}}
+
+    def list_pod_for_all_namespaces(self, **options: Any) -> Streamed:
+        return Streamed(self.answer)
+
+
+@dataclass
+class Streamed:
+    """A raw answer as urllib3 streams it."""
+
+    data: bytes
+    released: bool = False
+
+    def stream(self, amt: int, decode_content: bool) -> Iterator[bytes]:
+        yield from (self.data[i : i + amt] for i in range(0, len(self.data), amt))
+
+    def release_conn(self) -> None:
+        self.released = True
+
+
+def test_a_list_is_read_one_item_at_a_time() -> None:
+    """A list of fat pods costs, while it is read, its text and one pod parsed: never every
+    pod parsed at once (a relist of a node's fat pods would cost them all, some 12 times the
+    size of their JSON)."""
+    core = FatPodsDouble(pods=8, size=300_000)
+    tracemalloc.start()
+    try:
+        one = json.loads(json.dumps(core.pod(0)))
+        one_pod, _ = tracemalloc.get_traced_memory()
+        del one
+        tracemalloc.reset_peak()
+        base, _ = tracemalloc.get_traced_memory()
+        cache = PodCache(core, "node-1")
+        assert cache.relist() == "9"
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(cache.list_pods()) == core.pods
+    assert cache.cached("ns", "fat3") == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "fat3", "namespace": "ns", "uid": "u3", "resourceVersion": "5"},
+        "spec": {"nodeName": "node-1", "containers": [{"name": "istio-proxy", "args": ["proxy"]}]},
+    }
+    # One pod's text (read on in doubling steps), and one pod parsed: not the answer's whole.
+    text = len(core.answer) // core.pods
+    assert peak - base < 4 * text + 2 * one_pod, (peak - base, text, one_pod)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{}",
+        ' {"items": [], "metadata": {"resourceVersion": "1"}} ',
+        '{"kind":"PodList","items":[{"a":[1,{"b":null}]}, 2 ,"s"],"metadata":{"continue":"x"}}',
+        '{"items": null, "metadata": {}}',
+        '{"items": [1], "items": [2, 3]}',
+        '{"items": [1], "items": null}',
+        '{"metadata": {"resourceVersion": "1"}, "items": [{"x": "\\u00e9\\n"}]}',
+        '{"items": [{"n": 12345, "f": -1.5e3, "t": true, "z": null}], "n": 678}',
+        '{"items": [{"s": "caf\u00e9 \u2603 \U0001f600"}]}',
+    ],
+)
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 64, 1 << 16])
+def test_a_list_reads_as_json_loads_reads_it(text: str, size: int) -> None:
+    """However the answer's chunks cut it (in a number, a string, an escape, a character)."""
+    items, rest = list_body.read(Streamed(text.encode()).stream(size, True), lambda item: item)
+    whole = json.loads(text)
+    assert items == (whole.get("items") or [])
+    assert rest == {k: v for k, v in whole.items() if k != "items" or v is None}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "[]",
+        "{",
+        '{"a"}',
+        '{"a":1,}',
+        '{"items":[{},]}',
+        '{"items":[{} {}]}',
+        "{} x",
+        "{1:2}",
+        '{"items":[{}]',
+    ],
+)
+def test_a_list_that_is_not_one_object_is_an_api_error(text: str) -> None:
+    for size in (1, 1 << 16):
+        with pytest.raises(ValueError):
+            list_body.read(Streamed(text.encode()).stream(size, True), lambda item: item)
+        with pytest.raises(ValueError):  # not UTF-8
+            list_body.read(Streamed(b'{"a":"\xff"}').stream(size, True), lambda item: item)
+    core = PodListDouble(pods=0)
+    core.list_pod_for_all_namespaces = lambda **options: Reply(text.encode())  # type: ignore[method-assign]
+    with pytest.raises(KubeApiError):
+        PodCache(core, "node-1").relist()

@@ -4,22 +4,37 @@ record as on the full object the API server sent, and the record is a fraction o
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
+import re
+import sys
+from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import yaml
 
-from agent.ambient.enrollment import should_enroll
+from agent.ambient.enrollment import (
+    REDIRECTION_ANNOTATION,
+    ZTUNNEL_APP,
+    redirection_state,
+    should_enroll,
+)
+from agent.ambient.mesh import ambient_pod
+from agent.config import AmbientSettings, RepairSettings, Settings
 from agent.errors import InvalidPodInputError
-from agent.label_selectors import EnablementSelector, LabelSelector
+from agent.label_selectors import EnablementSelector, LabelSelector, LabelSelectorRequirement
+from agent.podinput.pod import PROXY_ENV, ambient_input
+from agent.pods import slim as slim_module
 from agent.pods.cache import PodCache
 from agent.pods.namespaces import NamespaceCache
-from agent.pods.slim import NAMESPACE, POD, slim
+from agent.pods.slim import NAMESPACE, POD, PodFields, pod_shape, slim
+from agent.podserver.service import PodService
 from agent.readiness.build import _own_netns_uid
 from agent.repair.detect import is_running_with_addresses, pod_key, validation_failed
-from agent.rules.sidecar.pod import capture_config_for_pod, decide, ipv6_for_pod
+from agent.rules.sidecar.pod import INIT_CONTAINER, capture_config_for_pod, decide, ipv6_for_pod
 
 CONFORMANCE = Path(__file__).resolve().parents[1] / "testdata" / "istio-conformance" / "plugin"
 
@@ -102,10 +117,14 @@ def pods() -> list[tuple[str, dict[str, Any]]]:
                 "metadata": {
                     "name": "gw",
                     "namespace": "istio-ingress",
-                    "annotations": {"sidecar.istio.io/status": "{}"},
+                    "annotations": {
+                        "sidecar.istio.io/status": "{}",
+                        "ambient.istio.io/redirection": "enabled",
+                        "ambient.istio.io/dns-capture": "false",
+                    },
                     "labels": {"istio.io/dataplane-mode": "ambient"},
                 },
-                "spec": {"containers": [proxy]},
+                "spec": {"serviceAccountName": "gateway", "containers": [proxy]},
             },
         )
     )
@@ -158,6 +177,9 @@ def readings(pod: dict[str, Any]) -> list[Any]:
         pod_key(pod),
         _own_netns_uid(pod),
         should_enroll(pod, {"metadata": {"labels": {"a": "b"}}}, ambient),
+        outcome(lambda: ambient_input(pod)),
+        ambient_pod(pod, "/var/run/netns/x").service_account,
+        redirection_state(pod),
     ]
 
 
@@ -176,15 +198,39 @@ def test_what_a_record_keeps() -> None:
     assert set(record) == {"apiVersion", "kind", "metadata", "spec", "status"}
     assert record["status"] == {}  # conditions, container statuses, QoS class: none read
     assert "managedFields" not in record["metadata"]
-    assert set(record["spec"]) == {"containers"}
+    assert set(record["spec"]) == {"containers", "serviceAccountName"}
+    assert [c["name"] for c in record["spec"]["containers"]] == ["istio-proxy"]  # no app
     for container in record["spec"]["containers"]:
         assert set(container) <= {"name", "args", "env", "securityContext"}
 
 
-def test_values_of_another_shape_are_kept_whole() -> None:
-    odd = {"spec": {"containers": "not a list", "initContainers": [1, {"name": "x", "image": "i"}]}}
-    kept = {"spec": {"containers": "not a list", "initContainers": [1, {"name": "x"}]}}
-    assert slim(odd, POD) == kept
+ODD = [
+    {"spec": {"containers": "not a list", "initContainers": [1, {"name": "istio-init"}]}},
+    {"spec": {"containers": [{"name": "istio-proxy", "args": "proxy sidecar", "env": {"a": 1}}]}},
+    {"spec": {"containers": [{"name": "istio-proxy", "securityContext": {"runAsUser": [1]}}]}},
+    {"spec": {"containers": [{"name": "istio-proxy", "securityContext": "root"}]}},
+    {"spec": {"containers": [{"name": "istio-proxy", "args": ["proxy", {"type": "x"}]}]}},
+    {"spec": {"containers": [{"name": "istio-proxy", "env": [{"name": "DISABLE_ENVOY"}]}]}},
+    {"metadata": {"labels": "app=x", "annotations": ["sidecar.istio.io/status"]}},
+]
+
+
+@pytest.mark.parametrize("odd", ODD, ids=[str(i) for i in range(len(ODD))])
+def test_values_of_another_kind_read_alike_or_are_refused(odd: dict[str, Any]) -> None:
+    """What the API server never sends: the slim record decides alike, or the parser refuses
+    it (a value of another kind is never kept whole: it could be any size)."""
+    odd = {"metadata": {"name": "p", "namespace": "app"}} | odd
+    full_readings, slim_readings = readings(odd), readings(slim(odd, POD))
+    for whole, kept in zip(full_readings, slim_readings, strict=True):
+        assert verdict(kept) == verdict(whole) or str(kept).startswith("refused:"), (whole, kept)
+
+
+def verdict(reading: Any) -> Any:
+    """A decision's verdict and the start of its reason (the rest may quote the value)."""
+    reason = getattr(reading, "reason", None)
+    if not isinstance(reason, str) or isinstance(reading, type):
+        return reading
+    return dataclasses.astuple(reading)[0], reason.split(" ")[:3]
 
 
 def test_a_namespace_is_its_name_and_labels() -> None:
@@ -213,3 +259,202 @@ def test_a_namespace_is_its_name_and_labels() -> None:
             "labels": {"istio.io/dataplane-mode": "ambient"},
         },
     }
+
+
+# --- a pod's cost is bounded by what the agent reads ------------------------------------------
+
+FAT = 1_400_000
+"""JSON bytes of a fat pod: under etcd's object limit (1.5 MiB), so the API server stores it."""
+RECORD_BOUND = 16 * 1024
+"""What the record of a pod keeping no long value may cost (a plain one: some 3 KiB)."""
+
+
+def retained(obj: Any, seen: set[int] | None = None) -> int:
+    """Bytes held by `obj` and everything it references (each object once)."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return 0
+    seen.add(id(obj))
+    size = sys.getsizeof(obj)
+    if isinstance(obj, dict):
+        size += sum(retained(k, seen) + retained(v, seen) for k, v in obj.items())
+    elif isinstance(obj, list | tuple):
+        size += sum(retained(item, seen) for item in obj)
+    return size
+
+
+def filled(make: Callable[[int], Any], budget: int) -> list[Any]:
+    """As many `make(i)` as fit in `budget` bytes of a JSON list."""
+    items: list[Any] = []
+    size = 0
+    while size + len(json.dumps(make(len(items)))) + 2 <= budget:
+        size += len(json.dumps(make(len(items)))) + 2  # and ", "
+        items.append(make(len(items)))
+    return items
+
+
+def filled_map(make: Callable[[int], str], budget: int) -> dict[str, str]:
+    """As many `make(i): ""` entries as fit in `budget` bytes of a JSON object."""
+    entries: dict[str, str] = {}
+    size = 0
+    while size + len(json.dumps(make(len(entries)))) + 6 <= budget:
+        size += len(json.dumps(make(len(entries)))) + 6  # and `: ""` and ", "
+        entries[make(len(entries))] = ""
+    return entries
+
+
+def fattened(kind: str) -> dict[str, Any]:
+    """A sidecar pod grown to FAT bytes, as its owner may grow it."""
+    pod = full_pod(dict(pods())["basic"])
+    pod["spec"]["nodeName"] = "node-1"  # set by the owner: the pod is this node's at once
+    room = FAT - len(json.dumps(pod)) - 100  # the new key itself
+    app, proxy = pod["spec"]["containers"][0], proxy_of(pod)
+    if kind == "app args":
+        app["args"] = filled(lambda i: f"{i % 100:02d}", room)
+    elif kind == "proxy args":
+        proxy["args"] = ["proxy", "sidecar", *filled(lambda i: f"{i % 100:02d}", room)]
+    elif kind == "proxy env":
+        proxy["env"] = filled(lambda i: {"name": f"E{i}", "value": ""}, room)
+    elif kind == "read env names":
+        proxy["env"] = filled(lambda i: {"name": "INVALID_DROP", "value": str(i % 2 == 0)}, room)
+    elif kind == "containers":
+        pod["spec"]["initContainers"] = filled(lambda i: {"name": f"c{i}", "image": "x"}, room)
+    elif kind == "labels":
+        pod["metadata"]["labels"] = filled_map(lambda i: f"l{i}", room)
+    elif kind == "annotations":  # the API server's limit on all of them: 256 KiB
+        pod["metadata"]["annotations"] |= filled_map(lambda i: f"a{i}", 250_000)
+    elif kind == "init statuses":
+        status = {"name": "x", "state": {"waiting": {"reason": "PodInitializing"}}}
+        pod["status"]["initContainerStatuses"] = filled(lambda i: status | {"name": f"c{i}"}, room)
+    assert 0.9 * FAT < len(json.dumps(pod)) <= FAT or kind == "annotations", len(json.dumps(pod))
+    return pod
+
+
+def proxy_of(pod: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in pod["spec"]["containers"] if c["name"] == "istio-proxy")
+
+
+FAT_KINDS = [
+    "app args",
+    "proxy args",
+    "proxy env",
+    "read env names",
+    "containers",
+    "labels",
+    "annotations",
+    "init statuses",
+]
+
+
+@pytest.mark.parametrize("kind", FAT_KINDS)
+def test_a_fat_pod_costs_what_the_agent_reads(kind: str) -> None:
+    full = fattened(kind)
+    record = PodCache(core=None, node_name="node-1")._as_obj(json.loads(json.dumps(full)))
+    assert retained(record) < RECORD_BOUND, f"{retained(record)} bytes kept of {kind}"
+    assert readings(record) == readings(full)
+
+
+def test_the_largest_record_is_bounded() -> None:
+    """Every value the agent reads at its longest: the record's bound, whatever the pod."""
+    long = "x" * slim_module.TEXT_LIMIT
+    fields = PodFields(labels=frozenset(f"team{i}.example/k" for i in range(8)))
+    pod = full_pod(dict(pods())["basic"])
+    meta = pod["metadata"]
+    meta["annotations"] = dict.fromkeys(slim_module.ANNOTATIONS, long)
+    meta["labels"] = dict.fromkeys(slim_module.LABELS | fields.labels, "v" * 63)
+    proxy = {
+        "name": "istio-proxy",
+        "args": [long, long],
+        "env": [{"name": name, "value": long} for name in PROXY_ENV],
+        "securityContext": {"runAsUser": 10**4000, "runAsGroup": 10**4000},
+    }
+    pod["spec"]["containers"] = [proxy, {"name": "istio-init"}]
+    pod["spec"]["initContainers"] = [proxy, {"name": "istio-init"}]
+    terminated = {"exitCode": 126, "reason": long, "message": long}
+    status = {"name": "istio-validation", "state": {"terminated": terminated}}
+    pod["status"]["initContainerStatuses"] = [status | {"lastState": status["state"]}] * 100
+    strings = len(slim_module.ANNOTATIONS) + 2 * (2 + len(PROXY_ENV))
+    strings += 4 * slim_module.LIST_LIMIT
+    bound = strings * (slim_module.TEXT_LIMIT + 100) + 4 * RECORD_BOUND
+    record = slim(pod, pod_shape(fields))
+    assert retained(record) < bound
+
+
+CUT_VALUES = [
+    ("annotation traffic.sidecar.istio.io/excludeOutboundIPRanges", "metadata", "10.0.0.0/8,"),
+    ("istio-proxy env ISTIO_META_DNS_CAPTURE", "env", "x"),
+    ("annotation sidecar.istio.io/inject", "inject", "y"),
+]
+
+
+@pytest.mark.parametrize(("where", "field", "unit"), CUT_VALUES, ids=[w for w, _, _ in CUT_VALUES])
+def test_a_value_the_agent_parses_is_never_read_cut(where: str, field: str, unit: str) -> None:
+    """Past TEXT_LIMIT the record keeps a Cut: the pod is refused, naming the value, rather
+    than captured by a part of it."""
+    pod = full_pod(dict(pods())["basic"])
+    value = unit * (slim_module.TEXT_LIMIT // len(unit) + 1)
+    if field == "env":
+        proxy_of(pod)["env"] = [{"name": "ISTIO_META_DNS_CAPTURE", "value": value}]
+    elif field == "inject":
+        pod["metadata"]["annotations"]["sidecar.istio.io/inject"] = value
+    else:
+        pod["metadata"]["annotations"][where.split(" ")[1]] = value
+    record = slim(pod, POD)
+    with pytest.raises(InvalidPodInputError, match="characters the agent keeps") as refused:
+        decide(record, exclude_namespaces=[]) and capture_config_for_pod(record, ipv6=False)
+    assert str(refused.value).startswith(f"{where}: invalid value")
+
+
+def test_labels_the_settings_select_by_are_kept() -> None:
+    team = LabelSelector(matchLabels=(("team.example/mesh", "yes"),))
+    gone = LabelSelector(
+        matchExpressions=(LabelSelectorRequirement(key="legacy", operator="DoesNotExist"),)
+    )
+    selectors = (EnablementSelector(podSelector=team), EnablementSelector(podSelector=gone))
+    settings = Settings(
+        ambient=AmbientSettings(enablementSelectors=selectors),
+        repair=RepairSettings(labelKey="broken.example/pod"),
+    )
+    fields = PodFields.of(settings)
+    assert {"team.example/mesh", "legacy", "broken.example/pod"} <= fields.labels
+    for labels in ({"team.example/mesh": "yes"}, {"legacy": "1"}, {"other": "x"}):
+        pod = full_pod(dict(pods())["basic"]) | {"metadata": {"name": "a", "labels": labels}}
+        record = slim(pod, pod_shape(fields))
+        ns: dict[str, Any] = {"metadata": {"labels": {}}}
+        assert should_enroll(record, ns, selectors) == should_enroll(pod, ns, selectors)
+        assert set(record["metadata"]["labels"]) == set(labels) & fields.labels
+
+
+def test_every_pod_key_the_readers_name_is_kept() -> None:
+    """Each `*.io/...` key the readers of a pod look up is an annotation or label kept."""
+    readers = [
+        "podinput/pod.py",
+        "rules/sidecar/pod.py",
+        "ambient/enrollment.py",
+        "repair/detect.py",
+    ]
+    root = Path(__file__).resolve().parents[2] / "agent"
+    named = set()
+    for reader in readers:
+        named |= set(re.findall(r'"([a-z.]+\.io/[A-Za-z-]+)"', (root / reader).read_text()))
+    assert named, "the readers name their keys as they did"
+    assert named <= slim_module.ANNOTATIONS | slim_module.LABELS | PodFields().labels
+    assert REDIRECTION_ANNOTATION in slim_module.ANNOTATIONS
+    assert INIT_CONTAINER == slim_module.INIT_CONTAINER
+    assert ZTUNNEL_APP == "ztunnel" and slim_module.ZTUNNEL_APP_LABEL in slim_module.LABELS
+
+
+def test_the_pod_service_keeps_what_its_settings_read(tmp_path: Path) -> None:
+    team = LabelSelector(matchLabels=(("team.example/mesh", "yes"),))
+    settings = Settings(
+        cniAgentRunDir=str(tmp_path),
+        ambient=AmbientSettings(enablementSelectors=(EnablementSelector(podSelector=team),)),
+    )
+    clients: Any = SimpleNamespace(core=None)  # no API call here
+    service = PodService(settings, "node-1", lambda: clients, lambda: True)
+    pod = full_pod(dict(pods())["basic"]) | {
+        "metadata": {"name": "a", "namespace": "b", "labels": {"team.example/mesh": "yes"}}
+    }
+    service.pods.apply_event({"type": "ADDED", "object": pod}, "1")
+    cached = service.pods.cached("b", "a")
+    assert cached is not None and cached["metadata"]["labels"] == {"team.example/mesh": "yes"}
