@@ -6,8 +6,9 @@ event correlator does, one Event per (pod UID, reason) is created and its repeat
 it: `count` and `lastTimestamp` patched at most once per `repeat_interval`. All API calls share
 one token bucket (`burst`, then one per `refill_seconds`); what waits for a token waits in a
 bounded table, and a new key past `max_keys` is dropped and counted
-(istio_cni_events_dropped_total). The Event's name is derived from the pod UID, the reason and
-the node, so an agent restarted meanwhile patches the same Event instead of making another.
+(istio_cni_events_dropped_total). The Event's name is derived from the pod's name and UID, the
+reason and the node, so an agent restarted meanwhile patches the same Event instead of making
+another; it is a valid name whatever the pod's (`event_name`).
 `record` never blocks on the API server: the ADD that caused it answers at once.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import logging
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -33,6 +35,9 @@ from agent.kube import api
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE = 1024
+MAX_NAME = 253
+"""An Event's name is a DNS-1123 subdomain: at most 253 characters."""
+_NOT_IN_NAME = re.compile(r"[^a-z0-9-]")
 COMPONENT = "istio-cni"
 EVENTS_SENT = Counter(
     "istio_cni_events_sent", "Pod Events sent to the API server, by call.", ["call"]
@@ -60,8 +65,21 @@ class _Entry:
 
 
 def event_name(pod: str, uid: str, reason: str, node: str) -> str:
-    digest = hashlib.sha256(f"{uid}\0{reason}\0{node}".encode()).hexdigest()[:16]
-    return f"{pod[:200]}.{digest}"
+    """`<pod>.<digest>`: a DNS-1123 subdomain of at most MAX_NAME characters (what the API
+    server accepts as an Event's name), one per (pod, UID, reason, node). The pod's name is
+    cut to fit and made a valid prefix; the digest, of the whole name, keeps two pods whose
+    names were cut alike apart."""
+    key = f"{pod}\0{uid}\0{reason}\0{node}"
+    digest = hashlib.sha256(key.encode(errors="surrogatepass")).hexdigest()[:16]
+    prefix = _subdomain_prefix(pod, MAX_NAME - len(digest) - 1)
+    return f"{prefix}.{digest}" if prefix else digest
+
+
+def _subdomain_prefix(name: str, limit: int) -> str:
+    """`name` as the start of a DNS-1123 subdomain of at most `limit` characters: lower case,
+    any other character a `-`, each dot-separated label starting and ending alphanumeric."""
+    labels = (_NOT_IN_NAME.sub("-", label.lower()).strip("-") for label in name.split("."))
+    return ".".join(label for label in labels if label)[:limit].rstrip(".-")
 
 
 def _now() -> str:

@@ -5,10 +5,13 @@ node tier (tests/node/test_status.py) sees the real Events of a refused pod."""
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import Any
 
-from agent.kube.events import EventRecorder
+import pytest
+
+from agent.kube.events import EventRecorder, event_name
 from tests.podserver.helpers import make_pod
 
 
@@ -83,3 +86,40 @@ def test_a_flood_of_distinct_pods_is_bounded() -> None:
     finally:
         rec.stop()
     assert len(core.calls) == 6
+
+
+SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+"""What the API server takes as an Event's name (IsDNS1123Subdomain), with at most 253."""
+CUT = 253 - 17  # the name's room beside ".<16 hex digits>"
+
+NAMES = {
+    "short": "web-0",
+    "max length": "a" * 253,
+    "dash at the cut": "a" * (CUT - 1) + "-b",
+    "dot at the cut": "a" * (CUT - 1) + ".b",
+    "dashes and dots at the cut": "a" * (CUT - 5) + "-.-.-.-b",
+    "a dash at every other place": "a-" * 126 + "a",
+    "a dot at every other place": "a." * 126 + "a",
+    "labels of max length": ".".join(["x" * 63] * 4)[:253],
+    "not a pod name": "Web_0..-x-.ÄÖ\n",
+    "nothing valid": "-._",
+}
+
+
+@pytest.mark.parametrize("pod", NAMES.values(), ids=NAMES.keys())
+def test_event_names_are_valid_whatever_the_pod_name(pod: str) -> None:
+    name = event_name(pod, "uid-1", "RedirectRefused", "node-1")
+    assert len(name) <= 253 and SUBDOMAIN.match(name), name
+    assert name == event_name(pod, "uid-1", "RedirectRefused", "node-1")
+
+
+def test_event_names_are_one_per_pod_and_reason() -> None:
+    pods = [*NAMES.values(), "a" * (CUT - 1) + "-c", "a" * CUT + "x", "a" * CUT + "y"]
+    names = {
+        event_name(pod, uid, reason, "node-1")
+        for pod in pods
+        for uid in ("", "uid-1", "uid-2")
+        for reason in ("RedirectRefused", "RedirectFailed")
+    }
+    assert len(names) == len(pods) * 3 * 2
+    assert event_name("web-0", "u", "R", "n").startswith("web-0.")
