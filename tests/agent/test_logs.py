@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -194,3 +196,51 @@ def test_plugin_line_without_fields_is_still_accepted() -> None:
         }
     ).encode()
     assert rig.handlers.log(bad).status == 400
+
+
+LOGFMT_PAIR = re.compile(r'([^\s="]+)=("(?:[^"\\]|\\.)*"|[^\s"]*)(?: |$)')
+
+HOSTILE = {
+    "newline": "web\nlevel=error msg=forged",
+    "carriage return": "web\rlevel=error msg=forged",
+    "tab": "a\tb",
+    "terminal escape": "\x1b[2K\x1b[1Gforged",
+    "nul": "a\x00b",
+    "line separator": "a\u2028level=error",
+    "paragraph separator": "a\u2029b",
+    "next line": "a\x85b",
+    "bidi override": "a\u202eb",
+    "quotes and backslashes": 'a\\" b=\\"c',
+    "an equals sign": "k=v",
+    "empty": "",
+}
+
+
+def logfmt(line: str) -> dict[str, str]:
+    """A key=value line as a reader parses it: every field, its value unescaped (the escapes
+    are a Python string literal's)."""
+    assert len(line.splitlines()) == 1 and line.isprintable(), repr(line)
+    pairs = LOGFMT_PAIR.findall(line)
+    assert " ".join(f"{k}={v}" for k, v in pairs) == line, "the line is fields and nothing else"
+    return {k: ast.literal_eval(v) if v.startswith('"') else v for k, v in pairs}
+
+
+@pytest.mark.parametrize("value", HOSTILE.values(), ids=HOSTILE.keys())
+def test_a_value_cannot_forge_a_line_or_a_field(value: str) -> None:
+    record = _record(pod=value, n=1)
+    record.msg = "refused %s"
+    record.args = (value,)
+    fields = logfmt(KeyValueFormatter().format(record))
+    assert list(fields) == ["time", "level", "logger", "msg", "pod", "n"]
+    assert fields["pod"] == value and fields["msg"] == f"refused {value}"
+    line = JsonFormatter().format(record)
+    assert len(line.splitlines()) == 1 and "\u2028" not in line
+    assert json.loads(line)["pod"] == value
+
+
+def test_a_field_name_is_one_safe_key() -> None:
+    record = _record()
+    record.fields = {'a b=c"\nlevel': "x", "": "y", "ok.key-1_2": "z"}
+    fields = logfmt(KeyValueFormatter().format(record))
+    assert list(fields)[4:] == ["a_b_c__level", "_", "ok.key-1_2"]
+    assert fields["level"] == "warn"
