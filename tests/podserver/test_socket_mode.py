@@ -110,14 +110,14 @@ def test_no_connection_before_the_final_mode(
             except ConnectionRefusedError:
                 refused.append(where)
 
-    def chmod(target: str, mode: int) -> None:
-        try_connect("before chmod", target)
-        real_chmod(target, mode)
+    def chmod(target: str, mode: int, *, dir_fd: int | None = None) -> None:
+        try_connect("before chmod", at(target, dir_fd))
+        real_chmod(target, mode, dir_fd=dir_fd)
 
-    def replace(src: str, dst: str) -> None:
-        assert stat.S_IMODE(os.lstat(src).st_mode) == 0o600, "final mode before the rename"
-        try_connect("before rename", src)
-        real_replace(src, dst)
+    def replace(src: str, dst: str, *, src_dir_fd: int | None = None) -> None:
+        assert stat.S_IMODE(os.lstat(at(src, src_dir_fd)).st_mode) == 0o600, "0600 first"
+        try_connect("before rename", at(src, src_dir_fd))
+        real_replace(src, dst, src_dir_fd=src_dir_fd)
 
     monkeypatch.setattr(os, "chmod", chmod)  # the os module the server uses
     monkeypatch.setattr(os, "replace", replace)
@@ -125,6 +125,10 @@ def test_no_connection_before_the_final_mode(
         assert refused == ["before chmod", "before rename"]
         assert call(server.socket_path, "GET", wire.PATH_STATUS)[0] == 200
         assert os.listdir(run_dir) == [wire.SOCKET_NAME]
+
+
+def at(name: str, dir_fd: int | None) -> str:
+    return name if dir_fd is None else f"/proc/self/fd/{dir_fd}/{name}"
 
 
 def test_stale_socket_with_a_loose_mode_is_replaced_by_a_0600_one(run_dir: Path) -> None:
