@@ -99,25 +99,40 @@ class KubeCluster:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            response = self._api.call_api(
-                path,
-                "GET",
-                query_params=list(query.items()),
-                header_params={"Accept": accept},
-                auth_settings=["BearerToken"],
-                _preload_content=False,
-                _return_http_data_only=True,
-                _request_timeout=timeout,
-            )
-        except ApiException as e:
-            body = e.body.decode("utf-8", "replace") if isinstance(e.body, bytes) else e.body
-            if e.status == 401:
-                raise Unreachable(f"the API server refused the credential: {e.reason}") from e
-            return int(e.status or 0), str(body or e.reason or "")
+            status, data = _raw_get(self._api, path, list(query.items()), accept, timeout)
+        except ApiException as e:  # kubernetes < 35 raises for an answer other than 2xx
+            status, data = int(e.status or 0), e.body or e.reason or ""
         except Exception as e:  # urllib3's and the OS's errors: no answer
             raise Unreachable(f"no answer from the API server: {e}") from e
-        return int(response.status), response.data.decode("utf-8", "replace")
+        text = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
+        if status == 401:
+            raise Unreachable(f"the API server refused the credential: {_reason(text)}")
+        return status, text
 
+
+def _raw_get(
+    api: Any, path: str, query: list[tuple[str, str]], accept: str, timeout: tuple[float, float]
+) -> tuple[int, Any]:
+    """GET through the kubernetes package's ApiClient, whose calling convention changed in its
+    version 35: the answer's status and body, whatever the status."""
+    headers = {"Accept": accept}
+    if hasattr(api, "param_serialize"):
+        method, url, headers, _, _ = api.param_serialize(
+            "GET", path, query_params=query, header_params=headers, auth_settings=["BearerToken"]
+        )
+        response = api.call_api(method, url, header_params=headers, _request_timeout=timeout)
+        return int(response.status), response.read()
+    response = api.call_api(
+        path,
+        "GET",
+        query_params=query,
+        header_params=headers,
+        auth_settings=["BearerToken"],
+        _preload_content=False,
+        _return_http_data_only=True,
+        _request_timeout=timeout,
+    )
+    return int(response.status), response.data
 
 def connect(kubeconfig: str | None, context: str | None) -> KubeCluster:
     """A client for `kubeconfig` (default: $KUBECONFIG, then ~/.kube/config; in a pod without
