@@ -28,7 +28,7 @@ def test_an_agent_ready_on_every_node_passes(kube_config: str, objects: Objects)
     ds = objects.daemonset(ns)
     for suffix in ("a", "b"):
         objects.agent_pod(ds, objects.node(suffix))
-    code, checks, text = run_check("-n", ns, "--kubeconfig", kube_config)
+    _code, checks, _text = run_check("-n", ns, "--kubeconfig", kube_config)
     for name in ("daemonset", "coverage", "agent-version", "readiness", "plugin-entry"):
         assert checks[name]["status"] == "pass", (name, checks[name])
     assert checks["coverage"]["message"].startswith("2 of 2 nodes")
@@ -51,7 +51,7 @@ def test_nodes_without_an_agent_are_named_with_why(kube_config: str, objects: Ob
     tainted = objects.node(
         "d", taints=[{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}]
     )
-    code, checks, text = run_check("-n", ns, "--kubeconfig", kube_config)
+    code, checks, _text = run_check("-n", ns, "--kubeconfig", kube_config)
     assert code == 1
     check = checks["coverage"]
     assert check["status"] == "fail"
@@ -83,14 +83,14 @@ def test_agents_on_two_images_warn(kube_config: str, objects: Objects) -> None:
     new, old = objects.node("a"), objects.node("b")
     objects.agent_pod(ds, new, image="registry.invalid/istio-cni:2")
     objects.agent_pod(ds, old, image="registry.invalid/istio-cni:1")
-    code, checks, _ = run_check("-n", ns, "--kubeconfig", kube_config)
+    _code, checks, _ = run_check("-n", ns, "--kubeconfig", kube_config)
     check = checks["agent-version"]
     assert check["status"] == "warn"
     assert check["details"] == [
         f"registry.invalid/istio-cni:1: {old}",
         f"registry.invalid/istio-cni:2: {new}",
     ]
-    assert f"rollout status daemonset/istio-cni" in check["fix"]
+    assert "rollout status daemonset/istio-cni" in check["fix"]
 
 
 def test_agents_not_ready_name_why(kube_config: str, objects: Objects) -> None:
@@ -102,11 +102,11 @@ def test_agents_not_ready_name_why(kube_config: str, objects: Objects) -> None:
         ns, "Pod", pod, reason="Unhealthy",
         message="Readiness probe failed: HTTP probe failed with statuscode: 503",
     )  # fmt: skip
+    back_off = "back-off 40s restarting failed container"
     objects.agent_pod(
-        ds, crashing, ready=False,
-        waiting={"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container"},
-    )  # fmt: skip
-    code, checks, text = run_check("-n", ns, "--kubeconfig", kube_config)
+        ds, crashing, ready=False, waiting={"reason": "CrashLoopBackOff", "message": back_off}
+    )
+    code, checks, _text = run_check("-n", ns, "--kubeconfig", kube_config)
     assert code == 1
     check = checks["readiness"]
     assert check["status"] == "fail"
@@ -215,8 +215,8 @@ def test_what_agents_published_about_pods(
     details = "\n".join(check["details"])
     assert f"{node}: {app_ns}/refused: refused 3 times, now Pending" in details
     assert (
-        f"{node}: {app_ns}/broken: RepairBrokenPod: pod started without traffic redirect; repair-in-place failed: netns gone"
-        in details
+        f"{node}: {app_ns}/broken: RepairBrokenPod: pod started without traffic redirect; "
+        "repair-in-place failed: netns gone" in details
     )
     assert f"{app_ns}/gone" not in details  # deleted since: nothing to do
     entry = checks["plugin-entry"]
