@@ -134,6 +134,7 @@ def _raw_get(
     )
     return int(response.status), response.data
 
+
 def connect(kubeconfig: str | None, context: str | None) -> KubeCluster:
     """A client for `kubeconfig` (default: $KUBECONFIG, then ~/.kube/config; in a pod without
     either, its ServiceAccount). Raises Unreachable when none can be loaded."""

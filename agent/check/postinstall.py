@@ -39,11 +39,9 @@ def _ns_name(ds: Mapping[str, Any]) -> tuple[str, str]:
 def daemonset(facts: Facts, ds: Mapping[str, Any]) -> Result:
     name = "daemonset"
     ns, ds_name = _ns_name(ds)
-    status = ds.get("status") or {}
-    summary = (
-        f"{_name(ds)}: {status.get('numberReady', 0)} of "
-        f"{status.get('desiredNumberScheduled', 0)} agents Ready"
-    )
+    agents = [a for a in survey(facts, ds) if a.excluded is None]
+    ready = sum(1 for a in agents if a.ready)
+    summary = f"{_name(ds)}: {ready} of {len(agents)} agents Ready"
     events = facts.events(
         f"involvedObject.kind=DaemonSet,involvedObject.name={ds_name},reason=FailedCreate", ns
     )
@@ -181,9 +179,10 @@ def plugin_entry(facts: Facts, ds: Mapping[str, Any]) -> Result:
     if failing:
         return failure(name, message, CHECK_FIXES["install"], failing + unknown + fights)
     if fights or unknown:
-        fix = "stop the other writer rewriting the CNI config (the event names it)"
-        if unknown:
-            fix = "see `readiness` for the agents that are not Ready; " + fix
+        fixes = ["see `readiness` for the agents that are not Ready"] if unknown else []
+        if fights:
+            fixes.append("stop the other writer rewriting the CNI config (the event names it)")
+        fix = "; ".join(fixes)
         return warning(name, message + _fight_note(fights), fix, unknown + fights)
     return passed(name, message)
 

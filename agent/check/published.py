@@ -78,7 +78,7 @@ def pods(facts: Facts) -> Result:
     if failed:
         return failure(
             name,
-            f"{len(failed)} pods refused or not repaired by their node's agent",
+            f"pods refused or not repaired by their node's agent: {len(failed)}",
             "each line says why; `kubectl describe pod` shows the Event, and `kubectl -n <agent "
             "namespace> exec <agent pod on the node> -- istio-cni-agent status` the agent's view",
             failed + differ + repaired,
@@ -86,8 +86,8 @@ def pods(facts: Facts) -> Result:
     if differ:
         return warning(
             name,
-            f"{len(differ)} pods run with redirect rules that differ from this release's, or "
-            "were refused before they started",
+            "pods with redirect rules that differ from this release's, or refused before they "
+            f"started: {len(differ)}",
             "restart pods whose rules differ (kubectl rollout restart of their workloads) to "
             "get this release's rules; a refusal's reason says what held the pod back",
             differ + repaired,
