@@ -8,6 +8,8 @@ check changes nothing.
 
     Unreachable   no answer, or the credential refused: the run stops (exit 2)
     ReadError     one read was refused (403) or failed: the check that needed it warns
+
+Both are AgentErrors kept inside the check (as agent.errors says of each module's control flow).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from agent.errors import AgentError
+
 TIMEOUT = (5.0, 30.0)
 PROXY_TIMEOUT = (5.0, 10.0)
 """A pod's port through the API server: it gives up dialling a node long before 30 s."""
@@ -25,11 +29,11 @@ PAGE = 500
 MAX_TEXT = 64 * 1024
 
 
-class Unreachable(Exception):
+class Unreachable(AgentError):
     """The API server did not answer, or refused the credential."""
 
 
-class ReadError(Exception):
+class ReadError(AgentError):
     """One read failed; `status` is the HTTP status when the API server answered."""
 
     def __init__(self, message: str, status: int = 0) -> None:
