@@ -14,7 +14,7 @@ from typing import TextIO
 from agent.check import result
 from agent.check.cluster import Cluster, ReadError, Unreachable, connect
 from agent.check.facts import DEFAULT_NAMESPACE, Facts
-from agent.check.run import postinstall_checks, preinstall
+from agent.check.run import postinstall_checks, preinstall, unread
 
 OK, FAILED, USAGE = 0, 1, 2
 KUBECTL_PROG = "kubectl istio-cni"
@@ -22,7 +22,8 @@ EPILOG = f"""\
 exit codes:
   {OK}  every check passes (warnings allowed)
   {FAILED}  a check fails (its line says the fix)
-  {USAGE}  usage error, or the cluster cannot be reached with the kubeconfig
+  {USAGE}  usage error, or the cluster cannot be reached with the kubeconfig (or it may read
+     none of what the checks need)
 """
 
 
@@ -76,6 +77,9 @@ def main(
         if own and close is not None:
             close()
     out.write(result.as_json(results) if args.json else result.text(results))
+    if unread(results):
+        sys.stderr.write(f"{prog}: the kubeconfig's user could read none of what the checks need\n")
+        return USAGE
     return FAILED if result.worst(results) == result.FAIL else OK
 
 

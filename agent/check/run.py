@@ -18,6 +18,16 @@ FORBIDDEN_FIX = (
 )
 
 
+COULD_NOT = "could not check: "
+
+
+def unread(results: Sequence[Result]) -> bool:
+    """No check could read what it needed (the version, which anyone may read, aside): the
+    kubeconfig's user may read nothing."""
+    others = [r for r in results if r.name != "kubernetes-version"]
+    return bool(others) and all(r.message.startswith(COULD_NOT) for r in others)
+
+
 def run(checks: Sequence[Check]) -> list[Result]:
     results = []
     for name, check in checks:
@@ -25,7 +35,7 @@ def run(checks: Sequence[Check]) -> list[Result]:
             results.append(check())
         except ReadError as e:
             fix = FORBIDDEN_FIX if e.status in (401, 403) else "run the check again"
-            results.append(warning(name, f"could not check: {e}", fix))
+            results.append(warning(name, f"{COULD_NOT}{e}", fix))
     return results
 
 
@@ -50,7 +60,7 @@ def postinstall_checks(facts: Facts) -> list[Result]:
     try:
         daemonsets = facts.daemonsets()
     except ReadError as e:
-        return run([("daemonset", _raise(e))])
+        return run([("daemonset", _raise(e)), *_cluster_checks(facts, [])])
     if not daemonsets:
         return [postinstall.missing_daemonset(facts), *run(_cluster_checks(facts, []))]
     checks: list[Check] = []

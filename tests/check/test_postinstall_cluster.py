@@ -256,6 +256,23 @@ def test_unreachable_cluster_exits_2(tmp_path: Path, control_plane: Any) -> None
     assert (code, checks) == (2, {})
 
 
+def test_a_user_who_may_read_nothing_exits_2(
+    kube_core: Any, objects: Objects, make_identity: Any
+) -> None:
+    ns = objects.namespace()
+    kube_core.create_namespaced_service_account(ns, {"metadata": {"name": "nobody"}})
+    nobody = make_identity(ns, "nobody")
+    for args in (["--pre", "-n", ns], []):
+        code, checks, _ = run_check(*args, "--kubeconfig", str(nobody.kubeconfig))
+        assert code == 2
+        assert checks.pop("kubernetes-version")["status"] == "pass"  # anyone may read /version
+        for check in checks.values():
+            assert check["status"] == "warn"
+            assert check["message"].startswith("could not check: GET /")
+            assert "answered 403" in check["message"]
+            assert "cluster admin" in check["fix"]
+
+
 def test_the_kubectl_plugin_runs_the_check(kube_config: str, objects: Objects) -> None:
     ns = objects.namespace({"pod-security.kubernetes.io/enforce": "baseline"})
     script = Path(sys.executable).parent / "kubectl-istio_cni"
