@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agent.check import istio, platform, postinstall, published
+from agent.check import ambient, istio, platform, postinstall, published
 from agent.check.cluster import ReadError
 from agent.check.facts import Facts
 from agent.check.result import Result, warning
@@ -99,6 +99,7 @@ def _cluster_checks(facts: Facts, namespaces: list[str]) -> list[Check]:
         ("istio-node-agent", lambda: istio.istio_node_agent(facts, installed=True)),
         ("cilium-exclusive", lambda: platform.cilium_exclusive(facts)),
         ("pods", lambda: published.pods(facts)),
+        ("ambient", lambda: ambient.pending(facts)),
         ("kubernetes-version", lambda: platform.kubernetes_version(facts)),
     ]
     if namespaces:

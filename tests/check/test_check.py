@@ -76,6 +76,15 @@ def test_the_agents_event_reasons() -> None:
     assert published.CONFLICT == CONFLICT_EVENT
 
 
+def test_the_agents_ambient_names() -> None:
+    from agent.ambient.enrollment import REDIRECTION_ANNOTATION
+    from agent.check import ambient
+    from agent.label_selectors import DATAPLANE_MODE_LABEL
+
+    assert ambient.REDIRECTION == REDIRECTION_ANNOTATION
+    assert ambient.MODE_LABEL == DATAPLANE_MODE_LABEL
+
+
 def test_the_readiness_checks_have_fixes() -> None:
     from agent.check.postinstall import CHECK_FIXES
 

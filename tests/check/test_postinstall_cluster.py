@@ -244,6 +244,35 @@ def test_rules_that_differ_warn(kube_config: str, kube_core: Any, objects: Objec
     )
 
 
+def test_ambient_pods_waiting_for_ztunnel_warn(
+    kube_config: str, kube_core: Any, objects: Objects
+) -> None:
+    labelled, plain = objects.namespace({"istio.io/dataplane-mode": "ambient"}), objects.namespace()
+    node = objects.node("a")
+    made = [
+        (labelled, "waiting", {}, "pending"),
+        (labelled, "enrolled", {}, "enabled"),
+        (plain, "own-label", {"istio.io/dataplane-mode": "ambient"}, "pending"),
+        (plain, "not-ambient", {}, "pending"),
+    ]
+    for ns, name, labels, state in made:
+        kube_core.create_namespaced_pod(
+            ns,
+            {
+                "metadata": {"name": name, "labels": labels},
+                "spec": {"nodeName": node, "containers": [{"name": "a", "image": "x.invalid/a"}]},
+            },
+        )
+        status = {"metadata": {"annotations": {"ambient.istio.io/redirection": state}},
+                  "status": {"phase": "Running"}}  # fmt: skip
+        kube_core.patch_namespaced_pod_status(name, ns, status)
+    _, checks, _ = run_check("--kubeconfig", kube_config)
+    check = checks["ambient"]
+    assert check["status"] == "warn"
+    assert check["details"] == [f"{node}: {labelled}/waiting", f"{node}: {plain}/own-label"]
+    assert "ztunnel" in check["fix"]
+
+
 def test_unreachable_cluster_exits_2(tmp_path: Path, control_plane: Any) -> None:
     config = (
         Path(control_plane.kubeconfig)
