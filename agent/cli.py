@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "agent.status.cli",
         "Ask the running agent what it did to this node's pods, or compare one pod's rules.",
     ),
+    "check": ("agent.check.cli", "Check a cluster from your machine, before or after install."),
 }
 
 USAGE = "usage: istio-cni-agent {" + ",".join(SUBCOMMANDS) + "} [--config FILE] [FLAGS]\n"
