@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from agent.install.binaries import is_support_dir
 from agent.install.conflicts import ConflictTracker, likely_culprit
 from agent.install.installer import Installer
 from agent.install.ledger import HashCache
+from agent.install.waiting import POLL_SECONDS, WATCH_ERRORS
 
 log = logging.getLogger(__name__)
 # watchfiles logs every batch of changes at info: our own writes would flood the log.
@@ -51,6 +51,16 @@ class WatchTiming:
     """Full check at this interval even without events (a missed event, a replaced mount)."""
     waiting_log_seconds: float = 30.0
     """Interval of the "waiting for a primary CNI config" log line."""
+    poll_seconds: float = POLL_SECONDS
+    """Full check at this interval while the dirs cannot be watched (inotify exhausted)."""
+    rewatch_seconds: float = 30.0
+    """While polling, watching is tried again at this interval."""
+
+    @property
+    def stale_seconds(self) -> float:
+        """A verdict older than this is not the watcher's word any more: a check is due every
+        recheck_seconds, so a loop that has not checked for twice as long is stuck or gone."""
+        return 2 * self.recheck_seconds + 2.0
 
 
 Outcome = Literal["in_place", "installed", "waiting", "failed"]
@@ -76,6 +86,7 @@ class InstallWatcher:
         config_path: str | None = None,
         timing: WatchTiming | None = None,
         on_settings: Callable[[Settings], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`on_settings` is called (on the watch thread) with each changed, valid config;
         `on_conflict(path, culprit, fights)` (set by the node services: an Event on the agent's
@@ -94,6 +105,9 @@ class InstallWatcher:
         self._last_wait_log = -1e9
         self._last_error = ""
         self._was_ready = False
+        self._clock = clock
+        self._checked_at = -1e18
+        self._polling = False
         self.heals = 0
 
     # -- service ----------------------------------------------------------------------------
@@ -105,7 +119,24 @@ class InstallWatcher:
         self._loop.stop()
 
     def ready(self) -> bool:
+        """The last check found everything in place, and it is recent (see stale_seconds)."""
+        if self._ready and self._age() > self.timing.stale_seconds:
+            metrics.INSTALL_READY.set(0)
+            return False
         return self._ready
+
+    def problems(self) -> list[str]:
+        """Why not ready: a stale verdict, then what is not in place (for readiness)."""
+        out = []
+        if (age := self._age()) > self.timing.stale_seconds:
+            out.append(
+                f"the install watcher last checked {age:.0f} s ago (one is due every "
+                f"{self.timing.recheck_seconds:g} s): its loop is stuck or has ended"
+            )
+        return out + self.installer.problems()
+
+    def _age(self) -> float:
+        return self._clock() - self._checked_at
 
     # -- loop -------------------------------------------------------------------------------
 
@@ -141,6 +172,7 @@ class InstallWatcher:
                     yield_on_timeout=True,
                     raise_interrupt=False,
                 ):
+                    self._watching()
                     self._guarded(functools.partial(self._on_changes, changes))
                     count += 1
                     if iterations is not None and count >= iterations:
@@ -150,9 +182,34 @@ class InstallWatcher:
                         # Files may have landed in the new directory before its watch exists.
                         self._guarded(lambda: self.reconcile("re-armed"))
                         break
-            except (OSError, RuntimeError) as e:
-                log.warning("watch failed; re-arming", extra={"fields": {"error": str(e)}})
-                stop.wait(1.0)
+            except WATCH_ERRORS as e:
+                self._poll(e)
+
+    def _poll(self, error: BaseException) -> None:
+        """Watching failed (the node is out of inotify instances or watches: ENOSPC, EMFILE):
+        check everything every poll_seconds instead, and try watching again after
+        rewatch_seconds."""
+        if not self._polling:
+            self._polling = True
+            log.warning(
+                "cannot watch the CNI dirs; checking them every %g s instead",
+                self.timing.poll_seconds,
+                extra={"fields": {"error": str(error)}},
+            )
+        stop = self._loop.stopping
+        until = time.monotonic() + self.timing.rewatch_seconds
+        while time.monotonic() < until and not stop.wait(self.timing.poll_seconds):
+            self._guarded(self._poll_once)
+
+    def _poll_once(self) -> None:
+        if self.config_path:
+            self._config_changed()
+        self.reconcile("poll")
+
+    def _watching(self) -> None:
+        if self._polling:
+            self._polling = False
+            log.info("watching the CNI dirs again")
 
     def _on_changes(self, changes: set[tuple[watchfiles.Change, str]]) -> None:
         relevant = self._relevant([p for _, p in changes])
@@ -294,6 +351,7 @@ class InstallWatcher:
             if ready:
                 metrics.INSTALL_READY_SINCE.set_to_current_time()
         self._ready = ready
+        self._checked_at = self._clock()
         metrics.INSTALL_READY.set(1 if ready else 0)
 
     def _log_waiting(self, message: str) -> None:
@@ -360,50 +418,3 @@ def _identity(dirs: list[str]) -> list[tuple[int, int]]:
             continue
         out.append((st.st_dev, st.st_ino))
     return out
-
-
-def wait_installed(
-    installer: Installer,
-    *,
-    timeout: float | None,
-    stop: threading.Event,
-    log_interval: float = 30.0,
-    clock: Callable[[], float] = time.monotonic,
-) -> None:
-    """Install, waiting (watching the conf dir, not polling) while the primary config is missing.
-
-    Raises TransientInstallError when `timeout` passes or `stop` is set first.
-    """
-    deadline = None if timeout is None else clock() + timeout
-    last_log = -1e9
-    while True:
-        try:
-            installer.install()
-            return
-        except TransientInstallError as e:
-            now = clock()
-            if stop.is_set() or (deadline is not None and now >= deadline):
-                raise
-            if now - last_log >= log_interval:
-                last_log = now
-                log.info(str(e), extra={"fields": {"dir": installer.conf_dir}})
-            wait_ms = log_interval if deadline is None else min(log_interval, deadline - now)
-            _wait_for_change(installer.conf_dir, int(wait_ms * 1000), stop)
-
-
-def _wait_for_change(directory: str, timeout_ms: int, stop: threading.Event) -> None:
-    if not os.path.isdir(directory):
-        stop.wait(min(timeout_ms / 1000, 1.0))
-        return
-    for _ in watchfiles.watch(
-        directory,
-        watch_filter=None,
-        recursive=False,
-        step=20,
-        debounce=200,
-        stop_event=stop,
-        rust_timeout=max(timeout_ms, 1),
-        yield_on_timeout=True,
-        raise_interrupt=False,
-    ):
-        return

@@ -31,6 +31,8 @@ class Watcher(Protocol):
 
     def ready(self) -> bool: ...
 
+    def problems(self) -> list[str]: ...
+
     @property
     def installer(self) -> Any: ...
 
@@ -59,7 +61,7 @@ class ReadinessParts:
         self.rules = RulesCheck(rules, backend=settings.ruleBackend)
         installer = watcher.installer
         self._checks = [
-            Check("install", checks.install_check(watcher.ready, installer.problems)),
+            Check("install", checks.install_check(watcher.ready, watcher.problems)),
             Check("pod-socket", checks.socket_check(settings.socket_path)),
         ]
         self._late = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -10,14 +11,17 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+import watchfiles
 import yaml
 from prometheus_client import REGISTRY
 
 from agent.config import load_settings
+from agent.errors import InstallError
 from agent.install import conflist
 from agent.install.atomic import atomic_write
 from agent.install.conflicts import FIGHT_HEAL_INTERVAL, ConflictTracker
 from agent.install.installer import Installer
+from agent.install.waiting import wait_installed
 from agent.install.watcher import InstallWatcher, WatchTiming
 from testbed.agent_host import Node
 from testbed.wait import wait_for
@@ -310,3 +314,78 @@ def test_configmap_style_config_change_rewrites_entry(
     assert wait_for(
         lambda: node.conf("10-net.conflist")["plugins"][-1]["plugin_log_level"] == "debug"
     )
+
+
+def _no_inotify(*args: object, **kwargs: object) -> Iterator[set[tuple[object, str]]]:
+    """watchfiles.watch on a node out of inotify instances or watches."""
+    raise OSError(errno.ENOSPC, "OS file watch limit reached")
+
+
+def test_heals_by_polling_when_the_node_has_no_inotify_left(
+    node: Node, running: Callable[..., Running], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(watchfiles, "watch", _no_inotify)
+    (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
+    r = running(recheck=60.0)
+    assert wait_for(r.watcher.ready)
+    _drop_entry(str(node.conf_dir / "10-net.conflist"))
+    # Checked every second instead of watched: back within a few seconds.
+    assert wait_for(lambda: r.has_entry("10-net.conflist"), timeout=4.0)
+    assert wait_for(r.watcher.ready)
+    (node.bin_dir / "istio-cni").unlink()
+    assert wait_for((node.bin_dir / "istio-cni").exists, timeout=4.0)
+
+
+def test_not_ready_while_polling_cannot_heal(
+    node: Node, running: Callable[..., Running], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(watchfiles, "watch", _no_inotify)
+    (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
+    r = running(recheck=60.0)
+    assert wait_for(r.watcher.ready)
+
+    def refuse() -> object:
+        raise InstallError("write CNI config: No space left on device")
+
+    monkeypatch.setattr(r.installer, "install", refuse)
+    _drop_entry(str(node.conf_dir / "10-net.conflist"))
+    assert wait_for(lambda: not r.watcher.ready(), timeout=4.0)
+    assert any("our entry is missing" in p for p in r.watcher.problems())
+
+
+def test_a_stuck_watch_loop_is_not_ready(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A verdict the loop no longer renews is not trusted: it ages out after two rechecks."""
+    release = threading.Event()
+
+    def stuck(*args: object, **kwargs: object) -> Iterator[set[tuple[object, str]]]:
+        release.wait(30)
+        yield set()
+
+    monkeypatch.setattr(watchfiles, "watch", stuck)
+    (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
+    installer = Installer(node.settings, pod_name="agent-1", pod_namespace="istio-system")
+    watcher = InstallWatcher(installer, timing=WatchTiming(recheck_seconds=0.5))
+    watcher.start()
+    try:
+        assert wait_for(watcher.ready)
+        assert wait_for(lambda: not watcher.ready(), timeout=6.0)
+        assert "last checked" in watcher.problems()[0]
+    finally:
+        release.set()
+        watcher.stop()
+
+
+def test_install_waits_by_polling_when_the_node_has_no_inotify_left(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(watchfiles, "watch", _no_inotify)
+    installer = Installer(node.settings, pod_name="agent-1", pod_namespace="istio-system")
+    timer = threading.Timer(
+        0.5, lambda: (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
+    )
+    timer.start()
+    try:
+        wait_installed(installer, timeout=10.0, stop=threading.Event())
+    finally:
+        timer.cancel()
+    assert installer.problems() == []
