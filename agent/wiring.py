@@ -187,6 +187,7 @@ def _readiness_and_after(
             port=settings.metricsPort,
             host=settings.metricsAddress,
             readiness=readiness.service().failing,
+            liveness=readiness.liveness,
         ),
     ]
     if settings.removeNotReadyTaint:

@@ -34,6 +34,7 @@ from agent.install.binaries import is_support_dir
 from agent.install.conflicts import ConflictTracker, likely_culprit
 from agent.install.installer import Installer
 from agent.install.ledger import HashCache
+from agent.install.mounts import detached_dir
 from agent.install.waiting import POLL_SECONDS, WATCH_ERRORS
 
 log = logging.getLogger(__name__)
@@ -133,7 +134,12 @@ class InstallWatcher:
                 f"the install watcher last checked {age:.0f} s ago (one is due every "
                 f"{self.timing.recheck_seconds:g} s): its loop is stuck or has ended"
             )
-        return out + self.installer.problems()
+        detached = detached_dir(self.installer.settings)
+        return out + ([detached] if detached else self.installer.problems())
+
+    def detached(self) -> str | None:
+        """Why a mounted CNI dir is a deleted one (mounts.py): also the agent's liveness."""
+        return detached_dir(self.installer.settings)
 
     def _age(self) -> float:
         return self._clock() - self._checked_at
@@ -307,6 +313,15 @@ class InstallWatcher:
     def reconcile(self, reason: str) -> Reconciled:
         """Check; when something is missing or different, install and count the heal."""
         self._reconciled = True
+        detached = detached_dir(self.installer.settings)
+        if detached is not None:
+            self._set_ready(False)
+            if detached != self._last_error:
+                log.error(
+                    "CNI dir gone from under the agent", extra={"fields": {"error": detached}}
+                )
+            self._last_error = detached
+            return Reconciled("failed", detached)
         problems = self.installer.problems()
         if not problems:
             self._set_ready(True)
