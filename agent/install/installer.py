@@ -139,7 +139,16 @@ class Installer:
             os.close(fd)
 
     def plan(self) -> ConfigPlan:
-        return plan_config(self.settings, self.entry, self._names(), self.read)
+        return plan_config(self.settings, self.entry, self._names(), self.read, self._dangling)
+
+    def _dangling(self, name: str) -> str | None:
+        """The target of `name` when it is a symlink that cannot be followed here."""
+        path = self._path(name)
+        try:
+            target = os.readlink(path)
+        except OSError:
+            return None  # no symlink (or gone)
+        return None if os.path.exists(path) else target
 
     # -- install ----------------------------------------------------------------------------
 
@@ -186,7 +195,8 @@ class Installer:
     def _refuse_symlink(self, path: str) -> None:
         if os.path.islink(path):
             raise InstallError(
-                f"{path}: is a symlink, expected a regular file; refusing to replace it "
+                f"{path}: is a symlink, expected a regular file (it points to "
+                f"{os.readlink(path)}); refusing to replace it "
                 "(set cniConfFileName to the file it points to, or replace the link by a file)"
             )
 
