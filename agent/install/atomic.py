@@ -60,6 +60,15 @@ def current_id(path: str) -> FileId | None:
         return None
 
 
+def dangling_target(path: str) -> str | None:
+    """The target of `path` when it is a symlink that cannot be followed here (else None)."""
+    try:
+        target = os.readlink(path)
+    except OSError:
+        return None  # no symlink (or gone)
+    return None if os.path.exists(path) else target
+
+
 def atomic_write(
     path: str,
     data: bytes,

@@ -29,6 +29,7 @@ from agent.install.atomic import (
     atomic_rename,
     atomic_write,
     current_id,
+    dangling_target,
     file_id,
     remove_file,
     remove_stale_temps,
@@ -139,16 +140,8 @@ class Installer:
             os.close(fd)
 
     def plan(self) -> ConfigPlan:
-        return plan_config(self.settings, self.entry, self._names(), self.read, self._dangling)
-
-    def _dangling(self, name: str) -> str | None:
-        """The target of `name` when it is a symlink that cannot be followed here."""
-        path = self._path(name)
-        try:
-            target = os.readlink(path)
-        except OSError:
-            return None  # no symlink (or gone)
-        return None if os.path.exists(path) else target
+        names, dangling = self._names(), lambda name: dangling_target(self._path(name))
+        return plan_config(self.settings, self.entry, names, self.read, dangling)
 
     # -- install ----------------------------------------------------------------------------
 
