@@ -29,6 +29,7 @@ import secrets
 import shutil
 import stat
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from agent.errors import ChangedUnderUs
 
@@ -118,6 +119,40 @@ def dangling_target(path: str) -> str | None:
     return None if os.path.exists(path) else target
 
 
+SELINUX_XATTR = "security.selinux"
+
+
+@dataclass(frozen=True)
+class Attributes:
+    """What a rewrite keeps of the file it replaces."""
+
+    mode: int
+    uid: int
+    gid: int
+    label: bytes | None
+
+    def apply(self, fd: int) -> int:
+        """Give the open file these owner and label (before its mode: a chown clears setuid
+        bits); returns the mode to set."""
+        if self.label is not None:
+            with contextlib.suppress(OSError):  # no SELinux there: nothing to keep
+                os.setxattr(fd, SELINUX_XATTR, self.label)
+        os.fchown(fd, self.uid, self.gid)
+        return self.mode
+
+
+def attributes_of(path: str) -> Attributes | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    try:
+        label: bytes | None = os.getxattr(path, SELINUX_XATTR)
+    except OSError:
+        label = None
+    return Attributes(stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, label)
+
+
 def atomic_write(
     path: str,
     data: bytes,
@@ -125,9 +160,12 @@ def atomic_write(
     mode: int = 0o600,
     keep_mode: bool = True,
     expect: FileId | None = None,
+    like: str | None = None,
 ) -> None:
-    """Replace `path` with `data` atomically; with keep_mode an existing file's mode wins, else
-    (and for a new file) the result has exactly `mode` (the umask plays no part).
+    """Replace `path` with `data` atomically; with keep_mode an existing file's mode, owner,
+    group and SELinux label win (the node's file stays its owner's to rewrite), else (and for a
+    new file) the result has exactly `mode` (the umask plays no part) and is root's. `like`
+    names another file whose attributes the result takes (a .conf turned into a .conflist).
 
     With `expect`, the target must still be the file we read (same inode, size, mtime) right
     before the rename, else ChangedUnderUs: a read-modify-write must not undo another writer.
@@ -135,15 +173,15 @@ def atomic_write(
     Never opens `path` itself for writing, so a binary being executed is never touched (no
     ETXTBSY for the runtime, no half-written plugin).
     """
-    if keep_mode:
-        with contextlib.suppress(FileNotFoundError):
-            mode = stat.S_IMODE(os.stat(path).st_mode)
+    kept = attributes_of(like or path) if keep_mode or like else None
     tmp, fd, lock = create_temp_file(path)
     try:
         try:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
+            if kept is not None:
+                mode = kept.apply(fd)
             os.fchmod(fd, mode)
             os.fsync(fd)
         finally:

@@ -236,9 +236,8 @@ class Installer:
         (plan.interrupted_conversions). The .conflist gets the .conf's mode."""
         src = self._path(name)
         self._refuse_symlink(src)
-        mode = self._mode_of(src)
         try:
-            atomic_write(target, data, mode=mode if mode >= 0 else self.file_mode, keep_mode=False)
+            atomic_write(target, data, mode=self.file_mode, keep_mode=False, like=src)
         except OSError as e:
             raise InstallError(f"write CNI config {target}: {e.strerror}") from e
         self.ledger.record_written(target, data)
@@ -424,10 +423,9 @@ class Installer:
                 return self._delete(path)
             self._write(path, conflist.dumps(rest), expect=self._seen.get(os.path.basename(path)))
             return [path]
-        mode = self._mode_of(path)
         data = text.encode("utf-8")
         try:
-            atomic_write(conf_path, data, mode=mode if mode >= 0 else 0o644, keep_mode=False)
+            atomic_write(conf_path, data, mode=0o644, keep_mode=False, like=path)
         except OSError as e:
             raise InstallError(f"write CNI config {conf_path}: {e.strerror}") from e
         self.ledger.record_written(conf_path, data)
