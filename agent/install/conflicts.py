@@ -33,6 +33,12 @@ def likely_culprit(file_name: str, plugin_types: Iterable[str]) -> str:
     return "another CNI or node agent writing this file"
 
 
+PLUGIN_CULPRIT = (
+    "another istio-cni agent on this node installing a different plugin build (a rolling "
+    "update's surge, or a second installation of the chart)"
+)
+"""Who else rewrites our plugin in the bin dir."""
+
 FIGHT_HEAL_INTERVAL = 0.25
 """Shortest time between two heals of a file another writer keeps rewriting."""
 

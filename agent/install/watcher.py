@@ -31,7 +31,7 @@ from agent.errors import AgentError, InstallError, TransientInstallError
 from agent.install import conflist
 from agent.install.atomic import is_temp_name
 from agent.install.binaries import is_support_dir
-from agent.install.conflicts import ConflictTracker, likely_culprit
+from agent.install.conflicts import PLUGIN_CULPRIT, ConflictTracker, likely_culprit
 from agent.install.installer import Installer
 from agent.install.ledger import HashCache
 from agent.install.mounts import detached_dir
@@ -381,8 +381,8 @@ class InstallWatcher:
         for path in changed:
             in_conf = os.path.dirname(os.path.abspath(path)) == conf_dir
             metrics.HEALS.labels(kind="config" if in_conf else "binary").inc()
-            if in_conf and os.path.exists(path):
-                self._count_conflict(path)
+            if os.path.isfile(path):
+                self._count_conflict(path, in_conf)
         log.info(
             "healed",
             extra={
@@ -394,15 +394,20 @@ class InstallWatcher:
             },
         )
 
-    def _count_conflict(self, path: str) -> None:
+    def _count_conflict(self, path: str, in_conf: bool) -> None:
         metrics.CONFLICTS.labels(file=os.path.basename(path)).inc()
         fights = self.conflicts.record(path)
         if fights is None:
             return
-        types = _plugin_types(self.installer.read(os.path.basename(path)))
-        culprit = likely_culprit(path, types)
+        if in_conf:
+            types = _plugin_types(self.installer.read(os.path.basename(path)))
+            culprit = likely_culprit(path, types)
+        else:
+            culprit = PLUGIN_CULPRIT
         log.warning(
-            "another writer keeps removing our CNI config entry; still healing",
+            "another writer keeps removing our CNI config entry; still healing"
+            if in_conf
+            else "another writer keeps replacing our plugin; still healing, held off",
             extra={
                 "fields": {"file": path, "fights_last_minute": fights, "likely_culprit": culprit}
             },

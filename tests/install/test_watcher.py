@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import logging
@@ -23,7 +24,7 @@ from agent.install.conflicts import FIGHT_HEAL_INTERVAL, ConflictTracker
 from agent.install.installer import Installer
 from agent.install.waiting import wait_installed
 from agent.install.watcher import InstallWatcher, WatchTiming
-from testbed.agent_host import Node
+from testbed.agent_host import Node, write_plugin
 from testbed.wait import wait_for
 
 LIST = {"cniVersion": "0.4.0", "name": "net", "plugins": [{"type": "ptp"}, {"type": "portmap"}]}
@@ -389,3 +390,42 @@ def test_install_waits_by_polling_when_the_node_has_no_inotify_left(
     finally:
         timer.cancel()
     assert installer.problems() == []
+
+
+def test_two_agents_with_other_plugin_builds_are_held_off_and_warned(
+    node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A surge: two agents whose images carry different plugin builds. Each puts its own back;
+    past the threshold each heals at most once every FIGHT_HEAL_INTERVAL, and says who it
+    fights (a log line and `on_conflict`, the Event)."""
+    write_plugin(node.root / "src-2", version="2")
+    (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
+    settings = node.with_settings(conflictsPerMinuteWarning=2)
+    agents = []
+    heard: list[tuple[str, str, int]] = []
+    for src in (node.src_dir, node.root / "src-2"):
+        installer = Installer(
+            dataclasses.replace(settings, pluginSourceDir=str(src)),
+            pod_name="agent-1",
+            pod_namespace="istio-system",
+        )
+        watcher = InstallWatcher(installer, timing=WatchTiming(recheck_seconds=60.0))
+        watcher.on_conflict = lambda path, culprit, fights: heard.append((path, culprit, fights))
+        agents.append(watcher)
+    with caplog.at_level(logging.WARNING, logger="agent.install.watcher"):
+        agents[0].start()
+        try:
+            assert wait_for(agents[0].ready)
+            time.sleep(0.3)  # its watch arms (it has no ready signal)
+            agents[1].start()
+            time.sleep(4.0)  # the fight under test
+        finally:
+            for watcher in agents:
+                watcher.stop()
+    heals = sum(w.heals for w in agents)
+    # Unbounded, each answers the other at once: dozens of 30 MB writes a second on a node.
+    assert 2 <= heals <= 2 * (3 + 4.0 / FIGHT_HEAL_INTERVAL), heals
+    warned = [r for r in caplog.records if "keeps replacing our plugin" in r.getMessage()]
+    assert warned, [r.getMessage() for r in caplog.records]
+    assert heard and heard[0][0] == str(node.bin_dir / "istio-cni")
+    assert "different plugin build" in heard[0][1]
