@@ -7,11 +7,13 @@ the agent sees it empty, forever, while the runtime reads the new one, which nev
 entry. Nothing inside the container can bind the new directory; a new container can (kubelet
 binds the hostPath again). So a deleted mounted dir (its link count is 0: a live directory has
 at least 2) makes the agent neither Ready nor live: its liveness probe fails and kubelet
-restarts the container.
+restarts the container. And which failures of those dirs pass by themselves (disk full, EIO):
+those are retried, at start as later, never ending the agent.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 
 from agent.config import Settings
@@ -35,3 +37,19 @@ def detached_dir(settings: Settings) -> str | None:
                 "the new one"
             )
     return None
+
+
+NODE_IO_ERRNOS = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.ENOMEM, errno.EAGAIN, errno.EBUSY, errno.ESTALE}
+)
+"""Errors of the node's filesystem that pass (space freed, a device back): retried, never fatal."""
+
+
+def node_io_failed(error: BaseException) -> bool:
+    """Whether `error` (or what caused it) is one of NODE_IO_ERRNOS."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in NODE_IO_ERRNOS:
+            return True
+        seen = seen.__cause__
+    return False

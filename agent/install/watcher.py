@@ -34,7 +34,7 @@ from agent.install.binaries import is_support_dir
 from agent.install.conflicts import PLUGIN_CULPRIT, ConflictTracker, likely_culprit
 from agent.install.installer import Installer
 from agent.install.ledger import HashCache
-from agent.install.mounts import detached_dir
+from agent.install.mounts import detached_dir, node_io_failed
 from agent.install.waiting import POLL_SECONDS, WATCH_ERRORS
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,8 @@ class Reconciled:
     """in_place: nothing to do; installed: (re)written; waiting: no primary CNI config yet;
     failed: install failed (`error` says why)."""
     error: str = ""
+    retry: bool = False
+    """failed, but the same install may succeed later: the node's I/O failed (disk full, EIO)."""
 
 
 class InstallWatcher:
@@ -134,8 +136,12 @@ class InstallWatcher:
                 f"the install watcher last checked {age:.0f} s ago (one is due every "
                 f"{self.timing.recheck_seconds:g} s): its loop is stuck or has ended"
             )
-        detached = detached_dir(self.installer.settings)
-        return out + ([detached] if detached else self.installer.problems())
+        if detached := detached_dir(self.installer.settings):
+            return [*out, detached]
+        found = self.installer.problems()
+        if self._last_error and self._last_error not in found:
+            found.append(f"the last install failed: {self._last_error}")
+        return out + found
 
     def detached(self) -> str | None:
         """Why a mounted CNI dir is a deleted one (mounts.py): also the agent's liveness."""
@@ -351,7 +357,7 @@ class InstallWatcher:
             if str(e) != self._last_error:
                 log.error("install failed", extra={"fields": {"error": str(e), "cause": reason}})
             self._last_error = str(e)
-            return Reconciled("failed", str(e))
+            return Reconciled("failed", str(e), retry=node_io_failed(e))
         self._last_error = ""
         metrics.INSTALLS.labels(result="success").inc()
         if self._was_ready and report.changed:  # a first install is not a heal

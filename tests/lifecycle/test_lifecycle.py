@@ -27,6 +27,13 @@ LIST = {"cniVersion": "0.4.0", "name": "net", "plugins": [{"type": "ptp"}, {"typ
 NODE = {"metadata": {"name": "node-1", "labels": {"pool": "a"}}}
 
 
+def _readyz(port: int) -> str:
+    try:
+        return http_get(port, "/readyz")[1]
+    except OSError:  # not listening yet
+        return ""
+
+
 def _has_entry(node: Node) -> bool:
     try:
         return conflist.count_ours(node.conf("10-net.conflist")) == 1
@@ -227,3 +234,26 @@ def test_a_conf_dir_deleted_on_the_node_makes_it_not_live(node: Node) -> None:
         assert "CNI dir gone from under the agent" in log, log
     finally:
         os.close(held)
+
+
+def test_a_full_disk_at_start_is_retried_not_fatal(node: Node) -> None:
+    """ENOSPC at start, as mid-run: the agent keeps running, not Ready naming the error, and
+    installs within seconds once space is freed (exiting would cost kubelet's back-off)."""
+    (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
+    flag = node.root / "disk-full"
+    flag.touch()
+    port = free_port()
+    config = node.write_config_yaml(metricsPort=port)
+    command = [sys.executable, "-m", "tests.lifecycle.disk_full", str(flag)]
+    with running_agent([*command, "run", "--config", str(config)]) as proc:
+        wait_for(
+            lambda: "No space left on device" in _readyz(port),
+            "/readyz to name the full disk",
+            10,
+        )
+        assert proc.proc.poll() is None
+        flag.unlink()
+        wait_installed(port, timeout=10)
+        assert _has_entry(node)
+        code, err = proc.stop()
+    assert code == 0, err
