@@ -9,7 +9,9 @@ it, so the plugin's entry and the agent never disagree for long. Events on paths
 as we left them
 (same content hash) are our own writes and ignored; bursts are grouped (watchfiles debounce);
 the watch is re-armed when a watched directory is replaced, and everything is re-checked at a
-steady interval in case an event was missed.
+steady interval in case an event was missed. A node out of inotify instances or watches gets
+checked every second instead (polling). The verdict `ready()` reports ages out: a loop that
+stopped checking is not trusted.
 """
 
 from __future__ import annotations
@@ -225,7 +227,8 @@ class InstallWatcher:
 
     def _on_changes(self, changes: set[tuple[watchfiles.Change, str]]) -> None:
         relevant = self._relevant([p for _, p in changes])
-        if relevant or not changes:
+        # A stream of our own writes' events must not starve the periodic check either.
+        if relevant or not changes or self._age() >= self.timing.recheck_seconds:
             self.reconcile(relevant[0] if relevant else "recheck")
 
     def _guarded(self, step: Callable[[], object]) -> None:
