@@ -137,7 +137,8 @@ class Attributes:
         if self.label is not None:
             with contextlib.suppress(OSError):  # no SELinux there: nothing to keep
                 os.setxattr(fd, SELINUX_XATTR, self.label)
-        os.fchown(fd, self.uid, self.gid)
+        with contextlib.suppress(PermissionError):  # no CAP_CHOWN: root's, as before
+            os.fchown(fd, self.uid, self.gid)
         return self.mode
 
 
