@@ -82,3 +82,16 @@ def wait_installed(
                 log.info(str(e), extra={"fields": {"dir": installer.conf_dir}})
             wait_s = log_interval if deadline is None else min(log_interval, deadline - now)
             wait_for_change(installer.conf_dir, int(wait_s * 1000), stop)
+
+
+def dir_identity(dirs: list[str]) -> list[tuple[int, int]]:
+    """(device, inode) of each dir, (0, 0) for one that is gone: a replaced dir differs."""
+    out = []
+    for d in dirs:
+        try:
+            st = os.stat(d)
+        except OSError:
+            out.append((0, 0))
+            continue
+        out.append((st.st_dev, st.st_ino))
+    return out

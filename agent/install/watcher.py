@@ -30,14 +30,18 @@ from agent import metrics
 from agent.background import BackgroundLoop
 from agent.config import Settings, load_settings
 from agent.errors import AgentError, InstallError, TransientInstallError
-from agent.install import conflist
 from agent.install.atomic import is_temp_name
 from agent.install.binaries import is_support_dir
-from agent.install.conflicts import PLUGIN_CULPRIT, ConflictTracker, likely_culprit
+from agent.install.conflicts import (
+    PLUGIN_CULPRIT,
+    ConflictTracker,
+    likely_culprit,
+    plugin_types,
+)
 from agent.install.installer import Installer
 from agent.install.ledger import HashCache
 from agent.install.mounts import detached_dir, node_io_failed
-from agent.install.waiting import POLL_SECONDS, WATCH_ERRORS
+from agent.install.waiting import POLL_SECONDS, WATCH_ERRORS, dir_identity
 
 log = logging.getLogger(__name__)
 # watchfiles logs every batch of changes at info: our own writes would flood the log.
@@ -163,7 +167,7 @@ class InstallWatcher:
         stop = self._loop.stopping
         while not stop.is_set():
             dirs = self._watched_dirs()
-            identity = _identity(dirs)
+            identity = dir_identity(dirs)
             if not dirs:
                 stop.wait(self.timing.recheck_seconds)
                 self._guarded(lambda: self.reconcile("recheck"))
@@ -191,7 +195,7 @@ class InstallWatcher:
                     count += 1
                     if iterations is not None and count >= iterations:
                         return
-                    if self._watched_dirs() != dirs or _identity(dirs) != identity:
+                    if self._watched_dirs() != dirs or dir_identity(dirs) != identity:
                         log.info("a watched directory appeared or was replaced; re-arming")
                         # Files may have landed in the new directory before its watch exists.
                         self._guarded(lambda: self.reconcile("re-armed"))
@@ -320,8 +324,19 @@ class InstallWatcher:
     # -- one reconcile ----------------------------------------------------------------------
 
     def reconcile(self, reason: str) -> Reconciled:
-        """Check; when something is missing or different, install and count the heal."""
+        """Check; when something is missing or different, install and count the heal. An
+        OSError no step turned into an InstallError (a read of the plugin's source failing with
+        EIO, say) fails this round like one."""
         self._reconciled = True
+        try:
+            return self._reconcile(reason)
+        except OSError as e:
+            self._set_ready(False)
+            self._last_error = f"install check failed: {e}"
+            log.error("install failed", extra={"fields": {"error": str(e), "cause": reason}})
+            return Reconciled("failed", self._last_error, retry=node_io_failed(e))
+
+    def _reconcile(self, reason: str) -> Reconciled:
         detached = detached_dir(self.installer.settings)
         if detached is not None:
             self._set_ready(False)
@@ -409,7 +424,7 @@ class InstallWatcher:
         if fights is None:
             return
         if in_conf:
-            types = _plugin_types(self.installer.read(os.path.basename(path)))
+            types = plugin_types(self.installer.read(os.path.basename(path)))
             culprit = likely_culprit(path, types)
         else:
             culprit = PLUGIN_CULPRIT
@@ -423,27 +438,3 @@ class InstallWatcher:
         )
         if self.on_conflict is not None:
             self.on_conflict(path, culprit, fights)
-
-
-def _plugin_types(data: bytes | None) -> list[str]:
-    if data is None:
-        return []
-    try:
-        config = conflist.parse(data, source="")
-    except InstallError:
-        return []
-    plugins = config.get("plugins")
-    items = plugins if isinstance(plugins, list) else [config]
-    return [str(p.get("type")) for p in items if isinstance(p, dict) and p.get("type")]
-
-
-def _identity(dirs: list[str]) -> list[tuple[int, int]]:
-    out = []
-    for d in dirs:
-        try:
-            st = os.stat(d)
-        except OSError:
-            out.append((0, 0))
-            continue
-        out.append((st.st_dev, st.st_ino))
-    return out

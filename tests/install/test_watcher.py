@@ -429,3 +429,24 @@ def test_two_agents_with_other_plugin_builds_are_held_off_and_warned(
     assert warned, [r.getMessage() for r in caplog.records]
     assert heard and heard[0][0] == str(node.bin_dir / "istio-cni")
     assert "different plugin build" in heard[0][1]
+
+
+def test_an_io_error_no_step_wrapped_fails_the_round_to_retry(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EIO reading the plugin's source at start: a failed round, retried, not a crash."""
+    (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
+    installer = Installer(node.settings, pod_name="agent-1", pod_namespace="istio-system")
+    watcher = InstallWatcher(installer)
+
+    def eio() -> list[str]:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(installer, "problems", eio)
+    result = watcher.reconcile("start")
+    assert (result.outcome, result.retry) == ("failed", True)
+    assert "Input/output error" in result.error
+    assert not watcher.ready()
+    monkeypatch.undo()
+    assert watcher.reconcile("recheck").outcome == "installed"
+    assert watcher.ready()
