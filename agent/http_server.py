@@ -29,8 +29,9 @@ LISTEN_BACKLOG = 1024
 class _Endpoints:
     """The app: what each path answers."""
 
-    def __init__(self, readiness: Failing) -> None:
+    def __init__(self, readiness: Failing, liveness: Failing = lambda: ()) -> None:
         self.readiness = readiness
+        self.liveness = liveness
 
     def handle(self, request: Request) -> Response:
         if request.method not in ("GET", "HEAD"):
@@ -39,6 +40,10 @@ class _Endpoints:
             )
         path = request.path
         if path == "/healthz":
+            dead = self.liveness()
+            if dead:
+                text = "".join(f"{name}: {why}\n" for name, why in dead)
+                return Response(503, ("not live\n" + text).encode(), TEXT)
             return Response(200, b"ok\n", TEXT)
         if path == "/readyz":
             failing = self.failing_checks()
@@ -66,17 +71,27 @@ class HttpServer:
     """Service: serves health, readiness (no check failing, each failing one named with why)
     and metrics."""
 
-    def __init__(self, *, port: int, host: str = "", readiness: Failing = lambda: ()) -> None:
+    def __init__(
+        self,
+        *,
+        port: int,
+        host: str = "",
+        readiness: Failing = lambda: (),
+        liveness: Failing = lambda: (),
+    ) -> None:
         self.host = host
         self.port = port
         self.readiness = readiness
+        self.liveness = liveness
         self._server: Server | None = None
         self._port = 0
 
     def start(self) -> None:
         listener = _bind(self.host, self.port)
         self._port = int(listener.getsockname()[1])
-        self._server = Server(listener, _Endpoints(self.readiness), limits.HTTP, name="http")
+        self._server = Server(
+            listener, _Endpoints(self.readiness, self.liveness), limits.HTTP, name="http"
+        )
         self._server.start()
         log.info(
             "serving /healthz /readyz /metrics",

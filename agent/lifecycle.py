@@ -109,9 +109,11 @@ def _serve(
     reloads: queue.Queue[Settings] = queue.Queue()
     watcher = InstallWatcher(installer, config_path=config_path, on_settings=reloads.put)
     first = watcher.reconcile("start")  # the watcher's own handler, run once before serving
-    if first.outcome == "failed":
+    if first.outcome == "failed" and not first.retry:
         sys.stderr.write(f"istio-cni-agent run: install failed: {first.error}\n")
         return 1
+    if first.retry:  # as mid-run: not Ready (naming the error), retried until it passes
+        log.warning("install failed at start; retrying", extra={"fields": {"error": first.error}})
     if first.outcome == "waiting":
         log.info("not installed yet, watching: %s", first.error)
     built = build_services(

@@ -27,6 +27,7 @@ from agent.config import Settings
 from agent.downward import AgentPod
 from agent.http_server import HttpServer
 from agent.install.conflicts import FIGHT_HEAL_INTERVAL
+from agent.install.conflist import CONFIG_EXTENSIONS
 from agent.install.installer import Installer
 from agent.install.watcher import InstallWatcher
 from agent.kube import KubeClients, api
@@ -104,10 +105,11 @@ def conflict_events(events: EventRecorder, pod: AgentPod) -> Callable[[str, str,
             involved,
             reason=CONFLICT_EVENT,
             message=(
-                f"{os.path.basename(path)} lost istio-cni's entry {fights} times in the last "
-                f"minute: another writer keeps rewriting it, likely {culprit}. The agent puts "
-                f"the entry back, at most once every {FIGHT_HEAL_INTERVAL} s while this lasts; "
-                "stop the other writer rewriting the file"
+                f"{os.path.basename(path)} lost istio-cni's "
+                f"{'entry' if path.endswith(CONFIG_EXTENSIONS) else 'plugin build'} {fights} "
+                f"times in the last minute: another writer keeps rewriting it, likely "
+                f"{culprit}. The agent puts it back, at most once every {FIGHT_HEAL_INTERVAL} s "
+                "while this lasts; stop the other writer rewriting the file"
             ),
         )
 
@@ -187,6 +189,7 @@ def _readiness_and_after(
             port=settings.metricsPort,
             host=settings.metricsAddress,
             readiness=readiness.service().failing,
+            liveness=readiness.liveness,
         ),
     ]
     if settings.removeNotReadyTaint:

@@ -6,28 +6,78 @@ and is fsynced before it is renamed over the target: no reader ever sees the fil
 mode or partly written. The directory is fsynced so the rename survives a power cut. Temp names
 start with "." and end in ".istio-tmp" so no CNI runtime takes them for a config (it only reads
 .conf/.conflist/.json) and a crashed writer's leftovers can be found and removed.
+
+Which temps are still being written is told by a lock, not a name: the agent is PID 1 in its
+pod, as is every other agent's container (a surge, a one-shot install), so a PID in the name
+tells nothing. A writer holds an exclusive flock on its temp (through a read-only descriptor: a
+plugin being replaced must never be open for writing, or an exec of it fails with ETXTBSY) from
+creating it until it is renamed; a cleaner removes only a temp whose lock it can take, and
+removes it while holding that lock. Between the create and the lock the writer holds a shared
+flock on the directory, and a cleaner scans it holding an exclusive one, so no cleaner ever
+sees a temp its writer has not locked yet; a writer killed at any instant leaves only locks the
+kernel releases.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import os
 import re
 import secrets
 import shutil
 import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 from agent.errors import ChangedUnderUs
 
 TEMP_SUFFIX = ".istio-tmp"
-_TEMP_RE = re.compile(r"^\..*\.(\d+)\.[0-9a-f]{8}" + re.escape(TEMP_SUFFIX) + "$")
+_TEMP_RE = re.compile(r"^\..*\.[0-9a-f]{8,16}" + re.escape(TEMP_SUFFIX) + "$")
+"""Also the former names, which carried the writer's PID: .<name>.<pid>.<8 hex>.istio-tmp."""
 
 
 def temp_path(target: str) -> str:
-    """A fresh temp name beside `target`, with our pid so others' leftovers can be told apart."""
+    """A fresh, random temp name beside `target`."""
     directory, base = os.path.split(target)
-    return os.path.join(directory, f".{base}.{os.getpid()}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
+    return os.path.join(directory, f".{base}.{secrets.token_hex(8)}{TEMP_SUFFIX}")
+
+
+@contextlib.contextmanager
+def _dir_lock(directory: str, operation: int) -> Iterator[None]:
+    fd = os.open(directory or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, operation)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _locked(tmp: str) -> int:
+    fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def create_temp_file(target: str) -> tuple[str, int, int]:
+    """A new temp file beside `target`, 0600: (name, write descriptor, lock descriptor)."""
+    tmp = temp_path(target)
+    with _dir_lock(os.path.dirname(target), fcntl.LOCK_SH):
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            return tmp, fd, _locked(tmp)
+        except BaseException:
+            os.close(fd)
+            raise
+
+
+def create_temp_dir(target: str) -> tuple[str, int]:
+    """A new, empty temp dir beside `target`: (name, lock descriptor)."""
+    tmp = temp_path(target)
+    with _dir_lock(os.path.dirname(target), fcntl.LOCK_SH):
+        os.mkdir(tmp, 0o700)
+        return tmp, _locked(tmp)
 
 
 def is_temp_name(name: str) -> bool:
@@ -60,6 +110,50 @@ def current_id(path: str) -> FileId | None:
         return None
 
 
+def dangling_target(path: str) -> str | None:
+    """The target of `path` when it is a symlink that cannot be followed here (else None)."""
+    try:
+        target = os.readlink(path)
+    except OSError:
+        return None  # no symlink (or gone)
+    return None if os.path.exists(path) else target
+
+
+SELINUX_XATTR = "security.selinux"
+
+
+@dataclass(frozen=True)
+class Attributes:
+    """What a rewrite keeps of the file it replaces."""
+
+    mode: int
+    uid: int
+    gid: int
+    label: bytes | None
+
+    def apply(self, fd: int) -> int:
+        """Give the open file these owner and label (before its mode: a chown clears setuid
+        bits); returns the mode to set."""
+        if self.label is not None:
+            with contextlib.suppress(OSError):  # no SELinux there: nothing to keep
+                os.setxattr(fd, SELINUX_XATTR, self.label)
+        with contextlib.suppress(PermissionError):  # no CAP_CHOWN: root's, as before
+            os.fchown(fd, self.uid, self.gid)
+        return self.mode
+
+
+def attributes_of(path: str) -> Attributes | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    try:
+        label: bytes | None = os.getxattr(path, SELINUX_XATTR)
+    except OSError:
+        label = None
+    return Attributes(stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, label)
+
+
 def atomic_write(
     path: str,
     data: bytes,
@@ -67,9 +161,12 @@ def atomic_write(
     mode: int = 0o600,
     keep_mode: bool = True,
     expect: FileId | None = None,
+    like: str | None = None,
 ) -> None:
-    """Replace `path` with `data` atomically; with keep_mode an existing file's mode wins, else
-    (and for a new file) the result has exactly `mode` (the umask plays no part).
+    """Replace `path` with `data` atomically; with keep_mode an existing file's mode, owner,
+    group and SELinux label win (the node's file stays its owner's to rewrite), else (and for a
+    new file) the result has exactly `mode` (the umask plays no part) and is root's. `like`
+    names another file whose attributes the result takes (a .conf turned into a .conflist).
 
     With `expect`, the target must still be the file we read (same inode, size, mtime) right
     before the rename, else ChangedUnderUs: a read-modify-write must not undo another writer.
@@ -77,16 +174,15 @@ def atomic_write(
     Never opens `path` itself for writing, so a binary being executed is never touched (no
     ETXTBSY for the runtime, no half-written plugin).
     """
-    if keep_mode:
-        with contextlib.suppress(FileNotFoundError):
-            mode = stat.S_IMODE(os.stat(path).st_mode)
-    tmp = temp_path(path)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    kept = attributes_of(like or path) if keep_mode or like else None
+    tmp, fd, lock = create_temp_file(path)
     try:
         try:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
+            if kept is not None:
+                mode = kept.apply(fd)
             os.fchmod(fd, mode)
             os.fsync(fd)
         finally:
@@ -98,6 +194,8 @@ def atomic_write(
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    finally:
+        os.close(lock)
     fsync_dir(os.path.dirname(path) or ".")
 
 
@@ -127,17 +225,37 @@ def remove_tree(path: str) -> None:
 
 
 def remove_stale_temps(directory: str) -> list[str]:
-    """Remove temp files/dirs other processes left behind (a crash, kill -9); return their names."""
+    """Remove the temp files/dirs no writer holds (a crash, kill -9); return their names. A
+    removed tree (remove_tree) is never locked: removing it twice is harmless."""
+    with _dir_lock(directory, fcntl.LOCK_EX):
+        return _remove_unlocked_temps(directory)
+
+
+def _remove_unlocked_temps(directory: str) -> list[str]:
     removed: list[str] = []
-    own = str(os.getpid())
     for entry in os.scandir(directory):
-        match = _TEMP_RE.match(entry.name)
-        if match is None or match.group(1) == own:
+        if not is_temp_name(entry.name):
             continue
-        if entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(entry.path, ignore_errors=True)
-        else:
+        try:
+            fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue
+        except OSError:  # a symlink (ELOOP) or unreadable: no writer of ours holds it
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(entry.path)
-        removed.append(entry.name)
+            removed.append(entry.name)
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # a writer (this process or another) is using it
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+            removed.append(entry.name)
+        finally:
+            os.close(fd)
     return removed

@@ -32,6 +32,7 @@ from agent.errors import InstallError
 from agent.install.atomic import (
     atomic_rename,
     atomic_write,
+    create_temp_dir,
     fsync_dir,
     is_temp_name,
     remove_stale_temps,
@@ -164,9 +165,12 @@ def _install_tree(src: str, dst: str) -> bool:
         raise InstallError(f"install plugin support dir {dst}: expected a directory")
     if os.path.isdir(dst) and tree_digest(dst) == tree_digest(src):
         return False
-    tmp = temp_path(dst)
     try:
-        shutil.copytree(src, tmp, symlinks=True, copy_function=_copy_file)
+        tmp, lock = create_temp_dir(dst)
+    except OSError as e:
+        raise _write_error("write plugin support dir", dst, e) from e
+    try:
+        shutil.copytree(src, tmp, symlinks=True, copy_function=_copy_file, dirs_exist_ok=True)
         _fsync_tree(tmp)
         if os.path.isdir(dst):
             # Same hashed name, other content: a damaged copy. Swap it out, then drop it.
@@ -179,6 +183,8 @@ def _install_tree(src: str, dst: str) -> bool:
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise _write_error("write plugin support dir", dst, e) from e
+    finally:
+        os.close(lock)
     return True
 
 

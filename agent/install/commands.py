@@ -13,7 +13,7 @@ from agent.config import DEFAULT_CONFIG_PATH, Settings, load_settings
 from agent.downward import AgentPod
 from agent.errors import AgentError, TransientInstallError
 from agent.install.installer import Installer
-from agent.install.watcher import wait_installed
+from agent.install.waiting import wait_installed
 from agent.logs import setup_logging
 
 log = logging.getLogger(__name__)

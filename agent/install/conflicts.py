@@ -7,6 +7,9 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
+from agent.errors import InstallError
+from agent.install import conflist
+
 # plugin type or file-name fragment -> who rewrites that file and how to stop it.
 _CULPRITS: tuple[tuple[str, str], ...] = (
     ("cilium", "Cilium (its agent rewrites its CNI config unless cni.exclusive=false)"),
@@ -32,6 +35,12 @@ def likely_culprit(file_name: str, plugin_types: Iterable[str]) -> str:
             return who
     return "another CNI or node agent writing this file"
 
+
+PLUGIN_CULPRIT = (
+    "another istio-cni agent on this node installing a different plugin build (a rolling "
+    "update's surge, or a second installation of the chart)"
+)
+"""Who else rewrites our plugin in the bin dir."""
 
 FIGHT_HEAL_INTERVAL = 0.25
 """Shortest time between two heals of a file another writer keeps rewriting."""
@@ -75,3 +84,16 @@ class ConflictTracker:
             return None
         self._warned[path] = now
         return len(heals)
+
+
+def plugin_types(data: bytes | None) -> list[str]:
+    """The plugin types a config file's bytes name (for likely_culprit); [] when unreadable."""
+    if data is None:
+        return []
+    try:
+        config = conflist.parse(data, source="")
+    except InstallError:
+        return []
+    plugins = config.get("plugins")
+    items = plugins if isinstance(plugins, list) else [config]
+    return [str(p.get("type")) for p in items if isinstance(p, dict) and p.get("type")]

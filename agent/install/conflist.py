@@ -94,16 +94,56 @@ def load(data: bytes, *, source: str) -> Config:
     return config
 
 
+def libcni_rejects(name: str, data: bytes) -> str | None:
+    """Why libcni would not load this file (None: it would), judged as libcni judges it: Go's
+    JSON decoder takes bytes that are not UTF-8 and lone surrogate escapes (as U+FFFD) and has no
+    size limit; a .conflist needs a string `name` and a non-empty `plugins` list (a top-level
+    `type` beside them is ignored), a .conf/.json a non-empty `type`."""
+    try:
+        value = json.loads(data.decode("utf-8", errors="replace"), parse_constant=_reject_constant)
+    except ValueError as e:
+        return f"not valid JSON: {e}"
+    if not isinstance(value, dict):
+        return f"a CNI config must be a JSON object, got {_kind(value)}"
+    try:
+        if name.endswith(".conflist"):
+            if not isinstance(value.get("name"), str):
+                return "a list without a string name"
+            validate({k: v for k, v in value.items() if k != "type"}, source=name)
+        elif not isinstance(value.get("type"), str) or not value["type"]:
+            return "network type not found"
+        else:
+            validate(value, source=name)
+    except InstallError as e:
+        return str(e)
+    return None
+
+
 def runtime_loadable(name: str, data: bytes) -> bool:
-    """Whether libcni would use this file: .conflist needs a list, .conf/.json a `type`."""
+    """Whether libcni would use this file (libcni_rejects)."""
+    return libcni_rejects(name, data) is None
+
+
+def uneditable(name: str, data: bytes) -> str | None:
+    """Why the agent cannot chain into a file libcni loads (None: it can)."""
+    if len(data) > MAX_CONFIG_BYTES:
+        return f"it is larger than {MAX_CONFIG_BYTES} bytes"
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return (
+            f"it holds bytes that are not UTF-8 (at offset {e.start}; libcni reads them as U+FFFD)"
+        )
     try:
         config = parse(data, source=name)
-        validate(config, source=name)
-    except InstallError:
-        return False
-    if name.endswith(".conflist"):
-        return not is_single(config) and isinstance(config.get("name"), str)
-    return is_single(config)
+        dumps(config)
+    except UnicodeEncodeError:
+        return "it holds a lone UTF-16 surrogate escape such as \\ud800 (libcni reads it as U+FFFD)"
+    except InstallError as e:
+        return str(e)
+    if name.endswith(".conflist") and "type" in config:
+        return "it is a .conflist with a top-level type (libcni ignores that key)"
+    return None
 
 
 def candidate_names(names: Iterable[str]) -> list[str]:
@@ -112,16 +152,44 @@ def candidate_names(names: Iterable[str]) -> list[str]:
 
 
 def select_primary(
-    names: Iterable[str], read: Callable[[str], bytes | None], *, exclude: Collection[str] = ()
+    names: Iterable[str],
+    read: Callable[[str], bytes | None],
+    *,
+    exclude: Collection[str] = (),
+    dangling: Callable[[str], str | None] = lambda name: None,
+    directory: str = "",
 ) -> str | None:
-    """The file the runtime would pick: the first loadable one in sorted order (None: none yet)."""
+    """The file the runtime would pick: the first one libcni loads, in sorted order (None: none
+    yet). Where the agent cannot tell or cannot edit that file (`dangling`: the target of a
+    symlink that cannot be followed here), InstallError naming it: chaining into a later file
+    would leave the runtime's choice without our entry."""
     for name in candidate_names(names):
         if name in exclude:
             continue
+        path = os.path.join(directory, name)
         data = read(name)
-        if data is not None and runtime_loadable(name, data):
-            return name
+        if data is None:
+            if (target := dangling(name)) is not None:
+                raise InstallError(dangling_message(path, target))
+            continue
+        if len(data) <= MAX_CONFIG_BYTES and libcni_rejects(name, data) is not None:
+            continue  # the runtime skips it too
+        why = uneditable(name, data)
+        if why is not None:
+            raise InstallError(
+                f"{path}: the runtime may load this file, but {why}; refusing to chain into "
+                "another file (fix or remove it, or name the primary with cniConfFileName)"
+            )
+        return name
     return None
+
+
+def dangling_message(path: str, target: str) -> str:
+    return (
+        f"{path}: is a symlink to {target}, which cannot be followed in this container (a "
+        "node path outside the mounted conf dir?); the runtime follows it on the node and may "
+        "load that file: refusing to chain into another file (replace the link by the file)"
+    )
 
 
 def resolve_named(names: Collection[str], wanted: str) -> str | None:

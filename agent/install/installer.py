@@ -29,6 +29,7 @@ from agent.install.atomic import (
     atomic_rename,
     atomic_write,
     current_id,
+    dangling_target,
     file_id,
     remove_file,
     remove_stale_temps,
@@ -139,7 +140,8 @@ class Installer:
             os.close(fd)
 
     def plan(self) -> ConfigPlan:
-        return plan_config(self.settings, self.entry, self._names(), self.read)
+        names, dangling = self._names(), lambda name: dangling_target(self._path(name))
+        return plan_config(self.settings, self.entry, names, self.read, dangling)
 
     # -- install ----------------------------------------------------------------------------
 
@@ -186,7 +188,8 @@ class Installer:
     def _refuse_symlink(self, path: str) -> None:
         if os.path.islink(path):
             raise InstallError(
-                f"{path}: is a symlink, expected a regular file; refusing to replace it "
+                f"{path}: is a symlink, expected a regular file (it points to "
+                f"{os.readlink(path)}); refusing to replace it "
                 "(set cniConfFileName to the file it points to, or replace the link by a file)"
             )
 
@@ -233,9 +236,8 @@ class Installer:
         (plan.interrupted_conversions). The .conflist gets the .conf's mode."""
         src = self._path(name)
         self._refuse_symlink(src)
-        mode = self._mode_of(src)
         try:
-            atomic_write(target, data, mode=mode if mode >= 0 else self.file_mode, keep_mode=False)
+            atomic_write(target, data, mode=self.file_mode, keep_mode=False, like=src)
         except OSError as e:
             raise InstallError(f"write CNI config {target}: {e.strerror}") from e
         self.ledger.record_written(target, data)
@@ -421,10 +423,9 @@ class Installer:
                 return self._delete(path)
             self._write(path, conflist.dumps(rest), expect=self._seen.get(os.path.basename(path)))
             return [path]
-        mode = self._mode_of(path)
         data = text.encode("utf-8")
         try:
-            atomic_write(conf_path, data, mode=mode if mode >= 0 else 0o644, keep_mode=False)
+            atomic_write(conf_path, data, mode=0o644, keep_mode=False, like=path)
         except OSError as e:
             raise InstallError(f"write CNI config {conf_path}: {e.strerror}") from e
         self.ledger.record_written(conf_path, data)

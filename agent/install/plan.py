@@ -19,6 +19,12 @@ DEFAULT_STANDALONE_NAME = "YYY-istio-cni.conf"
 """Standalone file: sorts after the network's own config, so it never takes the primary's place."""
 
 Reader = Callable[[str], bytes | None]
+Dangling = Callable[[str], str | None]
+"""The target of a symlink that cannot be followed here (None: no such link)."""
+
+
+def _no_link(name: str) -> str | None:
+    return None
 
 
 @dataclass(frozen=True)
@@ -53,7 +59,9 @@ def preset_words(settings: Settings) -> str:
     return "no platform preset set"
 
 
-def find_primary(settings: Settings, names: Collection[str], read: Reader) -> str:
+def find_primary(
+    settings: Settings, names: Collection[str], read: Reader, dangling: Dangling = _no_link
+) -> str:
     """The primary config's file name, as the runtime (or cniConfFileName) picks it."""
     exclude = {settings.istioOwnedCNIConfigFileName} if settings.istioOwnedCNIConfig else set()
     candidates = [n for n in names if n not in exclude]
@@ -66,7 +74,9 @@ def find_primary(settings: Settings, names: Collection[str], read: Reader) -> st
                 f"{settings.cniConfDir} on the node, {preset_words(settings)})"
             )
         return found
-    found = conflist.select_primary(candidates, read)
+    found = conflist.select_primary(
+        candidates, read, dangling=dangling, directory=settings.mountedCniConfDir
+    )
     if found is None:
         raise TransientInstallError(
             f"waiting for a primary CNI config (.conf/.conflist/.json) in "
@@ -77,16 +87,24 @@ def find_primary(settings: Settings, names: Collection[str], read: Reader) -> st
 
 
 def plan_config(
-    settings: Settings, entry: Mapping[str, Any], names: Collection[str], read: Reader
+    settings: Settings,
+    entry: Mapping[str, Any],
+    names: Collection[str],
+    read: Reader,
+    dangling: Dangling = _no_link,
 ) -> ConfigPlan:
     """Where our entry goes and what that file must contain. Raises InstallError on bad input."""
     if not settings.chained:
         return _standalone_plan(settings, entry, names, read)
-    primary = find_primary(settings, names, read)
+    primary = find_primary(settings, names, read, dangling)
     source = os.path.join(settings.mountedCniConfDir, primary)
     data = read(primary)
     if data is None:
+        if (target := dangling(primary)) is not None:
+            raise InstallError(conflist.dangling_message(source, target))
         raise TransientInstallError(f"{source}: primary CNI config vanished while reading it")
+    if (why := conflist.uneditable(primary, data)) is not None:
+        raise InstallError(f"{source}: cannot chain into this CNI config: {why}")
     existing = conflist.load(data, source=source)
     merged = conflist.insert(existing, entry, source=source)
     if settings.istioOwnedCNIConfig:

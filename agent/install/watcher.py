@@ -9,7 +9,9 @@ it, so the plugin's entry and the agent never disagree for long. Events on paths
 as we left them
 (same content hash) are our own writes and ignored; bursts are grouped (watchfiles debounce);
 the watch is re-armed when a watched directory is replaced, and everything is re-checked at a
-steady interval in case an event was missed.
+steady interval in case an event was missed. A node out of inotify instances or watches gets
+checked every second instead (polling). The verdict `ready()` reports ages out: a loop that
+stopped checking is not trusted.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -29,12 +30,18 @@ from agent import metrics
 from agent.background import BackgroundLoop
 from agent.config import Settings, load_settings
 from agent.errors import AgentError, InstallError, TransientInstallError
-from agent.install import conflist
 from agent.install.atomic import is_temp_name
 from agent.install.binaries import is_support_dir
-from agent.install.conflicts import ConflictTracker, likely_culprit
+from agent.install.conflicts import (
+    PLUGIN_CULPRIT,
+    ConflictTracker,
+    likely_culprit,
+    plugin_types,
+)
 from agent.install.installer import Installer
 from agent.install.ledger import HashCache
+from agent.install.mounts import detached_dir, node_io_failed
+from agent.install.waiting import POLL_SECONDS, WATCH_ERRORS, dir_identity
 
 log = logging.getLogger(__name__)
 # watchfiles logs every batch of changes at info: our own writes would flood the log.
@@ -51,6 +58,16 @@ class WatchTiming:
     """Full check at this interval even without events (a missed event, a replaced mount)."""
     waiting_log_seconds: float = 30.0
     """Interval of the "waiting for a primary CNI config" log line."""
+    poll_seconds: float = POLL_SECONDS
+    """Full check at this interval while the dirs cannot be watched (inotify exhausted)."""
+    rewatch_seconds: float = 30.0
+    """While polling, watching is tried again at this interval."""
+
+    @property
+    def stale_seconds(self) -> float:
+        """A verdict older than this is not the watcher's word any more: a check is due every
+        recheck_seconds, so a loop that has not checked for twice as long is stuck or gone."""
+        return 2 * self.recheck_seconds + 2.0
 
 
 Outcome = Literal["in_place", "installed", "waiting", "failed"]
@@ -64,6 +81,8 @@ class Reconciled:
     """in_place: nothing to do; installed: (re)written; waiting: no primary CNI config yet;
     failed: install failed (`error` says why)."""
     error: str = ""
+    retry: bool = False
+    """failed, but the same install may succeed later: the node's I/O failed (disk full, EIO)."""
 
 
 class InstallWatcher:
@@ -76,6 +95,7 @@ class InstallWatcher:
         config_path: str | None = None,
         timing: WatchTiming | None = None,
         on_settings: Callable[[Settings], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`on_settings` is called (on the watch thread) with each changed, valid config;
         `on_conflict(path, culprit, fights)` (set by the node services: an Event on the agent's
@@ -94,6 +114,9 @@ class InstallWatcher:
         self._last_wait_log = -1e9
         self._last_error = ""
         self._was_ready = False
+        self._clock = clock
+        self._checked_at = -1e18
+        self._polling = False
         self.heals = 0
 
     # -- service ----------------------------------------------------------------------------
@@ -105,7 +128,33 @@ class InstallWatcher:
         self._loop.stop()
 
     def ready(self) -> bool:
+        """The last check found everything in place, and it is recent (see stale_seconds)."""
+        if self._ready and self._age() > self.timing.stale_seconds:
+            metrics.INSTALL_READY.set(0)
+            return False
         return self._ready
+
+    def problems(self) -> list[str]:
+        """Why not ready: a stale verdict, then what is not in place (for readiness)."""
+        out = []
+        if (age := self._age()) > self.timing.stale_seconds:
+            out.append(
+                f"the install watcher last checked {age:.0f} s ago (one is due every "
+                f"{self.timing.recheck_seconds:g} s): its loop is stuck or has ended"
+            )
+        if detached := detached_dir(self.installer.settings):
+            return [*out, detached]
+        found = self.installer.problems()
+        if self._last_error and self._last_error not in found:
+            found.append(f"the last install failed: {self._last_error}")
+        return out + found
+
+    def detached(self) -> str | None:
+        """Why a mounted CNI dir is a deleted one (mounts.py): also the agent's liveness."""
+        return detached_dir(self.installer.settings)
+
+    def _age(self) -> float:
+        return self._clock() - self._checked_at
 
     # -- loop -------------------------------------------------------------------------------
 
@@ -118,7 +167,7 @@ class InstallWatcher:
         stop = self._loop.stopping
         while not stop.is_set():
             dirs = self._watched_dirs()
-            identity = _identity(dirs)
+            identity = dir_identity(dirs)
             if not dirs:
                 stop.wait(self.timing.recheck_seconds)
                 self._guarded(lambda: self.reconcile("recheck"))
@@ -141,22 +190,49 @@ class InstallWatcher:
                     yield_on_timeout=True,
                     raise_interrupt=False,
                 ):
+                    self._watching()
                     self._guarded(functools.partial(self._on_changes, changes))
                     count += 1
                     if iterations is not None and count >= iterations:
                         return
-                    if self._watched_dirs() != dirs or _identity(dirs) != identity:
+                    if self._watched_dirs() != dirs or dir_identity(dirs) != identity:
                         log.info("a watched directory appeared or was replaced; re-arming")
                         # Files may have landed in the new directory before its watch exists.
                         self._guarded(lambda: self.reconcile("re-armed"))
                         break
-            except (OSError, RuntimeError) as e:
-                log.warning("watch failed; re-arming", extra={"fields": {"error": str(e)}})
-                stop.wait(1.0)
+            except WATCH_ERRORS as e:
+                self._poll(e)
+
+    def _poll(self, error: BaseException) -> None:
+        """Watching failed (the node is out of inotify instances or watches: ENOSPC, EMFILE):
+        check everything every poll_seconds instead, and try watching again after
+        rewatch_seconds."""
+        if not self._polling:
+            self._polling = True
+            log.warning(
+                "cannot watch the CNI dirs; checking them every %g s instead",
+                self.timing.poll_seconds,
+                extra={"fields": {"error": str(error)}},
+            )
+        stop = self._loop.stopping
+        until = time.monotonic() + self.timing.rewatch_seconds
+        while time.monotonic() < until and not stop.wait(self.timing.poll_seconds):
+            self._guarded(self._poll_once)
+
+    def _poll_once(self) -> None:
+        if self.config_path:
+            self._config_changed()
+        self.reconcile("poll")
+
+    def _watching(self) -> None:
+        if self._polling:
+            self._polling = False
+            log.info("watching the CNI dirs again")
 
     def _on_changes(self, changes: set[tuple[watchfiles.Change, str]]) -> None:
         relevant = self._relevant([p for _, p in changes])
-        if relevant or not changes:
+        # A stream of our own writes' events must not starve the periodic check either.
+        if relevant or not changes or self._age() >= self.timing.recheck_seconds:
             self.reconcile(relevant[0] if relevant else "recheck")
 
     def _guarded(self, step: Callable[[], object]) -> None:
@@ -248,8 +324,28 @@ class InstallWatcher:
     # -- one reconcile ----------------------------------------------------------------------
 
     def reconcile(self, reason: str) -> Reconciled:
-        """Check; when something is missing or different, install and count the heal."""
+        """Check; when something is missing or different, install and count the heal. An
+        OSError no step turned into an InstallError (a read of the plugin's source failing with
+        EIO, say) fails this round like one."""
         self._reconciled = True
+        try:
+            return self._reconcile(reason)
+        except OSError as e:
+            self._set_ready(False)
+            self._last_error = f"install check failed: {e}"
+            log.error("install failed", extra={"fields": {"error": str(e), "cause": reason}})
+            return Reconciled("failed", self._last_error, retry=node_io_failed(e))
+
+    def _reconcile(self, reason: str) -> Reconciled:
+        detached = detached_dir(self.installer.settings)
+        if detached is not None:
+            self._set_ready(False)
+            if detached != self._last_error:
+                log.error(
+                    "CNI dir gone from under the agent", extra={"fields": {"error": detached}}
+                )
+            self._last_error = detached
+            return Reconciled("failed", detached)
         problems = self.installer.problems()
         if not problems:
             self._set_ready(True)
@@ -279,7 +375,7 @@ class InstallWatcher:
             if str(e) != self._last_error:
                 log.error("install failed", extra={"fields": {"error": str(e), "cause": reason}})
             self._last_error = str(e)
-            return Reconciled("failed", str(e))
+            return Reconciled("failed", str(e), retry=node_io_failed(e))
         self._last_error = ""
         metrics.INSTALLS.labels(result="success").inc()
         if self._was_ready and report.changed:  # a first install is not a heal
@@ -294,6 +390,7 @@ class InstallWatcher:
             if ready:
                 metrics.INSTALL_READY_SINCE.set_to_current_time()
         self._ready = ready
+        self._checked_at = self._clock()
         metrics.INSTALL_READY.set(1 if ready else 0)
 
     def _log_waiting(self, message: str) -> None:
@@ -308,8 +405,8 @@ class InstallWatcher:
         for path in changed:
             in_conf = os.path.dirname(os.path.abspath(path)) == conf_dir
             metrics.HEALS.labels(kind="config" if in_conf else "binary").inc()
-            if in_conf and os.path.exists(path):
-                self._count_conflict(path)
+            if os.path.isfile(path):
+                self._count_conflict(path, in_conf)
         log.info(
             "healed",
             extra={
@@ -321,89 +418,23 @@ class InstallWatcher:
             },
         )
 
-    def _count_conflict(self, path: str) -> None:
+    def _count_conflict(self, path: str, in_conf: bool) -> None:
         metrics.CONFLICTS.labels(file=os.path.basename(path)).inc()
         fights = self.conflicts.record(path)
         if fights is None:
             return
-        types = _plugin_types(self.installer.read(os.path.basename(path)))
-        culprit = likely_culprit(path, types)
+        if in_conf:
+            types = plugin_types(self.installer.read(os.path.basename(path)))
+            culprit = likely_culprit(path, types)
+        else:
+            culprit = PLUGIN_CULPRIT
         log.warning(
-            "another writer keeps removing our CNI config entry; still healing",
+            "another writer keeps removing our CNI config entry; still healing"
+            if in_conf
+            else "another writer keeps replacing our plugin; still healing, held off",
             extra={
                 "fields": {"file": path, "fights_last_minute": fights, "likely_culprit": culprit}
             },
         )
         if self.on_conflict is not None:
             self.on_conflict(path, culprit, fights)
-
-
-def _plugin_types(data: bytes | None) -> list[str]:
-    if data is None:
-        return []
-    try:
-        config = conflist.parse(data, source="")
-    except InstallError:
-        return []
-    plugins = config.get("plugins")
-    items = plugins if isinstance(plugins, list) else [config]
-    return [str(p.get("type")) for p in items if isinstance(p, dict) and p.get("type")]
-
-
-def _identity(dirs: list[str]) -> list[tuple[int, int]]:
-    out = []
-    for d in dirs:
-        try:
-            st = os.stat(d)
-        except OSError:
-            out.append((0, 0))
-            continue
-        out.append((st.st_dev, st.st_ino))
-    return out
-
-
-def wait_installed(
-    installer: Installer,
-    *,
-    timeout: float | None,
-    stop: threading.Event,
-    log_interval: float = 30.0,
-    clock: Callable[[], float] = time.monotonic,
-) -> None:
-    """Install, waiting (watching the conf dir, not polling) while the primary config is missing.
-
-    Raises TransientInstallError when `timeout` passes or `stop` is set first.
-    """
-    deadline = None if timeout is None else clock() + timeout
-    last_log = -1e9
-    while True:
-        try:
-            installer.install()
-            return
-        except TransientInstallError as e:
-            now = clock()
-            if stop.is_set() or (deadline is not None and now >= deadline):
-                raise
-            if now - last_log >= log_interval:
-                last_log = now
-                log.info(str(e), extra={"fields": {"dir": installer.conf_dir}})
-            wait_ms = log_interval if deadline is None else min(log_interval, deadline - now)
-            _wait_for_change(installer.conf_dir, int(wait_ms * 1000), stop)
-
-
-def _wait_for_change(directory: str, timeout_ms: int, stop: threading.Event) -> None:
-    if not os.path.isdir(directory):
-        stop.wait(min(timeout_ms / 1000, 1.0))
-        return
-    for _ in watchfiles.watch(
-        directory,
-        watch_filter=None,
-        recursive=False,
-        step=20,
-        debounce=200,
-        stop_event=stop,
-        rust_timeout=max(timeout_ms, 1),
-        yield_on_timeout=True,
-        raise_interrupt=False,
-    ):
-        return

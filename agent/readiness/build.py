@@ -1,6 +1,7 @@
 """The agent's readiness checks, assembled from its parts (agent.wiring builds one per set of
 settings). In order, each with the period it is re-run at:
 
+    cni-dirs    2 s    the watcher's detached (also liveness: /healthz fails with it)
     install     2 s    checks.install_check
     pod-socket  2 s    checks.socket_check
     api         2 s    checks.api_check
@@ -31,6 +32,10 @@ class Watcher(Protocol):
 
     def ready(self) -> bool: ...
 
+    def problems(self) -> list[str]: ...
+
+    def detached(self) -> str | None: ...
+
     @property
     def installer(self) -> Any: ...
 
@@ -58,8 +63,11 @@ class ReadinessParts:
         )
         self.rules = RulesCheck(rules, backend=settings.ruleBackend)
         installer = watcher.installer
+        self.cni_dirs = Check("cni-dirs", watcher.detached)
+        """Also the agent's liveness: a deleted mounted dir needs a new container."""
         self._checks = [
-            Check("install", checks.install_check(watcher.ready, installer.problems)),
+            self.cni_dirs,
+            Check("install", checks.install_check(watcher.ready, watcher.problems)),
             Check("pod-socket", checks.socket_check(settings.socket_path)),
         ]
         self._late = [
@@ -83,6 +91,11 @@ class ReadinessParts:
     def watch_ambient(self, service: Any, socket_path: str) -> None:
         assert self._service is None, "checks are added before service() is first asked for"
         self._late.append(Check("ambient", checks.ambient_check(service.ready, socket_path)))
+
+    def liveness(self) -> list[tuple[str, str]]:
+        """(check, why) of what needs a new container (for /healthz), checked now."""
+        why = self.cni_dirs.run()
+        return [(self.cni_dirs.name, why)] if why else []
 
     def service(self) -> Readiness:
         if self._service is None:

@@ -23,7 +23,7 @@ from agent.errors import InstallError, TransientInstallError
 from agent.install import conflist
 from agent.install.entry import plugin_entry, standalone_entry
 from agent.install.installer import Installer
-from agent.install.watcher import wait_installed
+from agent.install.waiting import wait_installed
 from testbed.agent_host import Node
 from tests.install.conftest import conformance_dir
 

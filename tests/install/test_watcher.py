@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import errno
 import json
 import logging
 import os
@@ -10,16 +12,19 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+import watchfiles
 import yaml
 from prometheus_client import REGISTRY
 
 from agent.config import load_settings
+from agent.errors import InstallError
 from agent.install import conflist
 from agent.install.atomic import atomic_write
 from agent.install.conflicts import FIGHT_HEAL_INTERVAL, ConflictTracker
 from agent.install.installer import Installer
+from agent.install.waiting import wait_installed
 from agent.install.watcher import InstallWatcher, WatchTiming
-from testbed.agent_host import Node
+from testbed.agent_host import Node, write_plugin
 from testbed.wait import wait_for
 
 LIST = {"cniVersion": "0.4.0", "name": "net", "plugins": [{"type": "ptp"}, {"type": "portmap"}]}
@@ -310,3 +315,138 @@ def test_configmap_style_config_change_rewrites_entry(
     assert wait_for(
         lambda: node.conf("10-net.conflist")["plugins"][-1]["plugin_log_level"] == "debug"
     )
+
+
+def _no_inotify(*args: object, **kwargs: object) -> Iterator[set[tuple[object, str]]]:
+    """watchfiles.watch on a node out of inotify instances or watches."""
+    raise OSError(errno.ENOSPC, "OS file watch limit reached")
+
+
+def test_heals_by_polling_when_the_node_has_no_inotify_left(
+    node: Node, running: Callable[..., Running], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(watchfiles, "watch", _no_inotify)
+    (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
+    r = running(recheck=60.0)
+    assert wait_for(r.watcher.ready)
+    _drop_entry(str(node.conf_dir / "10-net.conflist"))
+    # Checked every second instead of watched: back within a few seconds.
+    assert wait_for(lambda: r.has_entry("10-net.conflist"), timeout=4.0)
+    assert wait_for(r.watcher.ready)
+    (node.bin_dir / "istio-cni").unlink()
+    assert wait_for((node.bin_dir / "istio-cni").exists, timeout=4.0)
+
+
+def test_not_ready_while_polling_cannot_heal(
+    node: Node, running: Callable[..., Running], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(watchfiles, "watch", _no_inotify)
+    (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
+    r = running(recheck=60.0)
+    assert wait_for(r.watcher.ready)
+
+    def refuse() -> object:
+        raise InstallError("write CNI config: No space left on device")
+
+    monkeypatch.setattr(r.installer, "install", refuse)
+    _drop_entry(str(node.conf_dir / "10-net.conflist"))
+    assert wait_for(lambda: not r.watcher.ready(), timeout=4.0)
+    assert any("our entry is missing" in p for p in r.watcher.problems())
+
+
+def test_a_stuck_watch_loop_is_not_ready(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A verdict the loop no longer renews is not trusted: it ages out after two rechecks."""
+    release = threading.Event()
+
+    def stuck(*args: object, **kwargs: object) -> Iterator[set[tuple[object, str]]]:
+        release.wait(30)
+        yield set()
+
+    monkeypatch.setattr(watchfiles, "watch", stuck)
+    (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
+    installer = Installer(node.settings, pod_name="agent-1", pod_namespace="istio-system")
+    watcher = InstallWatcher(installer, timing=WatchTiming(recheck_seconds=0.5))
+    watcher.start()
+    try:
+        assert wait_for(watcher.ready)
+        assert wait_for(lambda: not watcher.ready(), timeout=6.0)
+        assert "last checked" in watcher.problems()[0]
+    finally:
+        release.set()
+        watcher.stop()
+
+
+def test_install_waits_by_polling_when_the_node_has_no_inotify_left(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(watchfiles, "watch", _no_inotify)
+    installer = Installer(node.settings, pod_name="agent-1", pod_namespace="istio-system")
+    timer = threading.Timer(
+        0.5, lambda: (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
+    )
+    timer.start()
+    try:
+        wait_installed(installer, timeout=10.0, stop=threading.Event())
+    finally:
+        timer.cancel()
+    assert installer.problems() == []
+
+
+def test_two_agents_with_other_plugin_builds_are_held_off_and_warned(
+    node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A surge: two agents whose images carry different plugin builds. Each puts its own back;
+    past the threshold each heals at most once every FIGHT_HEAL_INTERVAL, and says who it
+    fights (a log line and `on_conflict`, the Event)."""
+    write_plugin(node.root / "src-2", version="2")
+    (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
+    settings = node.with_settings(conflictsPerMinuteWarning=2)
+    agents = []
+    heard: list[tuple[str, str, int]] = []
+    for src in (node.src_dir, node.root / "src-2"):
+        installer = Installer(
+            dataclasses.replace(settings, pluginSourceDir=str(src)),
+            pod_name="agent-1",
+            pod_namespace="istio-system",
+        )
+        watcher = InstallWatcher(installer, timing=WatchTiming(recheck_seconds=60.0))
+        watcher.on_conflict = lambda path, culprit, fights: heard.append((path, culprit, fights))
+        agents.append(watcher)
+    with caplog.at_level(logging.WARNING, logger="agent.install.watcher"):
+        agents[0].start()
+        try:
+            assert wait_for(agents[0].ready)
+            time.sleep(0.3)  # its watch arms (it has no ready signal)
+            agents[1].start()
+            time.sleep(4.0)  # the fight under test
+        finally:
+            for watcher in agents:
+                watcher.stop()
+    heals = sum(w.heals for w in agents)
+    # Unbounded, each answers the other at once: dozens of 30 MB writes a second on a node.
+    assert 2 <= heals <= 2 * (3 + 4.0 / FIGHT_HEAL_INTERVAL), heals
+    warned = [r for r in caplog.records if "keeps replacing our plugin" in r.getMessage()]
+    assert warned, [r.getMessage() for r in caplog.records]
+    assert heard and heard[0][0] == str(node.bin_dir / "istio-cni")
+    assert "different plugin build" in heard[0][1]
+
+
+def test_an_io_error_no_step_wrapped_fails_the_round_to_retry(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EIO reading the plugin's source at start: a failed round, retried, not a crash."""
+    (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
+    installer = Installer(node.settings, pod_name="agent-1", pod_namespace="istio-system")
+    watcher = InstallWatcher(installer)
+
+    def eio() -> list[str]:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(installer, "problems", eio)
+    result = watcher.reconcile("start")
+    assert (result.outcome, result.retry) == ("failed", True)
+    assert "Input/output error" in result.error
+    assert not watcher.ready()
+    monkeypatch.undo()
+    assert watcher.reconcile("recheck").outcome == "installed"
+    assert watcher.ready()

@@ -27,6 +27,13 @@ LIST = {"cniVersion": "0.4.0", "name": "net", "plugins": [{"type": "ptp"}, {"typ
 NODE = {"metadata": {"name": "node-1", "labels": {"pool": "a"}}}
 
 
+def _readyz(port: int) -> str:
+    try:
+        return http_get(port, "/readyz")[1]
+    except OSError:  # not listening yet
+        return ""
+
+
 def _has_entry(node: Node) -> bool:
     try:
         return conflist.count_ours(node.conf("10-net.conflist")) == 1
@@ -194,3 +201,59 @@ def test_sigterm_decides_from_daemonset_state(
     assert code == 0, err
     assert _has_entry(node) is kept
     assert os.path.exists(node.bin_dir / "istio-cni") is kept
+
+
+def test_a_conf_dir_deleted_on_the_node_makes_it_not_live(node: Node) -> None:
+    """The node's conf dir deleted and created again (a CNI reinstall): a hostPath mount keeps
+    showing the deleted directory. Stood in for by /proc/PID/fd/N, which, like the mount, keeps
+    resolving to the directory this process holds open. The agent is then neither Ready nor
+    live (kubelet restarts the container, which mounts the new directory), and says why."""
+    (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
+    held = os.open(node.conf_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        mounted = f"/proc/{os.getpid()}/fd/{held}"
+        port = free_port()
+        config = node.write_config_yaml(metricsPort=port, mountedCniConfDir=mounted)
+        with running_agent(agent_command("run", "--config", str(config))) as proc:
+            wait_installed(port)
+            assert http_get(port, "/healthz")[0] == 200
+            for name in os.listdir(node.conf_dir):
+                os.unlink(node.conf_dir / name)
+            os.rmdir(node.conf_dir)
+            node.conf_dir.mkdir()
+            (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
+            body = wait_status(port, "/healthz", 503)
+            assert f"cni-dirs: the CNI conf dir {mounted}" in body, body
+            assert "was deleted on the node" in body, body
+            wait_for(
+                lambda: "\ncni-dirs: the CNI conf dir" in http_get(port, "/readyz")[1],
+                "/readyz to name the deleted conf dir",
+                5,
+            )
+            _, log = proc.stop()
+        assert "CNI dir gone from under the agent" in log, log
+    finally:
+        os.close(held)
+
+
+def test_a_full_disk_at_start_is_retried_not_fatal(node: Node) -> None:
+    """ENOSPC at start, as mid-run: the agent keeps running, not Ready naming the error, and
+    installs within seconds once space is freed (exiting would cost kubelet's back-off)."""
+    (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
+    flag = node.root / "disk-full"
+    flag.touch()
+    port = free_port()
+    config = node.write_config_yaml(metricsPort=port)
+    command = [sys.executable, "-m", "tests.lifecycle.disk_full", str(flag)]
+    with running_agent([*command, "run", "--config", str(config)]) as proc:
+        wait_for(
+            lambda: "No space left on device" in _readyz(port),
+            "/readyz to name the full disk",
+            10,
+        )
+        assert proc.proc.poll() is None
+        flag.unlink()
+        wait_installed(port, timeout=10)
+        assert _has_entry(node)
+        code, err = proc.stop()
+    assert code == 0, err
