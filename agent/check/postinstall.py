@@ -17,6 +17,9 @@ from agent.check.scheduling import TAINT
 CHECK_FIXES = {
     "install": "the agent's log names the missing file; set cniBinDir/cniConfDir to the "
     "runtime's (values-examples/<platform>.yaml)",
+    "cni-dirs": "a CNI dir the agent mounts was deleted and made again on the node: the agent "
+    "fails its liveness probe and kubelet restarts it, which mounts the new dir; if it does not "
+    "recover, delete the agent pod",
     "pod-socket": "the plugin's socket under cniAgentRunDir does not answer: see the agent's log",
     "api": "the agent cannot list its node's pods: check the node reaches the API server and "
     "the chart's ClusterRole is bound",
