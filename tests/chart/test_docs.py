@@ -3,6 +3,7 @@ comment; NOTES.txt tells what was installed and how to check it."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -112,6 +113,13 @@ def test_notes_say_what_was_installed_and_how_to_check_it(helm4: Helm) -> None:
     assert "/opt/cni/bin" in text and "chains it into" in text
 
 
+def test_notes_name_what_the_preset_replaced(helm4: Helm) -> None:
+    text = notes(helm4, "platform=openshift", "chained=true")
+    assert "The platform preset openshift replaced these values" in text
+    assert "  - chained: false (default true)" in text
+    assert "-f values-examples/openshift.yaml" in text
+
+
 def test_notes_name_the_platform_parts(helm4: Helm) -> None:
     text = notes(helm4, "platform=openshift")
     assert "platform preset: openshift" in text
@@ -163,3 +171,15 @@ def test_every_kubernetes_typed_value_refers_to_its_kubernetes_type() -> None:
         name = ref.removeprefix("#/definitions/")
         assert name.startswith("io.k8s.api.core.v1."), (value, ref)
         assert name in schema["definitions"], (value, ref)
+
+
+def test_upgrade_advice_never_recommends_reuse_values() -> None:
+    """--reuse-values carries the old chart's defaults over: with the closed schema a key a
+    release drops fails the upgrade. The docs say to pass values again or reset-then-reuse, and
+    how to roll back."""
+    for doc in (REPO_ROOT / "README.md", CHART / "docs" / "versioning.md"):
+        text = " ".join(doc.read_text().split())
+        assert "--reset-then-reuse-values" in text, doc
+        assert "rollback istio-cni 0" in text, doc
+        for at in [m.start() for m in re.finditer("--reuse-values", text)]:
+            assert re.search(r"\b(not|Not)\b", text[max(0, at - 30) : at]), text[at - 80 : at + 20]
