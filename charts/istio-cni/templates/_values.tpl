@@ -109,6 +109,11 @@ chart shares it), as every template and several helpers ask for it.
 {{- if and (not $platform) (not (hasKey $mine "cniBinDir")) (contains "-gke" .Capabilities.KubeVersion.GitVersion) -}}
 {{- $_ := set $out "cniBinDir" "/home/kubernetes/bin" -}}
 {{- end -}}
+{{- /* A hub of Istio's registries given as ours (an Istio values file's hub or cni.hub) names an
+    image Istio never publishes: refused, as the global.* fallback is ignored with a warning. */ -}}
+{{- if and (hasKey $mine "hub") (has (trimSuffix "/" (toString $mine.hub)) (include "istio-cni.istioRegistries" . | fromYamlArray)) (not (contains "/" (toString ($out.image | default "")))) -}}
+{{- fail (printf "values: hub %s is one of Istio's registries, which never publish this agent (%s/istio-cni:%s does not exist there): leave hub out (default %s), or set it to the registry that mirrors %s/istio-cni" (toString $mine.hub) (trimSuffix "/" (toString $mine.hub)) (toString ($out.tag | default .Chart.AppVersion)) $defaults.hub $defaults.hub) -}}
+{{- end -}}
 {{- /* Your own hub, tag or full image reference decides; the warning is only for a fallback. */ -}}
 {{- if or (hasKey $mine "hub") (hasKey $mine "tag") (contains "/" (toString ($out.image | default ""))) -}}
 {{- $_ := unset $out "_istioImageIgnored" -}}
