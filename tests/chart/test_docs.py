@@ -139,7 +139,8 @@ def test_every_value_is_typed_in_the_schema() -> None:
         for key, value in data.items():
             path = f"{prefix}{key}"
             assert key in props, f"value {path} is not in values.schema.json"
-            assert props[key].get("type"), f"value {path} has no type in values.schema.json"
+            typed = props[key].get("type") or props[key].get("$ref")  # a Kubernetes type
+            assert typed, f"value {path} has no type in values.schema.json"
             if isinstance(value, dict) and "properties" in props[key]:
                 walk(value, props[key], f"{path}.")
 
@@ -163,8 +164,8 @@ def test_every_kubernetes_typed_value_refers_to_its_kubernetes_type() -> None:
     props = schema["properties"]
     refs = {
         "tolerations": props["tolerations"]["items"]["$ref"],
-        "affinity": props["affinity"]["then"]["$ref"],
-        "resources": props["resources"]["then"]["$ref"],
+        "affinity": props["affinity"]["$ref"],
+        "resources": props["resources"]["$ref"],
         "imagePullSecrets": props["imagePullSecrets"]["items"]["anyOf"][1]["$ref"],
     }
     for value, ref in refs.items():

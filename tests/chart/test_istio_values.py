@@ -294,7 +294,7 @@ def test_notes_name_ignored_istio_keys(helm4: Helm) -> None:  # noqa: F811
     # These have an effect here.
     for key in ("EXCLUDE_NAMESPACES", "ambient.dnsCapture", "ZTUNNEL_UDS_ADDRESS"):
         assert key not in ignored, key
-    assert "WARNING" not in text
+    assert "WARNING: global.hub" not in text
 
 
 def test_istio_values_file_installs(helm: Helm, tmp_path: Path) -> None:
@@ -356,6 +356,9 @@ def test_a_mirror_from_global_or_your_own_hub_names_the_image_without_a_warning(
     helm4: Helm,  # noqa: F811
 ) -> None:
     text = notes(helm4, "global.hub=mirror.example/istio", "global.tag=1.0")
-    assert "image mirror.example/istio/istio-cni:1.0" in text and "WARNING" not in text
+    assert "image mirror.example/istio/istio-cni:1.0" in text and "WARNING: global.hub" not in text
     text = notes(helm4, "global.hub=docker.io/istio", "global.tag=1.27.0", "hub=mirror.example")
-    assert f"image mirror.example/istio-cni:{APP_VERSION}" in text and "WARNING" not in text
+    assert (
+        f"image mirror.example/istio-cni:{APP_VERSION}" in text
+        and "WARNING: global.hub" not in text
+    )
