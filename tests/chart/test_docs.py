@@ -184,3 +184,22 @@ def test_upgrade_advice_never_recommends_reuse_values() -> None:
         assert "rollback istio-cni 0" in text, doc
         for at in [m.start() for m in re.finditer("--reuse-values", text)]:
             assert re.search(r"\b(not|Not)\b", text[max(0, at - 30) : at]), text[at - 80 : at + 20]
+
+
+def test_numbers_in_the_docs_are_the_code_s() -> None:
+    """The heal spacing under a fight and the pod cache's watch cadence, as the docs and the
+    alerts state them, are the agent's."""
+    from agent.install.conflicts import FIGHT_HEAL_INTERVAL
+
+    values = (CHART / "values.yaml").read_text()
+    observability = (CHART / "docs" / "observability.md").read_text()
+    for text in (
+        values,
+        observability,
+        (REPO_ROOT / "docs/runbooks/IstioCniConfigConflict.md").read_text(),
+    ):
+        flat = " ".join(text.replace("#", " ").split())  # values.yaml's comments as prose
+        spacing = re.findall(r"at least ([0-9.]+) s apart", flat)
+        assert spacing and all(float(s) == FIGHT_HEAL_INTERVAL for s in spacing), spacing
+    alerts = (CHART / "files" / "alerts.yaml").read_text()
+    assert "every 5" not in alerts + observability  # the caches list on no timer
