@@ -3,19 +3,18 @@ uninstall or keep as the stop policy decides. The services are built by agent.wi
 everything else lives in the modules it calls.
 
 Start-up installs through the install watcher's own handler (`InstallWatcher.reconcile`), the
-one place that maps an install's outcome to metrics. A changed `config.yaml` reaches every
-service: the watcher reinstalls with it, then every other service is stopped and rebuilt from
-it (the pod server, repair, ambient, /readyz and /metrics), so the plugin's entry and the agent
-agree on the excluded namespaces. The chart also rolls the pods on a config change (checksum
-annotation); the reload covers the time until the new pod replaces this one. The environment
-(NODE_NAME, POD_NAME, POD_NAMESPACE) is read once, and one set of API clients serves all.
+one place that maps an install's outcome to metrics. `config.yaml` is read once, at start, as
+Istio's agent reads its flags: a changed ConfigMap reaches a node only when its pod is replaced,
+which the chart makes a rolling update of the DaemonSet (the pod template's `checksum/config`
+annotation), so a valid but wrong value stops at `updateStrategy.rollingUpdate.maxUnavailable`
+nodes instead of landing on every node at once. The environment (NODE_NAME, POD_NAME,
+POD_NAMESPACE) is read once, and one set of API clients serves all.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import queue
 import signal
 import sys
 import threading
@@ -33,7 +32,7 @@ from agent.kube import KubeClients, api, build_clients
 from agent.logs import setup_logging
 from agent.pods.own_daemonset import OwnDaemonSetWatch
 from agent.serving.limits import raise_descriptor_limit
-from agent.wiring import Service, Uninstalls, build_services, node_services
+from agent.wiring import Service, Uninstalls, build_services
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +105,8 @@ def _serve(
     decide_on_stop: StopDecider,
 ) -> int:
     installer = make_installer(settings, pod)
-    reloads: queue.Queue[Settings] = queue.Queue()
-    watcher = InstallWatcher(installer, config_path=config_path, on_settings=reloads.put)
+    # No config_path: the watcher keeps the plugin and its entry in place, never re-reads config.
+    watcher = InstallWatcher(installer)
     first = watcher.reconcile("start")  # the watcher's own handler, run once before serving
     if first.outcome == "failed" and not first.retry:
         sys.stderr.write(f"istio-cni-agent run: install failed: {first.error}\n")
@@ -127,37 +126,10 @@ def _serve(
     started = _start_all(built.services)
     if started is None:
         return 1
-    uninstallers = built.uninstallers
-    while not stop.is_set():
-        changed = _next_reload(reloads, stop)
-        if changed is None:
-            continue
-        # Every service follows the new settings: the watcher already reinstalled with them.
-        log.info("restarting the services with the changed config")
-        setup_logging(changed.log_levels, as_json=changed.logAsJson)
-        _stop_all(started[1:])
-        rebuilt = node_services(changed, watcher, node_name=node_name, clients=clients)
-        restarted = _start_all(rebuilt.services)
-        if restarted is None:
-            _stop_all(started[:1])
-            return 1
-        started = [watcher, *restarted]
-        uninstallers = rebuilt.uninstallers
+    while not stop.wait(1.0):  # a timed wait: the signal handler runs between waits
+        pass
     _stop_all(started)
-    return _finish(decide_on_stop(installer.settings), installer, uninstallers)
-
-
-def _next_reload(reloads: queue.Queue[Settings], stop: threading.Event) -> Settings | None:
-    """The latest changed settings within a second, or None (then look at `stop` again)."""
-    try:
-        latest = reloads.get(timeout=1.0)
-    except queue.Empty:
-        return None
-    while True:  # a burst of changes: only the last one counts
-        try:
-            latest = reloads.get_nowait()
-        except queue.Empty:
-            return None if stop.is_set() else latest
+    return _finish(decide_on_stop(installer.settings), installer, built.uninstallers)
 
 
 def _cluster_decider(

@@ -77,6 +77,11 @@ def kubelet() -> Part:
     return Part("kubelet", cache_dir() / "kube" / kube_version() / "kubelet", SETUP_TESTBED)
 
 
+def kubectl() -> Part:
+    """kubectl of the test bed's Kubernetes release: the runbooks' commands are checked with it."""
+    return Part("kubectl", cache_dir() / "kube" / kube_version() / "kubectl", SETUP_TESTBED)
+
+
 def setup_testbed_version(variable: str) -> str:
     """A version ci/setup-testbed pins itself (`CRIO_VERSION=v1.31.0`): parts it builds from a
     module zip, with no ci/go dir of their own."""

@@ -430,7 +430,7 @@ def test_notes_say_ambient_is_on(helm4: Helm, sets: list[str]) -> None:  # noqa:
     text = notes(helm4, *sets)
     assert "Ambient mode: on" in text
     assert "/var/run/ztunnel/ztunnel.sock" in text
-    assert "WARNING" not in text and "ambient" not in text[text.find("Ignored:") :]
+    assert "WARNING: global.hub" not in text and "ambient" not in text[text.find("Ignored:") :]
 
 
 def test_notes_say_ambient_is_off_by_default(helm4: Helm) -> None:  # noqa: F811

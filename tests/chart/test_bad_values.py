@@ -50,6 +50,28 @@ BAD_VALUES = [
     ),
     pytest.param("seccompProfile.type=Sometimes", "seccompProfile.type", id="seccomp-type"),
     pytest.param("updateStrategy.type=Never", "updateStrategy.type", id="update-strategy-type"),
+    # What the API server checks beyond the document's types (ci/chart-schema CHECKS).
+    pytest.param("resources.limits.memry=1Gi", "resources.limits.memry", id="resource-name"),
+    pytest.param(
+        "global.defaultResources.requests.cpus=1",
+        "global.defaultResources.requests.cpus",
+        id="default-resource-name",
+    ),
+    pytest.param(
+        "updateStrategy.rollingUpdate.maxUnavailable=0",
+        "updateStrategy.rollingUpdate",
+        id="rollout-that-cannot-move",
+    ),
+    pytest.param(
+        "updateStrategy.rollingUpdate.maxUnavailable=lots",
+        "updateStrategy.rollingUpdate.maxUnavailable",
+        id="rollout-number",
+    ),
+    pytest.param(
+        "tolerations[0].operator=Exists,tolerations[0].value=x",
+        "tolerations.0.value",
+        id="toleration-exists-with-value",
+    ),
 ]
 
 
@@ -60,6 +82,8 @@ def names_value(message: str, path: str) -> bool:
         or f"at '/{'/'.join(parts)}'" in message  # Helm 4
         or f"additional property {parts[-1]} ".lower() in message.lower()  # Helm 3, unknown key
         or f"additional properties '{parts[-1]}'" in message  # Helm 4, unknown key
+        or f'Property name of "{parts[-1]}" does not match' in message  # Helm 3, a map's key
+        or f"invalid propertyName '{parts[-1]}'" in message  # Helm 4, a map's key
     )
 
 
@@ -134,6 +158,8 @@ def test_kubernetes_typed_values_of_every_form_are_accepted(helm: Helm) -> None:
             "tolerations[0].tolerationSeconds=30",
             "resources.requests.cpu=1",
             "resources.limits.memory=1Gi",
+            "resources.limits.hugepages-2Mi=64Mi",
+            "resources.limits.example\\.com/dongle=1",
             "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
             ".nodeSelectorTerms[0].matchExpressions[0].key=pool",
             "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
@@ -154,6 +180,23 @@ def test_kubernetes_typed_values_of_every_form_are_accepted(helm: Helm) -> None:
     assert pod["tolerations"][0]["tolerationSeconds"] == 30
     assert pod["containers"][0]["resources"] == {
         "requests": {"cpu": 1, "memory": "100Mi"},  # merged with the default, as Helm merges
-        "limits": {"memory": "1Gi"},
+        "limits": {"memory": "1Gi", "hugepages-2Mi": "64Mi", "example.com/dongle": 1},
     }
     assert spec["updateStrategy"] == {"type": "OnDelete"}  # no rollingUpdate left from the default
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        [
+            "updateStrategy.rollingUpdate.maxUnavailable=0",
+            "updateStrategy.rollingUpdate.maxSurge=1",
+        ],
+        ["updateStrategy.rollingUpdate.maxUnavailable=10%"],
+    ],
+    ids=["surge", "percent"],
+)
+def test_rollouts_that_move_are_accepted(helm: Helm, sets: list[str]) -> None:
+    docs = helm.render(sets=sets)
+    strategy = next(d for d in docs if d["kind"] == "DaemonSet")["spec"]["updateStrategy"]
+    assert strategy["type"] == "RollingUpdate" and strategy["rollingUpdate"]

@@ -131,9 +131,18 @@ def test_container_paths_in_the_config_are_the_mounts(helm: Helm, tmp_path: Path
 
 
 def test_config_change_rolls_the_pods(helm: Helm) -> None:
+    """The agent reads config.yaml only at start (agent/lifecycle.py): a changed config reaches
+    the nodes through the DaemonSet's rolling update, which the checksum starts."""
+
     def checksum(*sets: str) -> str:
         ds = only(helm.render(sets=list(sets)), "DaemonSet")
         return str(ds["spec"]["template"]["metadata"]["annotations"]["checksum/config"])
 
-    assert checksum() == checksum()
-    assert checksum() != checksum("logLevel=debug")
+    unchanged = checksum()
+    assert unchanged == checksum()
+    # Values that are not in config.yaml keep it: no rollout for them from the checksum.
+    assert unchanged == checksum("resources.requests.cpu=200m", "podLabels.team=a")
+    # A value equal to its default is no change either.
+    assert unchanged == checksum("logLevel=info")
+    for change in ("logLevel=debug", "excludeNamespaces={kube-system}", "chained=false"):
+        assert checksum(change) != unchanged, change

@@ -68,9 +68,25 @@ def test_host_network_probes_and_ports_follow_metrics_port(helm: Helm) -> None:
 )
 def test_probes_ask_the_metrics_address(helm: Helm, address: str, host: str | None) -> None:
     c = agent_container(helm.render(sets=[f"metricsAddress={address}"] if address else []))
-    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+    probes = (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz"))
+    for probe, path in (*probes, ("startupProbe", "/healthz")):
         expected = {"path": path, "port": 15014, **({"host": host} if host else {})}
         assert c[probe]["httpGet"] == expected
+
+
+def test_probes_tolerate_a_loaded_node(helm: Helm) -> None:
+    """No 1 s timeouts (kubelet's default, missed on a busy node); a startup probe covers the
+    first pod list (kubeApi.listTimeoutSeconds) so liveness never kills a slow start; a crash
+    leaves its last log lines as the termination message."""
+    c = agent_container(helm.render())
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert 3 <= c[probe]["timeoutSeconds"] <= 5, probe
+        assert "initialDelaySeconds" not in c[probe], probe
+    startup = c["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 60 + 30
+    slow = agent_container(helm.render(sets=["kubeApi.listTimeoutSeconds=300"]))["startupProbe"]
+    assert slow["periodSeconds"] * slow["failureThreshold"] >= 300 + 30
+    assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
 
 
 def test_downward_api_environment(helm: Helm) -> None:

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from agent.config import settings_from_mapping
-from testbed.helm import CHART, Helm
+from testbed.helm import CHART, Helm, HelmError
 from tests.chart.conftest import agent_config, agent_container, of_kind, only
 from tests.chart.test_bad_values import names_value
 from tests.chart.test_docs import helm4, notes  # noqa: F401  (fixture)
@@ -294,7 +294,7 @@ def test_notes_name_ignored_istio_keys(helm4: Helm) -> None:  # noqa: F811
     # These have an effect here.
     for key in ("EXCLUDE_NAMESPACES", "ambient.dnsCapture", "ZTUNNEL_UDS_ADDRESS"):
         assert key not in ignored, key
-    assert "WARNING" not in text
+    assert "WARNING: global.hub" not in text
 
 
 def test_istio_values_file_installs(helm: Helm, tmp_path: Path) -> None:
@@ -336,10 +336,29 @@ def test_an_istio_registry_from_global_is_ignored_for_the_image_with_a_warning(
     assert f"{hub.rstrip('/')}/istio-cni:1.27.0" in text and "set hub and tag" in text
 
 
+@pytest.mark.parametrize(
+    "setting", ["hub=docker.io/istio", "cni.hub=gcr.io/istio-release/", "hub=docker.io/istio,tag=1"]
+)
+def test_an_istio_registry_given_as_our_hub_is_refused_naming_it(
+    helm: Helm,
+    setting: str,
+) -> None:
+    """An Istio values file's own `hub` names an image Istio never publishes: refused at render
+    (the global.* fallback is ignored with a warning instead: it is a fallback)."""
+    with pytest.raises(HelmError) as failed:
+        helm.template(sets=[setting])
+    message = failed.value.stderr
+    assert "is one of Istio's registries, which never publish this agent" in message
+    assert "leave hub out (default ghcr.io/istio-cni)" in message
+
+
 def test_a_mirror_from_global_or_your_own_hub_names_the_image_without_a_warning(
     helm4: Helm,  # noqa: F811
 ) -> None:
     text = notes(helm4, "global.hub=mirror.example/istio", "global.tag=1.0")
-    assert "image mirror.example/istio/istio-cni:1.0" in text and "WARNING" not in text
+    assert "image mirror.example/istio/istio-cni:1.0" in text and "WARNING: global.hub" not in text
     text = notes(helm4, "global.hub=docker.io/istio", "global.tag=1.27.0", "hub=mirror.example")
-    assert f"image mirror.example/istio-cni:{APP_VERSION}" in text and "WARNING" not in text
+    assert (
+        f"image mirror.example/istio-cni:{APP_VERSION}" in text
+        and "WARNING: global.hub" not in text
+    )

@@ -127,6 +127,20 @@ VAP = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
 
 
 @pytest.mark.parametrize(
+    ("sets", "api_versions", "said"),
+    [([], [], True), ([], [VAP], False), (["nodeRestrictionPolicy=false"], [], False)],
+    ids=["auto-not-served", "auto-served", "off"],
+)
+def test_a_node_restriction_policy_left_out_by_auto_is_said(
+    helm: Helm, sets: list[str], api_versions: list[str], said: bool
+) -> None:
+    """`helm template` without --api-versions (or an API server without the policy API) leaves
+    the policy out: the output says so where it would be, never silently."""
+    text = helm.template(sets=sets, api_versions=api_versions).stdout
+    assert ("# nodeRestrictionPolicy auto: NOT rendered" in text) == said
+
+
+@pytest.mark.parametrize(
     ("sets", "api_versions", "rendered"),
     [
         ([], [VAP], True),

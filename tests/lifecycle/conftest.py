@@ -1,5 +1,5 @@
-"""Fixtures of the agent's lifecycle tests (start-up, reload, stop policy, readiness server,
-node taint): a node's bin and conf dirs in a temp dir (testbed.agent_host)."""
+"""Fixtures of the agent's lifecycle tests (start-up, config read once, stop policy, readiness
+server, node taint): a node's bin and conf dirs in a temp dir (testbed.agent_host)."""
 
 from __future__ import annotations
 

@@ -122,7 +122,7 @@ def created(monitoring_api: Any) -> Iterator[Created]:
 
 
 def rendered(helm: Helm, sets: list[str]) -> dict[str, dict[str, Any]]:  # noqa: F811
-    docs = helm.render(sets=sets, namespace=RELEASE_NS)
+    docs = helm.render(sets=sets, namespace=RELEASE_NS, api_versions=["monitoring.coreos.com/v1"])
     return {kind: only(docs, kind) for kind in PLURALS}
 
 
@@ -271,7 +271,9 @@ def test_pod_monitor_selects_the_agent_pods(
 ) -> None:
     """The API server's own label selection: the PodMonitor's selector and namespace selector
     find a pod made from the DaemonSet's pod template labels, and not a pod of another app."""
-    docs = helm.render(sets=list(ENABLED), namespace=RELEASE_NS)
+    docs = helm.render(
+        sets=list(ENABLED), namespace=RELEASE_NS, api_versions=["monitoring.coreos.com/v1"]
+    )
     monitor = only(docs, "PodMonitor")
     template = only(docs, "DaemonSet")["spec"]["template"]
     selector = ",".join(f"{k}={v}" for k, v in monitor["spec"]["selector"]["matchLabels"].items())

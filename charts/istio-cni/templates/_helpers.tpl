@@ -125,3 +125,22 @@ injector may point pods (default/istio-cni). A YAML list.
 {{- define "istio-cni.nadNamespaces" -}}
 {{- concat (list .ctx.Release.Namespace) .v.networkAttachmentNamespaces (list "default") | uniq | toYaml -}}
 {{- end -}}
+
+{{/* For (list $ "podMonitor"): fails at template time unless the API server serves the Prometheus
+operator's monitoring.coreos.com/v1 (its CRDs), instead of a release that fails at apply time. */}}
+{{- define "istio-cni.requireMonitoringApi" -}}
+{{- $ctx := index . 0 -}}
+{{- if not ($ctx.Capabilities.APIVersions.Has "monitoring.coreos.com/v1") -}}
+{{- fail (printf "values: %s.enabled is true but the cluster serves no monitoring.coreos.com/v1 (the Prometheus operator's CRDs, PodMonitor and PrometheusRule): install the operator's CRDs first, or set %s.enabled=false; with `helm template`, pass --api-versions monitoring.coreos.com/v1" (index . 1) (index . 1)) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when the node restriction policy renders, for (dict "v" values "ctx" $): true, or auto
+and the API server serves ValidatingAdmissionPolicy v1. */}}
+{{- define "istio-cni.nodePolicyOn" -}}
+{{- $on := .v.nodeRestrictionPolicy -}}
+{{- if eq (toString $on) "auto" -}}
+{{- $on = .ctx.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy" -}}
+{{- end -}}
+{{- if $on }}true{{ end -}}
+{{- end -}}

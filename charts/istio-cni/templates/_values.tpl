@@ -73,6 +73,23 @@ chart shares it), as every template and several helpers ask for it.
 {{- end -}}
 {{- /* 4. the values you set */ -}}
 {{- $mine := include "istio-cni.fromIstio" (dict "values" $user "defaults" $defaults) | fromYaml -}}
+{{- /* What the preset replaced of values still at their default (NOTES and the ConfigMap say
+    it: a value given equal to its default is replaced too, as the chart cannot tell it). */ -}}
+{{- $presetSet := list -}}
+{{- if $platform -}}
+{{- range $key, $value := get (include "istio-cni.presets" . | fromYaml) $platform -}}
+{{- if kindIs "map" $value -}}
+{{- range $sub, $subValue := $value -}}
+{{- $default := index (index $defaults $key | default dict) $sub -}}
+{{- if and (ne (toJson $subValue) (toJson $default)) (not (hasKey (index $mine $key | default dict) $sub)) -}}
+{{- $presetSet = append $presetSet (printf "%s.%s: %s (default %s)" $key $sub (toJson $subValue) (toJson $default)) -}}
+{{- end -}}
+{{- end -}}
+{{- else if and (ne (toJson $value) (toJson (index $defaults $key))) (not (hasKey $mine $key)) -}}
+{{- $presetSet = append $presetSet (printf "%s: %s (default %s)" $key (toJson $value) (toJson (index $defaults $key))) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- $ignored := $mine._ignored | default list -}}
 {{- if not (kindIs "invalid" $global.networkPolicy) }}{{ $ignored = append $ignored "global.networkPolicy" }}{{ end -}}
 {{- $_ := unset $mine "_ignored" -}}
@@ -92,6 +109,11 @@ chart shares it), as every template and several helpers ask for it.
 {{- if and (not $platform) (not (hasKey $mine "cniBinDir")) (contains "-gke" .Capabilities.KubeVersion.GitVersion) -}}
 {{- $_ := set $out "cniBinDir" "/home/kubernetes/bin" -}}
 {{- end -}}
+{{- /* A hub of Istio's registries given as ours (an Istio values file's hub or cni.hub) names an
+    image Istio never publishes: refused, as the global.* fallback is ignored with a warning. */ -}}
+{{- if and (hasKey $mine "hub") (has (trimSuffix "/" (toString $mine.hub)) (include "istio-cni.istioRegistries" . | fromYamlArray)) (not (contains "/" (toString ($out.image | default "")))) -}}
+{{- fail (printf "values: hub %s is one of Istio's registries, which never publish this agent (%s/istio-cni:%s does not exist there): leave hub out (default %s), or set it to the registry that mirrors %s/istio-cni" (toString $mine.hub) (trimSuffix "/" (toString $mine.hub)) (toString ($out.tag | default .Chart.AppVersion)) $defaults.hub $defaults.hub) -}}
+{{- end -}}
 {{- /* Your own hub, tag or full image reference decides; the warning is only for a fallback. */ -}}
 {{- if or (hasKey $mine "hub") (hasKey $mine "tag") (contains "/" (toString ($out.image | default ""))) -}}
 {{- $_ := unset $out "_istioImageIgnored" -}}
@@ -109,6 +131,7 @@ chart shares it), as every template and several helpers ask for it.
 {{- $_ := set $out "_env" $env -}}
 {{- $_ := set $out "_ignored" $ignored -}}
 {{- $_ := set $out "_profile" $profileName -}}
+{{- $_ := set $out "_presetSet" $presetSet -}}
 {{- $_ := set $out "_resourceScope" ($global.resourceScope | default "all") -}}
 {{- toYaml $out -}}
 {{- end -}}
