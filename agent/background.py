@@ -11,7 +11,11 @@ plugin log forwarding) is one of these, so each starts, stops and fails the same
   stuck after that is logged and left behind (a daemon thread, so the process can still exit),
   so one hung loop cannot keep the agent from stopping and uninstalling within its grace period;
 - an exception that escapes `body` is logged with its traceback and the loop's name, and ends
-  the loop (a loop that must outlive a failed round catches per round: `every` does).
+  the loop (a loop that must outlive a failed round catches per round: `every` does);
+- a loop that ends without being stopped (`body` raised, or returned while `stopping` was not
+  set) is reported to agent.liveness: /healthz fails from then on, naming it, so kubelet
+  restarts the agent. A start-up task whose body returns once done says so (`one_shot`): only
+  its exception is reported.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+
+from agent.liveness import LIVENESS, Liveness
 
 log = logging.getLogger(__name__)
 
@@ -36,15 +42,20 @@ class BackgroundLoop:
         *,
         wake: Callable[[], None] | None = None,
         join_timeout: float | None = JOIN_TIMEOUT_SECONDS,
+        one_shot: bool = False,
+        liveness: Liveness = LIVENESS,
     ) -> None:
         """`body`'s return value is ignored; `join_timeout` None: stop() waits as long as the
-        thread runs."""
+        thread runs; `one_shot`: `body` may return on its own (a start-up task); `liveness`:
+        where an unexpected end is reported."""
         self.name = name
         self.stopping = threading.Event()
         """Set by stop(): the body's waits use it so that they end at once."""
         self._body = body
         self._wake = wake
         self._join_timeout = join_timeout
+        self._one_shot = one_shot
+        self._liveness = liveness
         self._thread: threading.Thread | None = None
 
     @classmethod
@@ -108,7 +119,12 @@ class BackgroundLoop:
     def _main(self) -> None:
         try:
             self._body()
-        except Exception:  # logged with the loop's name instead of threading's bare stderr print
+        except BaseException as e:  # logged with the loop's name, not threading's bare print
             log.exception(
                 "background loop failed and has ended", extra={"fields": {"loop": self.name}}
             )
+            if not self.stopping.is_set():
+                self._liveness.ended(self.name, f"raised {type(e).__name__}: {str(e)[:200]}")
+            return
+        if not self._one_shot and not self.stopping.is_set():
+            self._liveness.ended(self.name, "returned without being stopped")

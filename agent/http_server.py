@@ -4,16 +4,27 @@ the node IP, so by default every address is listened on; `metricsAddress` narrow
 Anyone who reaches the node can connect here, so the server is agent.serving's event loop: one
 thread whatever the number of connections, at most `limits.HTTP.max_connections` of them, GET
 and HEAD only, no request bodies, a request complete within 5 s and a head within 8 KiB.
+
+/healthz is kubelet's liveness probe: 503 naming each of the agent's loops that ended without
+being stopped (agent.liveness) and each liveness check that fails (a mounted CNI dir deleted on
+the node), so a dead pod server or watcher gets the agent restarted; the loop serving /healthz
+itself answers nothing once dead, which fails the probe as surely.
+/healthz and /readyz are answered on the loop's thread; /metrics on a worker thread of its own,
+from a page built at most once per `METRICS_PERIOD` (`MetricsPage`): a flood of scrapes costs
+one build a second and never holds a probe's answer.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
+import threading
+import time
 from collections.abc import Callable, Sequence
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
+from agent.liveness import LIVENESS
 from agent.serving import limits
 from agent.serving.http import Request, Response
 from agent.serving.loop import Server
@@ -21,17 +32,64 @@ from agent.serving.loop import Server
 log = logging.getLogger(__name__)
 
 Failing = Callable[[], Sequence[tuple[str, str]]]
-"""(check, why) of each failing readiness check (agent.readiness); empty when ready."""
+"""(check, why) of each failing readiness check (agent.readiness), or of each loop that ended
+(agent.liveness); empty when ready, or live."""
 TEXT = "text/plain; charset=utf-8"
 LISTEN_BACKLOG = 1024
+METRICS_PATH = "/metrics"
+METRICS_PERIOD = 1.0
+"""Seconds between two builds of the /metrics page at most."""
+
+
+class MetricsPage:
+    """The /metrics page, never older than the request it answers, built at most once per
+    `period`: requests that had arrived when a build began share its page; one that came later
+    waits for the next build, which begins `period` after the last at the earliest."""
+
+    def __init__(
+        self,
+        build: Callable[[], bytes] = lambda: generate_latest(REGISTRY),
+        *,
+        period: float = METRICS_PERIOD,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._build = build
+        self._period = period
+        self._clock = clock
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        self._page = b""
+        self._built_at: float | None = None
+        """When the last build began."""
+        self.builds = 0
+
+    def get(self, asked: float | None = None) -> bytes:
+        """The page for a request that arrived at `asked` (a monotonic time; default now)."""
+        asked = self._clock() if asked is None else asked
+        with self._lock:
+            if self._built_at is not None:
+                if self._built_at >= asked:
+                    return self._page
+                wait = self._built_at + self._period - self._clock()
+                if wait > 0:
+                    self._sleep(wait)
+            self._built_at = self._clock()
+            self._page = self._build()
+            self.builds += 1
+            return self._page
 
 
 class _Endpoints:
     """The app: what each path answers."""
 
-    def __init__(self, readiness: Failing, liveness: Failing = lambda: ()) -> None:
+    def __init__(
+        self, readiness: Failing, liveness: Failing, loops: Failing, metrics: MetricsPage
+    ) -> None:
         self.readiness = readiness
         self.liveness = liveness
+        self.loops = loops
+        self.metrics = metrics
 
     def handle(self, request: Request) -> Response:
         if request.method not in ("GET", "HEAD"):
@@ -40,36 +98,42 @@ class _Endpoints:
             )
         path = request.path
         if path == "/healthz":
-            dead = self.liveness()
-            if dead:
-                text = "".join(f"{name}: {why}\n" for name, why in dead)
-                return Response(503, ("not live\n" + text).encode(), TEXT)
-            return Response(200, b"ok\n", TEXT)
+            return _verdict([*self.loops(), *_checked(self.liveness, "liveness")], "ok", "not live")
         if path == "/readyz":
-            failing = self.failing_checks()
-            if failing:
-                lines = ["not ready: " + ", ".join(name for name, _ in failing)]
-                lines += [f"{name}: {why}" for name, why in failing]
-                return Response(503, ("\n".join(lines) + "\n").encode(), TEXT)
-            return Response(200, b"ready\n", TEXT)
-        if path == "/metrics":
-            return Response(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
+            return _verdict(_checked(self.readiness, "readiness"), "ready", "not ready")
+        if path == METRICS_PATH:
+            return Response(200, self.metrics.get(request.received), CONTENT_TYPE_LATEST)
         return Response(404, b"not found\n", TEXT)
 
     def refuse(self, status: int, message: str) -> Response:
         return Response(status, (message + "\n").encode(), TEXT, close=True)
 
-    def failing_checks(self) -> Sequence[tuple[str, str]]:
-        try:
-            return self.readiness()
-        except Exception as e:  # a broken readiness is not ready, not a crashed server
-            log.exception("readiness raised")
-            return [("readiness", f"raised {type(e).__name__}: {e}")]
+
+def _checked(failing: Failing, name: str) -> Sequence[tuple[str, str]]:
+    """What `failing` reports; itself, failing, when it raises (not a crashed server)."""
+    try:
+        return failing()
+    except Exception as e:
+        log.exception("%s raised", name)
+        return [(name, f"raised {type(e).__name__}: {e}")]
+
+
+def _verdict(failing: Sequence[tuple[str, str]], good: str, bad: str) -> Response:
+    """200 `good`, or 503 naming what fails, then why each one does."""
+    if not failing:
+        return Response(200, f"{good}\n".encode(), TEXT)
+    lines = [f"{bad}: " + ", ".join(name for name, _ in failing)]
+    lines += [f"{name}: {why}" for name, why in failing]
+    return Response(503, ("\n".join(lines) + "\n").encode(), TEXT)
+
+
+def _offload(request: Request) -> bool:
+    return request.path == METRICS_PATH
 
 
 class HttpServer:
-    """Service: serves health, readiness (no check failing, each failing one named with why)
-    and metrics."""
+    """Service: serves liveness (no loop ended and no liveness check failing, each named with
+    why), readiness (no check failing, each failing one named with why) and metrics."""
 
     def __init__(
         self,
@@ -78,19 +142,27 @@ class HttpServer:
         host: str = "",
         readiness: Failing = lambda: (),
         liveness: Failing = lambda: (),
+        loops: Failing = LIVENESS.failing,
+        metrics: MetricsPage | None = None,
     ) -> None:
+        """`liveness`: what fails that only a new container mends, checked when probed;
+        `loops`: the loops that ended without being stopped (agent.liveness)."""
         self.host = host
         self.port = port
         self.readiness = readiness
         self.liveness = liveness
+        self.loops = loops
+        self.metrics = metrics or MetricsPage()
         self._server: Server | None = None
         self._port = 0
 
     def start(self) -> None:
         listener = _bind(self.host, self.port)
         self._port = int(listener.getsockname()[1])
+        endpoints = _Endpoints(self.readiness, self.liveness, self.loops, self.metrics)
+        # One worker builds /metrics: the loop's thread answers the probes meanwhile.
         self._server = Server(
-            listener, _Endpoints(self.readiness, self.liveness), limits.HTTP, name="http"
+            listener, endpoints, limits.HTTP, name="http", workers=1, offload=_offload
         )
         self._server.start()
         log.info(

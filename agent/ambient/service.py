@@ -62,7 +62,7 @@ class AmbientService:
         self._start_pod_cache = start_pod_cache
         self._exclude = tuple(exclude_namespaces)
         self._started = threading.Event()
-        self._loop = BackgroundLoop("ambient-start", self._start_up)
+        self._loop = BackgroundLoop("ambient-start", self._start_up, one_shot=True)
         self.reconciled: ReconcileReport | None = None
         pods.add_listener(watch.on_pod)
         namespaces.add_listener(watch.on_namespace)

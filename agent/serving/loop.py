@@ -2,35 +2,42 @@
 connects and says nothing, or says it slowly, costs a descriptor and a few hundred bytes until a
 timeout or the cap closes it, never a thread.
 
-Each connection is in one state: IDLE (waiting for a request's first byte, `idle_timeout`),
-READING (a request begun, complete within `request_timeout`), BUSY (the app answers it; nothing is
-read meanwhile), WRITING (the reply, taken by the peer within `write_timeout`) or LINGER (sent a
-final reply; what the peer still sends is read and dropped for a moment, so a TCP reset cannot
-destroy the reply in flight). Over `max_connections` the connection that has waited longest
-(since it was accepted or last answered) and is not BUSY is closed; only when all are BUSY is the
-newcomer refused. Connections are accepted after the ready ones are read, in batches well below
-the cap, so a newcomer's request is read before a flood of later connections could push it out.
+The connections, their states, the cap and the timeouts are agent.serving.connections'.
+Connections are accepted after the ready ones are read, in batches well below the cap, so a
+newcomer's request is read before a flood of later connections could push it out.
+
+The bytes are read by h11 (agent.serving.http.Exchange); the loop only moves them. Pipelined
+requests wait in the exchange: once a reply is sent its connection joins the `ready` queue,
+whose next request is taken on the loop's next round, one per connection per round, so a batch
+of requests in one write is a queue, never a call chain, and cannot starve the others. Only a
+connection whose exchange needs more bytes is read from: what a peer sends ahead is bounded.
+
+Whatever one connection's step raises (the app, the framing, a socket call) ends that connection,
+answered 500 when its reply had not begun, never the loop; only a broken worker pool or the
+selector itself ends the loop, and its BackgroundLoop reports that to agent.liveness.
 
 The app runs on the loop's thread (`workers=0`: quick answers such as /healthz) or in a bounded
-pool of worker threads whose replies the loop writes.
+pool of worker threads whose replies the loop writes (all requests, or those `offload` picks).
 """
 
 from __future__ import annotations
 
 import contextlib
-import enum
 import errno
+import functools
 import logging
 import selectors
 import socket
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
 from agent.background import JOIN_TIMEOUT_SECONDS, BackgroundLoop
-from agent.serving.http import CONTINUE, FramingError, Head, Request, Response, parse_head
+from agent.liveness import LIVENESS, Liveness
+from agent.serving.connections import REPORT_INTERVAL, Conn, Connections, State
+from agent.serving.http import FramingError, Request, Response
 from agent.serving.limits import Limits
 
 log = logging.getLogger(__name__)
@@ -42,8 +49,6 @@ RECV_BYTES = 64 << 10
 LINGER_SECONDS = 1.0
 STOP_GRACE = 30.0
 """On stop, replies being worked on get this long to be sent."""
-REPORT_INTERVAL = 10.0
-"""Closed and refused connections are logged as counts at most this often."""
 _RESOURCE_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
@@ -59,47 +64,12 @@ class App(Protocol):
 
 PeerCheck = Callable[[socket.socket], "str | None"]
 """None when the connected peer may be served, else why not."""
+Offload = Callable[[Request], bool]
+"""With workers: True for a request the pool answers, False for one the loop's thread does."""
 
 
-class _State(enum.Enum):
-    IDLE = "idle"
-    READING = "reading"
-    BUSY = "busy"
-    WRITING = "writing"
-    LINGER = "linger"
-
-
-class _Conn:
-    __slots__ = (
-        "body_at",
-        "buf",
-        "closed",
-        "deadline",
-        "events",
-        "fd",
-        "head",
-        "head_only",
-        "keep_alive",
-        "out",
-        "sent",
-        "sock",
-        "state",
-    )
-
-    def __init__(self, sock: socket.socket, deadline: float) -> None:
-        self.sock = sock
-        self.fd = sock.fileno()
-        self.buf = bytearray()
-        self.out = b""
-        self.sent = 0
-        self.events = 0
-        self.state = _State.IDLE
-        self.deadline = deadline
-        self.head: Head | None = None
-        self.body_at = 0
-        self.head_only = False
-        self.keep_alive = True
-        self.closed = False
+class _LoopBroken(Exception):
+    """What the loop as a whole cannot go on without (the worker pool) is gone: it ends."""
 
 
 class _Listener:
@@ -121,29 +91,37 @@ class Server:
         *,
         name: str,
         workers: int = 0,
+        offload: Offload | None = None,
         check_peer: PeerCheck | None = None,
+        liveness: Liveness = LIVENESS,
     ) -> None:
+        """`liveness`: where the loop's end is reported should it end without being stopped."""
         self.name = name
         self._listener = listener
         self._app = app
         self._limits = limits
         self._workers = workers
+        self._offload = offload
         self._check_peer = check_peer
-        self._conns: OrderedDict[int, _Conn] = OrderedDict()
-        """Oldest wait first: the order connections are closed in when over the cap."""
-        self._done: deque[tuple[_Conn, Future[Response]]] = deque()
+        self._sel = selectors.DefaultSelector()
+        self._conns = Connections(self._sel, limits, name=name)
+        self._ready: deque[Conn] = deque()
+        """Replied to and kept open: their next request may be buffered already."""
+        self._done: deque[tuple[Conn, Future[Response]]] = deque()
         # The loop bounds its own stop (STOP_GRACE): the join's limit only catches a bug.
         self._loop = BackgroundLoop(
-            name, self._run, wake=self._wake, join_timeout=STOP_GRACE + JOIN_TIMEOUT_SECONDS
+            name,
+            self._run,
+            wake=self._wake,
+            join_timeout=STOP_GRACE + JOIN_TIMEOUT_SECONDS,
+            liveness=liveness,
         )
         self._stopping = self._loop.stopping
         self._pool: ThreadPoolExecutor | None = None
-        self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._accept_paused_until = 0.0
         self._next_sweep = 0.0
-        self._counts: dict[str, int] = {}
-        self._next_report = 0.0
+        self._next_trace = 0.0
 
     # --- lifecycle (any thread)
 
@@ -182,47 +160,65 @@ class Server:
                     self._begin_stop()
                 if stop_by is not None and (not self._conns or now >= stop_by):
                     return
-                self._step(now)
-        except Exception:  # a bug: logged, and the server ends rather than spinning
-            log.exception("%s: serving loop failed", self.name)
-        finally:
+                self._step()
+        finally:  # a bug that ends the loop: BackgroundLoop logs it and reports it to liveness
             self._end()
 
-    def _step(self, now: float) -> None:
+    def _step(self) -> None:
         accept = False
-        for key, mask in self._sel.select(TICK):
+        for key, mask in self._sel.select(0 if self._ready else TICK):
             if key.data is _Listener:
                 accept = True
             elif key.data is _Wake:
                 with contextlib.suppress(OSError):
                     self._wake_r.recv(4096)
             else:
-                conn: _Conn = key.data
-                now = time.monotonic()
-                if mask & selectors.EVENT_READ and not conn.closed:
-                    self._readable(conn, now)
-                if mask & selectors.EVENT_WRITE and not conn.closed:
-                    self._write(conn, now)
-        now = time.monotonic()
+                conn: Conn = key.data
+                self._guarded(conn, functools.partial(self._on_event, conn, mask))
         while self._done:
             conn, future = self._done.popleft()
-            self._respond(conn, future.result(), now)
+            self._guarded(conn, functools.partial(self._on_reply, conn, future))
+        for _ in range(len(self._ready)):  # those queued now; requeued ones go next round
+            conn = self._ready.popleft()
+            self._guarded(conn, functools.partial(self._advance, conn, time.monotonic()))
+        now = time.monotonic()
         if accept and not self._stopping.is_set():
             self._accept(now)
         if now >= self._next_sweep:
             self._sweep(now)
 
+    def _guarded(self, conn: Conn, step: Callable[[], None]) -> None:
+        """One step of one connection: whatever it raises ends that connection, not the loop."""
+        try:
+            step()
+        except _LoopBroken:
+            raise
+        except Exception:
+            self._internal_error(conn)
+
+    def _internal_error(self, conn: Conn) -> None:
+        now = time.monotonic()
+        self._conns.count("closed on an internal error")
+        if now >= self._next_trace:  # the traceback, not one per connection a peer can cause
+            self._next_trace = now + REPORT_INTERVAL
+            log.exception("%s: a connection failed; closed", self.name)
+        if not conn.closed and conn.state in (State.READING, State.BUSY):
+            with contextlib.suppress(Exception):  # the 500 is best effort: the close is not
+                self._send_final(conn, self._app.refuse(500, "internal error"), now)
+                return
+        self._conns.close(conn)
+
     def _begin_stop(self) -> None:
         with contextlib.suppress(KeyError, ValueError):
             self._sel.unregister(self._listener)
         self._listener.close()
-        for conn in list(self._conns.values()):
-            if conn.state in (_State.IDLE, _State.READING, _State.LINGER):
-                self._close(conn)
+        for conn in self._conns:
+            if conn.state in (State.IDLE, State.READING, State.LINGER):
+                self._conns.close(conn)
 
     def _end(self) -> None:
-        for conn in list(self._conns.values()):
-            self._close(conn)
+        for conn in self._conns:
+            self._conns.close(conn)
         if self._pool is not None:
             self._pool.shutdown(wait=True)
         with contextlib.suppress(OSError):
@@ -241,101 +237,108 @@ class Server:
                 return
             except OSError as e:
                 if e.errno in _RESOURCE_ERRORS:  # wait for descriptors to free, do not spin
-                    self._count(f"accept failed ({errno.errorcode.get(e.errno or 0, e)})")
+                    self._conns.count(f"accept failed ({errno.errorcode.get(e.errno or 0, e)})")
                     self._sel.unregister(self._listener)
                     self._accept_paused_until = now + TICK
                     return
                 continue  # the peer gave up before we accepted (ECONNABORTED)
-            self._admit(sock, now)
+            try:
+                self._admit(sock, now)
+            except Exception:  # the peer check or the selector: this peer is refused
+                log.exception("%s: admitting a connection failed", self.name)
+                self._conns.count("refused: admitting it failed")
+                sock.close()
 
     def _admit(self, sock: socket.socket, now: float) -> None:
         sock.setblocking(False)
         if self._check_peer is not None:
             reason = self._check_peer(sock)
             if reason is not None:
-                self._count(f"refused: {reason}")
+                self._conns.count(f"refused: {reason}")
                 sock.close()
                 return
-        if len(self._conns) >= self._limits.max_connections and not self._evict():
-            self._count("refused: every connection is being answered")
+        if not self._conns.make_room():
+            self._conns.count("refused: every connection is being answered")
             sock.close()
             return
-        conn = _Conn(sock, now + self._limits.idle_timeout)
-        self._conns[conn.fd] = conn
-        self._watch(conn, selectors.EVENT_READ)
-
-    def _evict(self) -> bool:
-        for conn in self._conns.values():
-            if conn.state is not _State.BUSY:
-                self._count(f"closed over the cap of {self._limits.max_connections}")
-                self._close(conn)
-                return True
-        return False
+        self._conns.add(sock, now)
 
     # --- reading
 
-    def _readable(self, conn: _Conn, now: float) -> None:
+    def _on_event(self, conn: Conn, mask: int) -> None:
+        now = time.monotonic()
+        if mask & selectors.EVENT_READ and not conn.closed:
+            self._readable(conn, now)
+        if mask & selectors.EVENT_WRITE and not conn.closed:
+            self._flush(conn, now)
+
+    def _readable(self, conn: Conn, now: float) -> None:
         try:
             data = conn.sock.recv(RECV_BYTES)
         except BlockingIOError:
             return
         except OSError:
-            self._close(conn)
+            self._conns.close(conn)
             return
         if not data:
-            self._close(conn)
+            self._conns.close(conn)
             return
-        if conn.state is _State.LINGER:
+        if conn.state is State.LINGER:
             return  # dropped: the connection is closing
-        if conn.state is _State.IDLE:
-            conn.state = _State.READING
+        if conn.state is State.IDLE:
+            conn.state = State.READING
             conn.deadline = now + self._limits.request_timeout
-        conn.buf += data
+        conn.exchange.feed(data, time.monotonic())  # taken after the read: all had arrived
         self._advance(conn, now)
 
-    def _advance(self, conn: _Conn, now: float) -> None:
-        """Dispatch the request at the start of the buffer once it is complete."""
-        limits = self._limits
-        if conn.head is None:
-            try:
-                parsed = parse_head(
-                    conn.buf, max_head=limits.max_head_bytes, max_body=limits.max_body_bytes
-                )
-            except FramingError as e:
-                self._count(f"bad request ({e.status})")
-                conn.keep_alive = False
-                self._respond(conn, self._app.refuse(e.status, e.message), now)
-                return
-            if parsed is None:
-                return
-            conn.head, conn.body_at = parsed
-            head = parsed[0]
-            if head.expects_continue and len(conn.buf) < conn.body_at + head.content_length:
-                with contextlib.suppress(OSError):  # best effort: curl sends on after 1 s anyway
-                    conn.sock.send(CONTINUE, socket.MSG_NOSIGNAL)
-        head = conn.head
-        end = conn.body_at + head.content_length
-        if len(conn.buf) < end:
+    def _advance(self, conn: Conn, now: float) -> None:
+        """Dispatch the next complete request, or wait for the bytes it still needs."""
+        if conn.closed or conn.state not in (State.IDLE, State.READING):
             return
-        request = Request(head, bytes(conn.buf[conn.body_at : end]))
-        del conn.buf[:end]
-        conn.head = None
-        conn.keep_alive = request.head.keep_alive
-        conn.head_only = request.method == "HEAD"
-        self._dispatch(conn, request, now)
+        try:
+            request = conn.exchange.next_request()
+        except FramingError as e:
+            self._conns.count(f"bad request ({e.status})")
+            self._send_final(conn, self._app.refuse(e.status, e.message), now)
+            return
+        if request is not None:
+            self._dispatch(conn, request, now)
+            return
+        if conn.exchange.reading():
+            if conn.state is State.IDLE:  # the next request began with the last one
+                conn.state = State.READING
+                conn.deadline = now + self._limits.request_timeout
+            if not self._send_continue(conn):
+                return
+        self._conns.watch(conn, selectors.EVENT_READ)
+
+    def _send_continue(self, conn: Conn) -> bool:
+        """`100 Continue` where the request waits for it; False when the connection is closed:
+        the socket did not take 25 bytes, so the peer is gone or never reads."""
+        go_on = conn.exchange.continue_reply()
+        try:
+            if not go_on or conn.sock.send(go_on, socket.MSG_NOSIGNAL) == len(go_on):
+                return True
+        except OSError:
+            pass
+        self._conns.close(conn)
+        return False
 
     # --- answering
 
-    def _dispatch(self, conn: _Conn, request: Request, now: float) -> None:
-        conn.state = _State.BUSY
-        self._watch(conn, 0)
-        if self._pool is None:
-            self._respond(conn, self._answer(request), now)
+    def _dispatch(self, conn: Conn, request: Request, now: float) -> None:
+        conn.state = State.BUSY
+        self._conns.watch(conn, 0)
+        if self._pool is None or (self._offload is not None and not self._offload(request)):
+            self._reply(conn, self._answer(request), now)
             return
-        future = self._pool.submit(self._answer, request)
+        try:
+            future = self._pool.submit(self._answer, request)
+        except RuntimeError as e:  # shut down under us: no request can be answered any more
+            raise _LoopBroken(f"{self.name}: the worker pool is gone: {e}") from e
         future.add_done_callback(lambda f: self._completed(conn, f))
 
-    def _completed(self, conn: _Conn, future: Future[Response]) -> None:
+    def _completed(self, conn: Conn, future: Future[Response]) -> None:
         """A worker's reply (worker thread): handed to the loop."""
         self._done.append((conn, future))
         self._wake()
@@ -347,58 +350,61 @@ class Server:
             log.exception("%s: %s %s failed", self.name, request.method, request.path)
             return self._app.refuse(500, "internal error")
 
-    def _respond(self, conn: _Conn, response: Response, now: float) -> None:
-        if conn.closed:
-            return
-        keep = conn.keep_alive and not response.close and not self._stopping.is_set()
-        conn.keep_alive = keep
-        conn.out = response.encode(keep_alive=keep, head_only=conn.head_only)
-        conn.sent = 0
-        conn.state = _State.WRITING
-        conn.deadline = now + self._limits.write_timeout
-        self._write(conn, now)
+    def _on_reply(self, conn: Conn, future: Future[Response]) -> None:
+        if not conn.closed and conn.state is State.BUSY:  # else ended while the worker worked
+            self._reply(conn, future.result(), time.monotonic())
 
-    def _write(self, conn: _Conn, now: float) -> None:
-        if conn.state is not _State.WRITING:
+    def _reply(self, conn: Conn, response: Response, now: float) -> None:
+        close = response.close or self._stopping.is_set()
+        self._start_write(conn, conn.exchange.reply(response, close=close), close, now)
+
+    def _send_final(self, conn: Conn, response: Response, now: float) -> None:
+        """A reply after which the connection ends, whatever its exchange's state."""
+        self._start_write(conn, response.encode(keep_alive=False), True, now)
+
+    def _start_write(self, conn: Conn, out: bytes, close: bool, now: float) -> None:
+        conn.out, conn.sent, conn.close_after = out, 0, close
+        conn.state = State.WRITING
+        conn.deadline = now + self._limits.write_timeout
+        self._flush(conn, now)
+
+    def _flush(self, conn: Conn, now: float) -> None:
+        """Send what the socket takes; once all is sent, close or queue the connection for its
+        next request (never read it here: that is the next round's)."""
+        if conn.state is not State.WRITING:
             return
         view = memoryview(conn.out)
         while conn.sent < len(view):
             try:
                 conn.sent += conn.sock.send(view[conn.sent :], socket.MSG_NOSIGNAL)
             except BlockingIOError:
-                self._watch(conn, selectors.EVENT_WRITE)
+                self._conns.watch(conn, selectors.EVENT_WRITE)
                 return
             except OSError:
-                self._close(conn)
+                self._conns.close(conn)
                 return
         conn.out = b""
-        if not conn.keep_alive:
+        if conn.close_after or self._stopping.is_set() or not conn.exchange.next_cycle():
             if self._stopping.is_set() or conn.sock.family == socket.AF_UNIX:
-                self._close(conn)  # no TCP reset to fear, or no time to wait for one
+                self._conns.close(conn)  # no TCP reset to fear, or no time to wait for one
             else:
                 self._linger(conn, now)
             return
-        conn.state = _State.IDLE
-        conn.deadline = now + self._limits.idle_timeout
-        self._conns.move_to_end(conn.fd)  # its wait starts now
-        self._watch(conn, selectors.EVENT_READ)
-        if conn.buf:  # the next request came with the last one
-            conn.state = _State.READING
-            conn.deadline = now + self._limits.request_timeout
-            self._advance(conn, now)
+        self._conns.waits_from(conn, State.IDLE, now + self._limits.idle_timeout)
+        self._conns.watch(conn, 0)
+        self._ready.append(conn)
 
-    def _linger(self, conn: _Conn, now: float) -> None:
+    def _linger(self, conn: Conn, now: float) -> None:
         try:
             conn.sock.shutdown(socket.SHUT_WR)
         except OSError:
-            self._close(conn)
+            self._conns.close(conn)
             return
-        conn.state = _State.LINGER
-        conn.buf = bytearray()
+        conn.state = State.LINGER
         conn.deadline = now + LINGER_SECONDS
-        self._watch(conn, selectors.EVENT_READ)
+        self._conns.watch(conn, selectors.EVENT_READ)
 
-    # --- timeouts, closing, bookkeeping
+    # --- timeouts
 
     def _sweep(self, now: float) -> None:
         self._next_sweep = now + TICK
@@ -406,39 +412,4 @@ class Server:
             self._accept_paused_until = 0.0
             if not self._stopping.is_set():
                 self._sel.register(self._listener, selectors.EVENT_READ, _Listener)
-        for conn in list(self._conns.values()):
-            if conn.state is not _State.BUSY and now >= conn.deadline:
-                if conn.state in (_State.READING, _State.WRITING):
-                    self._count(f"timed out {conn.state.value}")
-                self._close(conn)
-        if now >= self._next_report:
-            self._next_report = now + REPORT_INTERVAL
-            if self._counts:
-                log.warning(
-                    "%s: connections closed or refused",
-                    self.name,
-                    extra={"fields": {**self._counts, "open": len(self._conns)}},
-                )
-                self._counts = {}
-
-    def _count(self, what: str) -> None:
-        self._counts[what] = self._counts.get(what, 0) + 1
-
-    def _watch(self, conn: _Conn, events: int) -> None:
-        if events == conn.events:
-            return
-        if conn.events == 0:
-            self._sel.register(conn.sock, events, conn)
-        elif events == 0:
-            self._sel.unregister(conn.sock)
-        else:
-            self._sel.modify(conn.sock, events, conn)
-        conn.events = events
-
-    def _close(self, conn: _Conn) -> None:
-        if conn.closed:
-            return
-        conn.closed = True
-        self._watch(conn, 0)
-        self._conns.pop(conn.fd, None)
-        conn.sock.close()
+        self._conns.sweep(now)

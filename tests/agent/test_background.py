@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from agent.background import BackgroundLoop
+from agent.liveness import Liveness
 from testbed.wait import wait_for
 
 
@@ -75,7 +76,7 @@ def test_an_exception_leaving_the_body_is_logged_with_the_loops_name(
     def body() -> None:
         raise ValueError("broken body")
 
-    loop = BackgroundLoop("failing", body, join_timeout=5)
+    loop = BackgroundLoop("failing", body, join_timeout=5, liveness=Liveness())
     with caplog.at_level(logging.ERROR, logger="agent.background"):
         loop.start()
         wait_for(lambda: not loop.running(), "the failed loop to end", 5, interval=0.01)
@@ -138,3 +139,64 @@ def test_every_waits_an_interval_first_unless_at_start() -> None:
     wait_for(lambda: now, "the round at start", 5, interval=0.01)
     assert waiting.stop() is True and eager.stop() is True
     assert later == [] and now == [1]
+
+
+def ended(liveness: Liveness, name: str, body, **kw) -> list[tuple[str, str]]:
+    """What `liveness` holds once a loop named `name` running `body` has ended by itself."""
+    loop = BackgroundLoop(name, body, join_timeout=5, liveness=liveness, **kw)
+    loop.start()
+    wait_for(lambda: not loop.running(), "the loop to end", 5, interval=0.01)
+    loop.stop()
+    return liveness.failing()
+
+
+def test_a_loop_that_raises_is_reported_to_liveness(caplog: pytest.LogCaptureFixture) -> None:
+    def body() -> None:
+        raise OSError("inotify gone")
+
+    liveness = Liveness()
+    with caplog.at_level(logging.ERROR, logger="agent.liveness"):
+        assert ended(liveness, "install-watcher", body) == [
+            ("install-watcher", "raised OSError: inotify gone")
+        ]
+    (record,) = [r for r in caplog.records if r.name == "agent.liveness"]
+    assert "no longer live" in record.message
+    assert loop_fields(record) == {
+        "loop": "install-watcher",
+        "reason": "raised OSError: inotify gone",
+    }
+
+
+def test_a_loop_that_returns_without_being_stopped_is_reported() -> None:
+    assert ended(Liveness(), "events", lambda: None) == [
+        ("events", "returned without being stopped")
+    ]
+
+
+def test_a_one_shot_task_may_return_but_not_raise() -> None:
+    assert ended(Liveness(), "start-up", lambda: None, one_shot=True) == []
+
+    def body() -> None:
+        raise RuntimeError("start-up broke")
+
+    assert ended(Liveness(), "start-up", body, one_shot=True) == [
+        ("start-up", "raised RuntimeError: start-up broke")
+    ]
+
+
+def test_a_loop_that_ends_because_it_was_stopped_is_not_reported() -> None:
+    liveness = Liveness()
+
+    def body() -> None:
+        loop.stopping.wait()
+        raise RuntimeError("raised on the way out")
+
+    loop = BackgroundLoop("stopped", body, join_timeout=5, liveness=liveness)
+    loop.start()
+    assert loop.stop() is True
+    quiet = BackgroundLoop(
+        "quiet", lambda: quiet.stopping.wait(), join_timeout=5, liveness=liveness
+    )
+    quiet.start()
+    assert quiet.stop() is True
+    assert liveness.failing() == []

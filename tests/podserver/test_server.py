@@ -29,6 +29,7 @@ from tests.podserver.helpers import (
     cni_body,
     make_pod,
 )
+from tests.serving.raw import body, read_responses
 
 
 @pytest.fixture
@@ -290,3 +291,32 @@ def test_110_concurrent_adds_all_answered(run_dir: Path) -> None:
     assert {body["result"] for _, body in results} == {"redirected"}
     assert len(rig.sandboxes) == 110
     assert redirector.peak == 110  # served side by side, not one after another
+
+
+def test_a_4400_digit_length_is_refused_and_the_socket_goes_on(
+    served: tuple[PodServer, HandlerRig],
+) -> None:
+    server, rig = served
+    head = f"POST {wire.PATH_ADD} HTTP/1.1\r\nHost: x\r\nContent-Length: {'7' * 4400}\r\n\r\n"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        sock.connect(server.socket_path)
+        sock.sendall(head.encode())
+        response = framing.read_http_response(sock.recv)
+    assert response.status == 400
+    assert wire.parse_error_reply(response.body, 400)["code"] == 6
+    assert rig.pods.lookups == []
+    assert call(server.socket_path, "POST", wire.PATH_ADD, cni_body())[0] == 200
+
+
+def test_pipelined_requests_are_answered_in_order(served: tuple[PodServer, HandlerRig]) -> None:
+    server, _ = served
+    request = f"GET {wire.PATH_STATUS} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        sock.connect(server.socket_path)
+        sock.sendall(request * 300)
+        replies = read_responses(sock, 300)
+    assert len(replies) == 300
+    assert all(json.loads(body(r)) == {"ready": True} for r in replies)
+    assert call(server.socket_path, "POST", wire.PATH_ADD, cni_body())[0] == 200

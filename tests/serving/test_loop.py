@@ -11,10 +11,12 @@ from dataclasses import replace
 
 import pytest
 
-from agent.serving.http import Request, Response
+from agent.liveness import Liveness
+from agent.serving.http import Exchange, Request, Response
 from agent.serving.limits import Limits
 from agent.serving.loop import Server
 from testbed.wait import wait_for
+from tests.serving.raw import body, closed, read_response, read_responses
 
 FAST = Limits(max_connections=8, request_timeout=0.5, idle_timeout=1.0, write_timeout=0.5)
 
@@ -74,41 +76,13 @@ def get(sock: socket.socket, path: str = "/a", extra: str = "") -> bytes:
     return read_response(sock)
 
 
-def read_response(sock: socket.socket) -> bytes:
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        if not chunk:
-            return data
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-    while len(body) < length:
-        body += sock.recv(65536)
-    return head + b"\r\n\r\n" + body
-
-
-def closed(sock: socket.socket, timeout: float = 5.0) -> bool:
-    """The server closed it: EOF (or a reset) within `timeout`."""
-    sock.settimeout(timeout)
-    try:
-        while True:
-            if not sock.recv(65536):
-                return True
-    except TimeoutError:
-        return False
-    except ConnectionResetError:
-        return True
-
-
 def test_keep_alive_and_pipelined_requests(serve) -> None:
     _, address = serve(Echo())
     with connect(address) as sock:
         assert get(sock, "/one").endswith(b"\r\n\r\n/one")
         assert get(sock, "/two").endswith(b"/two")
         sock.sendall(b"GET /p1 HTTP/1.1\r\n\r\nGET /p2 HTTP/1.1\r\n\r\n")
-        assert read_response(sock).endswith(b"/p1")
-        assert read_response(sock).endswith(b"/p2")
+        assert [body(r) for r in read_responses(sock, 2)] == [b"/p1", b"/p2"]
 
 
 def test_connection_close_and_http10_end_the_connection(serve) -> None:
@@ -242,3 +216,104 @@ def test_a_thousand_connections_cost_no_thread(serve) -> None:
     finally:
         for sock in flood:
             sock.close()
+
+
+@pytest.mark.parametrize("workers", [0, 4], ids=["on-the-loop", "in-workers"])
+def test_hundreds_of_pipelined_requests_in_one_write_are_all_answered_in_order(
+    serve, workers: int
+) -> None:
+    _, address = serve(Echo(), replace(FAST, idle_timeout=10), workers=workers)
+    count = 1000
+    with connect(address) as sock:
+        # No Host: what hand-written probes send (answered as they always were).
+        sock.sendall(b"".join(b"GET /%d HTTP/1.1\r\n\r\n" % n for n in range(count)))
+        replies = read_responses(sock, count)
+        assert [body(r) for r in replies] == [b"/%d" % n for n in range(count)]
+        assert get(sock, "/after").endswith(b"/after")  # the same connection goes on
+    with connect(address) as sock:
+        assert get(sock, "/next").endswith(b"/next")
+
+
+def test_pipelined_requests_do_not_starve_another_connection(serve) -> None:
+    app = Echo()
+    _, address = serve(app, replace(FAST, idle_timeout=10))
+    with connect(address) as flood, connect(address) as other:
+        flood.sendall(b"GET /f HTTP/1.1\r\nHost: t\r\n\r\n" * 2000)
+        assert get(other, "/other").endswith(b"/other")
+        assert len(read_responses(flood, 2000)) == 2000
+
+
+def test_a_content_length_of_4400_digits_is_answered_400_and_the_server_goes_on(serve) -> None:
+    _, address = serve(Echo())
+    with connect(address) as sock:
+        sock.sendall(b"GET /a HTTP/1.1\r\nHost: t\r\nContent-Length: " + b"9" * 4400 + b"\r\n\r\n")
+        assert read_response(sock).startswith(b"HTTP/1.1 400 ")
+        assert closed(sock)
+    with connect(address) as sock:
+        assert get(sock).endswith(b"/a")
+
+
+class Faulty(Echo):
+    """Raises for /boom, in its answer and again in the refusal that would report it."""
+
+    def handle(self, request: Request) -> Response:
+        if request.path == "/boom":
+            raise RuntimeError("a bug in the app")
+        return super().handle(request)
+
+    def refuse(self, status: int, message: str) -> Response:
+        if status == 500:
+            raise RuntimeError("a bug in the refusal too")
+        return super().refuse(status, message)
+
+
+@pytest.mark.parametrize("workers", [0, 2], ids=["on-the-loop", "in-workers"])
+def test_an_app_failing_for_one_connection_ends_that_one_only(serve, workers: int) -> None:
+    _, address = serve(Faulty(), replace(FAST, idle_timeout=10), workers=workers)
+    with connect(address) as bystander:
+        assert get(bystander, "/before").endswith(b"/before")
+        for _ in range(3):
+            with connect(address) as victim:
+                victim.sendall(b"GET /boom HTTP/1.1\r\nHost: t\r\n\r\n")
+                assert closed(victim)
+        assert get(bystander, "/after").endswith(b"/after")
+    with connect(address) as sock:
+        assert get(sock).endswith(b"/a")
+
+
+def test_a_parser_failing_for_one_connection_answers_500_and_ends_that_one_only(
+    serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = Exchange.feed
+
+    def feed(self: Exchange, data: bytes, now: float | None = None) -> None:
+        if b"X-Break: parser" in data:
+            raise IndexError("a bug in the parser")
+        original(self, data, now)
+
+    monkeypatch.setattr(Exchange, "feed", feed)
+    _, address = serve(Echo(), replace(FAST, idle_timeout=10))
+    with connect(address) as bystander:
+        assert get(bystander, "/before").endswith(b"/before")
+        with connect(address) as victim:
+            reply = get(victim, extra="X-Break: parser\r\n")
+            assert reply.startswith(b"HTTP/1.1 500 ") and b"Connection: close" in reply
+            assert closed(victim)
+        assert get(bystander, "/after").endswith(b"/after")
+
+
+def test_a_serving_loop_that_dies_is_reported_to_liveness() -> None:
+    liveness = Liveness()
+    server = Server(tcp_listener(), Echo(), FAST, name="doomed", workers=1, liveness=liveness)
+    server.start()
+    try:
+        server._pool.shutdown()  # type: ignore[union-attr]  # the pool gone under the loop
+        address = server._listener.getsockname()
+        with connect(address) as sock:
+            sock.sendall(b"GET /a HTTP/1.1\r\nHost: t\r\n\r\n")
+            assert closed(sock)
+        wait_for(lambda: liveness.failing(), "the loop's end to be reported", 5)
+        [(name, why)] = liveness.failing()
+        assert name == "doomed" and "worker pool is gone" in why
+    finally:
+        server.stop()
