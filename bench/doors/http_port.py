@@ -1,12 +1,17 @@
 """The HTTP port every pod on the node can reach (/healthz, /readyz, /metrics), served by the
 agent's own HttpServer on loopback; the fuzzer's bytes are what a hostile pod sends.
-Contract: bench/doors/http_peer.py (well-formed replies, no 500, still serving)."""
+Contract: bench/doors/http_peer.py (well-formed replies, no 500, still serving).
+
+The /metrics page is built for every scrape here (period 0): the agent's builds it at most once
+a second, so a scrape within a second of the last waits for the next build, which would hold
+most of the fuzzer's inputs for its whole read deadline (tests/lifecycle/test_http_server.py
+covers that rate)."""
 
 from __future__ import annotations
 
 import socket
 
-from agent.http_server import HttpServer
+from agent.http_server import HttpServer, MetricsPage
 from bench.doors import http_peer
 
 SEEDS = [
@@ -17,9 +22,9 @@ SEEDS = [
         b"GET /healthz HTTP/1.1\r\nContent-Length: 12\r\nConnection: close\r\n\r\nhello world!",
         b"POST /metrics HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
         b"GET /healthz HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\nx",
-        # Near the limits: many pipelined requests in one write; a long numeric header.
-        b"GET /healthz HTTP/1.1\r\n\r\n" * 246,
-        b"GET /healthz HTTP/1.1\r\nContent-Length: " + b"9" * 4299 + b"\r\n\r\n",
+        # Many pipelined requests in one write; a long numeric header (each once ended the loop).
+        b"GET /healthz HTTP/1.1\r\n\r\n" * 260,
+        b"GET /healthz HTTP/1.1\r\nContent-Length: " + b"9" * 4400 + b"\r\n\r\n",
     ]
 ]
 _server: HttpServer | None = None
@@ -33,7 +38,8 @@ def _connect() -> socket.socket:
 
 def setup() -> None:
     global _server
-    _server = HttpServer(port=0, host="127.0.0.1", readiness=lambda: ())
+    page = MetricsPage(period=0.0)
+    _server = HttpServer(port=0, host="127.0.0.1", readiness=lambda: (), metrics=page)
     _server.start()
 
 

@@ -69,7 +69,7 @@ SEEDS = [
         + wire.PATH_GC.encode()
         + b' HTTP/1.1\r\nContent-Length: 22\r\n\r\n{"validAttachments":1}',
         _request("CHECK", "plain") * 60,
-        b"POST /v1/cni/add HTTP/1.1\r\nContent-Length: " + b"7" * 4299 + b"\r\n\r\n",
+        b"POST /v1/cni/add HTTP/1.1\r\nContent-Length: " + b"7" * 4400 + b"\r\n\r\n",
     ]
 ]
 

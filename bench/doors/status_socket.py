@@ -23,6 +23,7 @@ SEEDS = [
         b"GET /v1/pods HTTP/1.1\r\n\r\n",
         b"GET /v1/pods/app/web-0 HTTP/1.1\r\n\r\nGET /v1/pods/app/plain HTTP/1.1\r\n\r\n",
         b"GET /v1/pods/app/../x HTTP/1.1\r\nConnection: close\r\n\r\n",
+        b"GET /v1/pods HTTP/1.1\r\nContent-Length: " + b"5" * 4400 + b"\r\n\r\n",
     ]
 ]
 _path = ""
