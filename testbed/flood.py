@@ -224,19 +224,22 @@ if __name__ == "__main__":
 
 
 class Flood:
-    """`python -m testbed.flood ARGS` as a child: started by __enter__, which returns once
-    every connection was tried; stop() ends it and
-    returns its report."""
+    """`python -m testbed.flood ARGS` (or another `module` speaking the same way, such as
+    testbed.attacks) as a child: started by __enter__, which returns once every connection was
+    tried; stop() ends it and returns its report."""
 
-    def __init__(self, args: list[str], *, duration: float = 120.0) -> None:
+    def __init__(
+        self, args: list[str], *, duration: float = 120.0, module: str = "testbed.flood"
+    ) -> None:
         self.args = [*args, "--duration", str(duration)]
+        self.module = module
         self.ready: dict[str, object] = {}
         self._proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> Flood:
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "testbed.flood", *self.args],
+            [sys.executable, "-m", self.module, *self.args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -246,7 +249,7 @@ class Flood:
         line = self._proc.stdout.readline()
         if not line:
             self._proc.wait(30)
-            raise RuntimeError(f"flood exited {self._proc.returncode} before it was ready")
+            raise RuntimeError(f"{self.module} exited {self._proc.returncode} before it was ready")
         self.ready = json.loads(line)
         return self
 

@@ -43,6 +43,13 @@ def setup() -> None:
     _server.start()
 
 
+def teardown() -> None:
+    global _server
+    server, _server = _server, None
+    if server is not None:
+        server.stop()
+
+
 def one_input(data: bytes) -> None:
     http_peer.judge(http_peer.converse(_connect, http_peer.chunks_of(data)))
     http_peer.probe(_connect, b"GET /healthz HTTP/1.1\r\n\r\n", b"HTTP/1.1 200")

@@ -77,6 +77,10 @@ def setup() -> None:
     log.append_line = lambda run_dir, line: True  # type: ignore[assignment]
 
 
+def teardown() -> None:
+    pass
+
+
 def one_input(data: bytes) -> None:
     fdp = atheris.FuzzedDataProvider(data)
     environ = {

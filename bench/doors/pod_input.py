@@ -102,6 +102,10 @@ def pod_from(fdp: atheris.FuzzedDataProvider) -> dict[str, Any]:
     }
 
 
+def teardown() -> None:
+    pass
+
+
 def one_input(data: bytes) -> None:
     fdp = atheris.FuzzedDataProvider(data)
     pod = pod_from(fdp)

@@ -7,6 +7,7 @@ serving); the socket is root-only, but the plugin's requests carry what a pod's 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import tempfile
 from collections.abc import Mapping
@@ -97,6 +98,7 @@ class _Recorder:
 
 
 _path = ""
+_server: PodServer | None = None
 DICTIONARY = http_peer.DICTIONARY
 
 
@@ -108,7 +110,7 @@ def _connect() -> socket.socket:
 
 
 def setup() -> None:
-    global _path
+    global _path, _server
     _path = os.path.join(tempfile.mkdtemp(prefix="fuzz-pod-socket-"), "pod.sock")
     handlers = PodHandlers(
         pods=_Pods(),
@@ -117,7 +119,16 @@ def setup() -> None:
         readiness=lambda: None,
         metrics=PluginMetrics(CollectorRegistry()),
     )
-    PodServer(_path, handlers).start()
+    _server = PodServer(_path, handlers)
+    _server.start()
+
+
+def teardown() -> None:
+    global _server
+    server, _server = _server, None
+    if server is not None:
+        server.stop()
+    shutil.rmtree(os.path.dirname(_path), ignore_errors=True)
 
 
 def one_input(data: bytes) -> None:

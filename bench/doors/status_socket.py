@@ -5,6 +5,7 @@ Contract: bench/doors/http_peer.py (well-formed replies, no 500, still serving).
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -27,6 +28,7 @@ SEEDS = [
     ]
 ]
 _path = ""
+_server: StatusServer | None = None
 DICTIONARY = http_peer.DICTIONARY
 
 
@@ -55,7 +57,7 @@ def _connect() -> socket.socket:
 
 
 def setup() -> None:
-    global _path
+    global _path, _server
     _path = os.path.join(tempfile.mkdtemp(prefix="fuzz-status-"), "status.sock")
     report = StatusReport(
         node_name="node",
@@ -65,7 +67,16 @@ def setup() -> None:
         find_netns=_no_netns,
         compare=lambda pod, netns, ambient: None,  # type: ignore[arg-type,return-value]
     )
-    StatusServer(_path, report).start()
+    _server = StatusServer(_path, report)
+    _server.start()
+
+
+def teardown() -> None:
+    global _server
+    server, _server = _server, None
+    if server is not None:
+        server.stop()
+    shutil.rmtree(os.path.dirname(_path), ignore_errors=True)
 
 
 def one_input(data: bytes) -> None:

@@ -86,6 +86,10 @@ def _send(peer: socket.socket, datagrams: list[bytes], with_fd: list[bool]) -> N
             peer.sendmsg([data])
 
 
+def teardown() -> None:
+    pass
+
+
 def one_input(data: bytes) -> None:
     global _runs
     fdp = atheris.FuzzedDataProvider(data)
