@@ -10,9 +10,12 @@ Checked, as ztunnel would see it:
 - AddWorkload: a uid; a WorkloadInfo whose name, namespace and service account are those of
   the pod with that uid (the pods the test told the double about, and in tiers with an API
   server the API server's pod, through an `IdentityLookup`); exactly one descriptor, and it is
-  a network namespace (ioctl NS_GET_NSTYPE); not the same sandbox again after
-  a DelWorkload of that uid (a pod released and re-added without a new sandbox: its netns,
-  told apart by its netns cookie, which the kernel never reuses, unlike an inode number);
+  a network namespace (ioctl NS_GET_NSTYPE); not the same sandbox again after a DelWorkload
+  of that uid that left the pod captured (its netns still redirecting to ztunnel when the
+  DelWorkload came: the agent let go of a pod it still captures, as a stale sandbox's DEL
+  would, and is adding it back). A sandbox is told apart by its netns cookie, which the kernel
+  never reuses, unlike an inode number; a pod released properly (its in-pod rules removed
+  first, as Istio does) may come back in the same sandbox;
 - KeepWorkload: only inside a snapshot, only for a pod this ztunnel holds (added on an earlier
   connection, or held from before: `hold`), without a descriptor;
 - DelWorkload and SnapshotSent: without a descriptor; an unknown request kind is a violation.
@@ -48,14 +51,21 @@ cannot tell (the pod is gone, or the name now belongs to another pod): nothing i
 
 NetnsCookie = Callable[[int], int]
 """The netns cookie (SO_NETNS_COOKIE) of the namespace at a descriptor."""
+Redirects = Callable[[int], bool]
+"""Does the namespace at a descriptor hold in-pod redirection rules (to ztunnel)?"""
 
 
 class ZdsChecks:
     """Thread-safe; fed by the double's connection and reader thread."""
 
-    def __init__(self, *, lookup: IdentityLookup | None, cookie: NetnsCookie) -> None:
+    def __init__(
+        self, *, lookup: IdentityLookup | None, cookie: NetnsCookie, redirects: Redirects
+    ) -> None:
         self._lookup = lookup
         self._cookie = cookie
+        self._redirects = redirects
+        self._netns: dict[str, int] = {}
+        """uid -> a descriptor of the netns of its last AddWorkload, held as ztunnel holds it."""
         self._lock = threading.Lock()
         self.violations: list[str] = []
         self._told: dict[str, PodIdentity] = {}
@@ -63,8 +73,8 @@ class ZdsChecks:
         """uids this ztunnel holds (added, or kept by a snapshot)."""
         self._last_netns: dict[str, int] = {}
         """uid -> netns cookie of its last AddWorkload."""
-        self._deleted: dict[str, int | None] = {}
-        """uid -> netns cookie of the AddWorkload its DelWorkload ended."""
+        self._deleted: dict[str, int] = {}
+        """uid -> netns cookie of a pod its DelWorkload left captured."""
         self._in_snapshot: set[str] | None = None
         self._connected = False
 
@@ -96,6 +106,14 @@ class ZdsChecks:
         with self._lock:
             self._held.clear()
             self._last_netns.clear()
+        self.close()
+
+    def close(self) -> None:
+        """Let go of the namespaces held."""
+        with self._lock:
+            fds, self._netns = list(self._netns.values()), {}
+        for fd in fds:
+            os.close(fd)
 
     # -- each request
 
@@ -133,12 +151,16 @@ class ZdsChecks:
         kind = _ns_kind(fds[0])
         if kind != "net":
             return [*found, f"{what}: its descriptor is {kind!r}, not a network namespace"]
-        cookie = self._cookie(fds[0])
+        cookie, held = self._cookie(fds[0]), os.dup(fds[0])
         with self._lock:
-            if uid in self._deleted and self._deleted[uid] == cookie:
-                found.append(f"{what}: added again after its DelWorkload, same sandbox (netns)")
-            self._deleted.pop(uid, None)
+            if self._deleted.pop(uid, None) == cookie:
+                found.append(
+                    f"{what}: the same sandbox again after a DelWorkload that left it captured"
+                )
             self._last_netns[uid] = cookie
+            old, self._netns[uid] = self._netns.get(uid), held
+        if old is not None:
+            os.close(old)
             if self._in_snapshot is not None:
                 self._in_snapshot.add(uid)
         return found
@@ -176,7 +198,14 @@ class ZdsChecks:
             if self._in_snapshot is not None:
                 found.append(f"{what}: before SnapshotSent")
             self._held.discard(uid)
-            self._deleted[uid] = self._last_netns.pop(uid, None)
+            cookie, netns = self._last_netns.pop(uid, None), self._netns.pop(uid, None)
+        if netns is not None:
+            try:
+                if cookie is not None and self._redirects(netns):
+                    with self._lock:
+                        self._deleted[uid] = cookie
+            finally:
+                os.close(netns)
         return found
 
     def _snapshot_sent(self, fds: list[int]) -> list[str]:

@@ -33,6 +33,7 @@ import ctypes.util
 import os
 import select
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -101,7 +102,7 @@ class ZtunnelDouble:
     ) -> None:
         self.socket_path = socket_path
         self.strict = strict
-        self.checks = ZdsChecks(lookup=identity, cookie=netns_cookie)
+        self.checks = ZdsChecks(lookup=identity, cookie=netns_cookie, redirects=redirects)
         self.hello_version = hello_version
         self.dns = dns
         self.refuse: dict[str, str] = {}
@@ -220,6 +221,7 @@ class ZtunnelDouble:
         """Disconnect and drop every workload; then, when strict, fail on any violation."""
         self.disconnect()
         self._forget_all()
+        self.checks.close()
         if self.strict:
             self.assert_no_violations()
 
@@ -366,6 +368,25 @@ def netns_cookie(fd: int) -> int:
             return int.from_bytes(sock.getsockopt(socket.SOL_SOCKET, SO_NETNS_COOKIE, 8), "little")
 
     return _in_netns(fd, cookie)
+
+
+INPOD_MARKS = ("ISTIO_PRERT", "ISTIO_OUTPUT", "istio-ambient")
+"""What in-pod redirection leaves in a namespace's rule listings (iptables chains, and Istio's
+native nftables tables)."""
+
+
+def redirects(fd: int) -> bool:
+    """Does the namespace at `fd` hold in-pod redirection rules? (nft lists iptables-nft's and
+    native nftables rules; iptables-legacy-save the legacy ones.)"""
+
+    def listing() -> str:
+        out = []
+        for argv in (["nft", "list", "ruleset"], ["iptables-legacy-save"]):
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                out.append(subprocess.run(argv, capture_output=True, text=True, timeout=10).stdout)
+        return "\n".join(out)
+
+    return any(mark in _in_netns(fd, listing) for mark in INPOD_MARKS)
 
 
 def api_identity(core: Any) -> IdentityLookup:

@@ -217,6 +217,10 @@ def test_pod_label_enrolls_and_opt_out_releases(
     )
     wait_for(lambda: annotation(kube_core, namespace, "web") is None, "annotation removed")
     assert inpod_chains(ns_name) == 0
+    # Back in, same sandbox: released properly (rules first), the pod may come back.
+    kube_core.patch_namespaced_pod("web", namespace, {"metadata": {"labels": AMBIENT}})
+    wait_for(lambda: annotation(kube_core, namespace, "web") == "enabled", "enabled again")
+    assert inpod_chains(ns_name) > 0
 
 
 def test_agent_restart_keeps_pods_captured_without_duplicates(
