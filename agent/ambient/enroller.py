@@ -42,7 +42,14 @@ class NamespaceSource(Protocol):
 
 
 class Mesh(Protocol):
-    def add(self, pod: Mapping[str, Any], netns_path: str = "", *, sandbox: str = "") -> object: ...
+    def add(
+        self,
+        pod: Mapping[str, Any],
+        netns_path: str = "",
+        *,
+        sandbox: str = "",
+        ips: tuple[str, ...] = (),
+    ) -> object: ...
     def remove(self, pod: Mapping[str, Any], *, deleted: bool, sandbox: str = "") -> None: ...
 
 
@@ -113,10 +120,12 @@ class AmbientEnroller:
             system_namespace=self._system_ns,
         )
 
-    def enroll(self, pod: Mapping[str, Any], netns: str, *, sandbox: str = "") -> str:
-        """Enroll with the request's netns (`pod` carries the CNI result's IPs); raises (a CNI
+    def enroll(
+        self, pod: Mapping[str, Any], netns: str, *, sandbox: str = "", ips: tuple[str, ...] = ()
+    ) -> str:
+        """Enroll with the request's netns, sandbox and IPs (the CNI result's); raises (a CNI
         error) when the pod is not captured and handed to ztunnel."""
-        self._mesh.add(pod, netns, sandbox=sandbox)
+        self._mesh.add(pod, netns, sandbox=sandbox, ips=ips)
         return "enrolled in ambient (in-pod rules applied, ztunnel took the pod)"
 
     def release(self, pod: Mapping[str, Any], *, sandbox: str = "") -> None:

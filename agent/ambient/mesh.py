@@ -159,11 +159,19 @@ class MeshDataplane(StartupReconcile):
 
     # -- add / remove ------------------------------------------------------------------------
 
-    def add(self, pod: Mapping[str, Any], netns_path: str = "", *, sandbox: str = "") -> AmbientPod:
-        """Enroll the pod; `netns_path` and `sandbox` (container id) from a CNI ADD, whose pod
-        carries the CNI result's IPs; no netns to find it (a running pod)."""
+    def add(
+        self,
+        pod: Mapping[str, Any],
+        netns_path: str = "",
+        *,
+        sandbox: str = "",
+        ips: tuple[str, ...] = (),
+    ) -> AmbientPod:
+        """Enroll the pod; `netns_path`, `sandbox` (container id) and `ips` (the CNI result's,
+        as Istio's AddPodToMesh takes them) from a CNI ADD; no netns to find it (a running pod,
+        its status IPs)."""
         with self._pod_lock(str(_meta(pod).get("uid", ""))):
-            return self._add(pod, netns_path, sandbox)
+            return self._add(pod, netns_path, sandbox, ips)
 
     def remove(self, pod: Mapping[str, Any], *, deleted: bool, sandbox: str = "") -> None:
         """Release the pod; `deleted`: it is gone (or going), so its netns is left alone and a
@@ -193,7 +201,9 @@ class MeshDataplane(StartupReconcile):
             if state != "pending":
                 self._annotate(pod, state)
 
-    def _add(self, pod: Mapping[str, Any], netns_path: str, sandbox: str) -> AmbientPod:
+    def _add(
+        self, pod: Mapping[str, Any], netns_path: str, sandbox: str, ips: tuple[str, ...]
+    ) -> AmbientPod:
         ref, uid = _ref(pod), str(_meta(pod).get("uid", ""))
         known = self.enrolled(uid)
         if known is not None and not netns_path and self._only_finishing(uid):
@@ -207,7 +217,7 @@ class MeshDataplane(StartupReconcile):
         netns = netns_path or self._known_or_found_netns(pod, known)
         if not sandbox and known is not None and known.netns_path == netns:
             sandbox = known.sandbox  # the same sandbox, enrolled again while running
-        enrolled = ambient_pod(pod, netns, sandbox=sandbox)
+        enrolled = ambient_pod(pod, netns, sandbox=sandbox, ips=ips)
         try:
             backend = self._rules.apply(netns, options)
         except Exception as e:

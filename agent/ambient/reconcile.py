@@ -40,7 +40,10 @@ def ref_of(pod: Mapping[str, Any]) -> str:
     return f"{meta_of(pod).get('namespace')}/{meta_of(pod).get('name')}"
 
 
-def ambient_pod(pod: Mapping[str, Any], netns_path: str, *, sandbox: str = "") -> AmbientPod:
+def ambient_pod(
+    pod: Mapping[str, Any], netns_path: str, *, sandbox: str = "", ips: tuple[str, ...] = ()
+) -> AmbientPod:
+    """The pod's record; `ips` (a CNI result's) instead of its status IPs when given."""
     meta = meta_of(pod)
     spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
     account = (spec or {}).get("serviceAccountName")
@@ -52,7 +55,7 @@ def ambient_pod(pod: Mapping[str, Any], netns_path: str, *, sandbox: str = "") -
         # server's ServiceAccount admission sets "default"). ztunnel finds the pod's workload
         # and issues its certificate by namespace and service account.
         service_account=account if isinstance(account, str) else "",
-        ips=pod_ips(pod),
+        ips=ips or pod_ips(pod),
         netns_path=netns_path,
         sandbox=sandbox,
     )

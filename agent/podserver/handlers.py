@@ -93,7 +93,9 @@ class Ambient(Protocol):
 
     def decide(self, pod: Mapping[str, Any]) -> AmbientVerdict: ...
 
-    def enroll(self, pod: Mapping[str, Any], netns: str, *, sandbox: str) -> str: ...
+    def enroll(
+        self, pod: Mapping[str, Any], netns: str, *, sandbox: str, ips: tuple[str, ...]
+    ) -> str: ...
 
     def release(self, pod: Mapping[str, Any], *, sandbox: str) -> None: ...
 
@@ -110,13 +112,15 @@ class Redirector(Protocol):
     def present(self, netns: str, pod: Mapping[str, Any]) -> bool: ...
 
 
-def _with_result_ips(pod: Mapping[str, Any], ips: tuple[str, ...]) -> Mapping[str, Any]:
-    """The pod with the CNI chain's IPs (prevResult) as its IPs, as Istio's AddPodToMesh takes
-    them: a re-created sandbox's new IP is not yet in the pod's status, its old one still is."""
-    if not ips:
-        return pod
-    status = {**(pod.get("status") or {}), "podIPs": [{"ip": ip} for ip in ips], "podIP": ips[0]}
-    return {**pod, "status": status}
+def _with_ips(pod: Mapping[str, Any], ips: tuple[str, ...]) -> dict[str, Any]:
+    """The pod with the request's IPs as its status IPs, when the API has none yet."""
+    out = dict(pod)
+    status = dict(pod.get("status") or {})
+    if ips and not status.get("podIPs") and not status.get("podIP"):
+        status["podIPs"] = [{"ip": ip} for ip in ips]
+        status["podIP"] = ips[0]
+        out["status"] = status
+    return out
 
 
 def _sandbox_pod(sandbox: Sandbox) -> dict[str, Any]:
@@ -259,9 +263,9 @@ class PodHandlers:
     def _ambient_add(self, req: CniRequest, pod: Mapping[str, Any], reason: str) -> Reply:
         """Fail closed: a pod ambient must capture starts only once captured and in ztunnel."""
         assert self._ambient is not None
-        pod = _with_result_ips(pod, req.ips)
-        try:
-            done = self._ambient.enroll(pod, req.netns, sandbox=req.container_id)
+        pod = _with_ips(pod, req.ips)
+        try:  # the probe set gets the CNI result's IPs (a re-created sandbox's new IP)
+            done = self._ambient.enroll(pod, req.netns, sandbox=req.container_id, ips=req.ips)
         except Exception as e:  # ztunnel has not taken it yet: retry later (ZtunnelPending)
             raise self._failed(req, "ambient enrollment", e) from e
         uid = str((pod.get("metadata") or {}).get("uid") or req.pod_uid)  # K8S_POD_UID is optional
