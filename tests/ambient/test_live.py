@@ -140,8 +140,13 @@ def running_pod(
     netns.ip("addr", "add", f"{ip}/24", "dev", "eth0", netns=ns_name)
     netns.ip("link", "set", "eth0", "up", netns=ns_name)
     created = node_pods.create(namespace, name, **options)
-    pod_namespaces.sandboxes.start(f"/run/netns/{ns_name}", created["metadata"]["uid"])
+    uid = created["metadata"]["uid"]
+    SANDBOX_PIDS[uid] = pod_namespaces.sandboxes.start(f"/run/netns/{ns_name}", uid)
     return node_pods.set_running(namespace, name, ip), ns_name
+
+
+SANDBOX_PIDS: dict[str, int] = {}
+"""Pod UID -> its sandbox process (the agent finds the pod's netns through it)."""
 
 
 def annotation(core: Any, namespace: str, name: str) -> str | None:
@@ -248,6 +253,38 @@ def test_agent_restart_keeps_pods_captured_without_duplicates(
     assert service.reconciled.found == [uid] and service.reconciled.reapplied == []
     ztunnel.wait_for("snapshot with the pod", lambda z: uid in z.workloads())
     assert rules_of(ns_name) == before  # no duplicate, nothing rewritten
+
+
+def test_a_pod_whose_netns_is_not_found_at_restart_stays_in_ztunnel(
+    bed: Bed,
+    ztunnel: ZtunnelDouble,
+    kube_core: Any,
+    node_pods: NodePods,
+    pod_namespaces: PodNamespaces,
+    namespace: str,
+) -> None:
+    """After an agent restart an enrolled pod's netns is not found (its sandbox process is not
+    there to find it by): ztunnel, which did not restart, gets KeepWorkload for it, as from
+    Istio, and does not delete it at SnapshotSent while its in-pod rules still redirect to it;
+    once the netns can be found again the pod is handed over with it."""
+    label_namespace(kube_core, namespace, AMBIENT)
+    pod, ns_name = running_pod(node_pods, pod_namespaces, namespace, "web")
+    uid = pod["metadata"]["uid"]
+    bed.start()
+    ztunnel.connect()
+    wait_for(lambda: annotation(kube_core, namespace, "web") == "enabled", "annotation enabled")
+    bed.stop()
+    ztunnel.wait_disconnected()
+    pod_namespaces.sandboxes.stop(SANDBOX_PIDS[uid])
+    service = bed.start()
+    ztunnel.connect()
+    ztunnel.wait_for("the second snapshot", lambda z: z.snapshots >= 2)
+    assert uid in ztunnel.workloads() and inpod_chains(ns_name) > 0
+    assert ("keep", uid, False) in ztunnel.requests
+    assert service.reconciled is not None and service.reconciled.kept == [uid]
+    SANDBOX_PIDS[uid] = pod_namespaces.sandboxes.start(f"/run/netns/{ns_name}", uid)
+    wait_for(lambda: bed.mesh.state(uid) == "enabled", "the pod found and handed over again")
+    assert ztunnel.requests[-1][:2] == ("add", uid)
 
 
 def test_pod_deleted_while_ztunnel_is_away(
