@@ -34,7 +34,7 @@ from testbed.controlplane import Binaries, ControlPlane
 from testbed.node import NodePods, new_core, register_node
 from testbed.nodenet import NodeNetwork
 from testbed.wait import wait_for
-from testbed.ztunnel_double import ZtunnelDouble
+from testbed.ztunnel_double import ZtunnelDouble, api_identity
 
 NODE = "flood-node"
 METRICS_PORT = 15014  # the node netns is the agent's own: the chart's default port is free
@@ -95,7 +95,7 @@ class NetnsAgentBed:
             self.netns.append(name)
         self.agent = self._stack.enter_context(self._run_agent())
         wait_for(self._ready, "the agent's pod server to report ready", 60, on_timeout=self.logs)
-        self.ztunnel = ZtunnelDouble(self.zds_socket)
+        self.ztunnel = ZtunnelDouble(self.zds_socket, identity=api_identity(self.core))
         self.ztunnel.connect()
         self.ztunnel.wait_for("the snapshot", lambda z: z.snapshots == 1)
 
@@ -214,9 +214,10 @@ class NetnsAgentBed:
     # --- clean-up
 
     def stop(self) -> None:
-        if self.ztunnel is not None:
-            self.ztunnel.close()
-            self.ztunnel = None
+        ztunnel, self.ztunnel = self.ztunnel, None
+        if ztunnel is not None:
+            ztunnel.strict = False  # checked last, once everything else is gone
+            ztunnel.close()
         if self.agent is not None and self.agent.proc.poll() is None:
             with contextlib.suppress(Exception):
                 self.agent.stop()
@@ -238,6 +239,8 @@ class NetnsAgentBed:
         with contextlib.suppress(RuntimeError):  # the veth's root end went with the netns
             self.network.delete()
         shutil.rmtree(self.run_dir, ignore_errors=True)
+        if ztunnel is not None:
+            ztunnel.assert_no_violations()
 
 
 @dataclass

@@ -15,6 +15,13 @@ captured into this pod's "ztunnel". DelWorkload closes them.
 For failure cases it can refuse pods (Ack with an error), delay its acks, send an unasked
 message, say hello with another version, disconnect, and restart (a new process: empty table,
 listeners gone, then a fresh connection).
+
+It is strict by default: every message is checked as ztunnel would check it
+(testbed.zds_checks: order, each WorkloadInfo against the pod, the descriptor a network
+namespace, KeepWorkload only for pods it holds, no re-add of a deleted pod's same sandbox), each
+violation recorded in `violations`, and `close` (so the end of `with`, every fixture's teardown)
+fails the test when there is any. Tell it the pods (`tell`), or, where an API server runs, give
+it `identity` (`api_identity`) to compare each WorkloadInfo with the API server's pod.
 """
 
 from __future__ import annotations
@@ -26,13 +33,15 @@ import ctypes.util
 import os
 import select
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from agent.ambient import zds_pb2
+from testbed.zds_checks import IdentityLookup, PodIdentity, ZdsChecks
 
 OUTBOUND_PORT = 15001
 INBOUND_PORT = 15006
@@ -44,6 +53,7 @@ CLONE_NEWNET = 0x40000000
 IP_TRANSPARENT = 19  # <linux/in.h>
 IPV6_TRANSPARENT = 75  # <linux/in6.h>
 SO_ORIGINAL_DST = 80  # <linux/netfilter_ipv4.h>; IP6T_SO_ORIGINAL_DST has the same number
+SO_NETNS_COOKIE = 71  # <asm-generic/socket.h>, Linux 5.14
 POLL = 0.1  # how often listener threads look for close()
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
@@ -82,9 +92,17 @@ class ZtunnelDouble:
     """The test double; use as a context manager so listeners and threads always go away."""
 
     def __init__(
-        self, socket_path: str, *, hello_version: int = zds_pb2.V1, dns: bool = True
+        self,
+        socket_path: str,
+        *,
+        hello_version: int = zds_pb2.V1,
+        dns: bool = True,
+        strict: bool = True,
+        identity: IdentityLookup | None = None,
     ) -> None:
         self.socket_path = socket_path
+        self.strict = strict
+        self.checks = ZdsChecks(lookup=identity, cookie=netns_cookie, redirects=redirects)
         self.hello_version = hello_version
         self.dns = dns
         self.refuse: dict[str, str] = {}
@@ -106,6 +124,26 @@ class ZtunnelDouble:
         self._in_snapshot: set[str] | None = None
 
     # --- what tests look at
+
+    @property
+    def violations(self) -> list[str]:
+        """What the agent sent that ztunnel would not take (testbed.zds_checks)."""
+        return list(self.checks.violations)
+
+    def tell(self, *pods: PodIdentity) -> None:
+        """The pods the agent may send: each WorkloadInfo must be its pod's."""
+        self.checks.tell(*pods)
+
+    def hold(self, *uids: str) -> None:
+        """Pods this ztunnel holds from before (the agent restarted, it did not)."""
+        self.checks.hold(*uids)
+
+    def assert_no_violations(self) -> None:
+        if self.checks.violations:
+            raise AssertionError(
+                "ztunnel test double: the agent sent what ztunnel would not take:\n  "
+                + "\n  ".join(self.checks.violations)
+            )
 
     def workloads(self) -> dict[str, Workload]:
         with self._lock:
@@ -148,6 +186,7 @@ class ZtunnelDouble:
         except BaseException:
             sock.close()
             raise
+        self.checks.said_hello()
         self._closing.clear()
         with self._lock:
             self._in_snapshot = set()
@@ -175,11 +214,16 @@ class ZtunnelDouble:
         """A new ztunnel process: nothing of the old one's state, then a fresh connection."""
         self.disconnect()
         self._forget_all()
+        self.checks.restarted()
         self.connect()
 
     def close(self) -> None:
+        """Disconnect and drop every workload; then, when strict, fail on any violation."""
         self.disconnect()
         self._forget_all()
+        self.checks.close()
+        if self.strict:
+            self.assert_no_violations()
 
     def __enter__(self) -> ZtunnelDouble:
         return self
@@ -226,10 +270,17 @@ class ZtunnelDouble:
                 except OSError:
                     return
         finally:
+            self.checks.disconnected()
             with self._lock:
                 self._lock.notify_all()
 
     def _handle(self, request: zds_pb2.WorkloadRequest, fds: list[int]) -> str:
+        self.checks.request(request, fds)
+        error = self._apply(request, fds)
+        self.checks.answered(request, error)
+        return error
+
+    def _apply(self, request: zds_pb2.WorkloadRequest, fds: list[int]) -> str:
         kind = request.WhichOneof("payload") or "none"
         try:
             if kind == "add":
@@ -306,6 +357,51 @@ class ZtunnelDouble:
             workloads, self._workloads = list(self._workloads.values()), {}
         for workload in workloads:
             _shut(workload)
+
+
+def netns_cookie(fd: int) -> int:
+    """SO_NETNS_COOKIE of the namespace at `fd`: the kernel never gives another namespace the
+    same cookie (an inode number it does reuse)."""
+
+    def cookie() -> int:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            return int.from_bytes(sock.getsockopt(socket.SOL_SOCKET, SO_NETNS_COOKIE, 8), "little")
+
+    return _in_netns(fd, cookie)
+
+
+INPOD_MARKS = ("ISTIO_PRERT", "ISTIO_OUTPUT", "istio-ambient")
+"""What in-pod redirection leaves in a namespace's rule listings (iptables chains, and Istio's
+native nftables tables)."""
+
+
+def redirects(fd: int) -> bool:
+    """Does the namespace at `fd` hold in-pod redirection rules? (nft lists iptables-nft's and
+    native nftables rules; iptables-legacy-save the legacy ones.)"""
+
+    def listing() -> str:
+        out = []
+        for argv in (["nft", "list", "ruleset"], ["iptables-legacy-save"]):
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                out.append(subprocess.run(argv, capture_output=True, text=True, timeout=10).stdout)
+        return "\n".join(out)
+
+    return any(mark in _in_netns(fd, listing) for mark in INPOD_MARKS)
+
+
+def api_identity(core: Any) -> IdentityLookup:
+    """Each WorkloadInfo compared with the API server's pod (kubernetes CoreV1Api `core`)."""
+
+    def lookup(uid: str, namespace: str, name: str) -> PodIdentity | None:
+        try:
+            pod = core.read_namespaced_pod(name, namespace)
+        except Exception:  # gone (or the API away): nothing to compare with
+            return None
+        if pod.metadata.uid != uid:
+            return None  # the name is another pod's now
+        return PodIdentity(uid, name, namespace, pod.spec.service_account_name or "")
+
+    return lookup
 
 
 def _pending_request(sock: socket.socket) -> bool:

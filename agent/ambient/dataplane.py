@@ -29,9 +29,15 @@ class AmbientPod:
     namespace: str
     service_account: str
     ips: tuple[str, ...]
-    """The pod's IPs (status.podIPs), IPv4 and/or IPv6."""
+    """The pod's IPs, IPv4 and/or IPv6: at a CNI ADD those of the CNI chain's result
+    (prevResult, as Istio), else status.podIPs."""
     netns_path: str
-    """Path of the pod's network namespace as the agent sees it (e.g. /var/run/netns/cni-...)."""
+    """Path of the pod's network namespace as the agent sees it (e.g. /var/run/netns/cni-...);
+    empty for a pod enrolled before a restart whose namespace was not found (ztunnel gets
+    KeepWorkload for it, as from Istio)."""
+    sandbox: str = ""
+    """The CNI ADD's container id (sandbox) that enrolled the pod; empty when the pod was
+    enrolled running (watch, start-up). Only that sandbox's DEL releases the pod."""
 
 
 class PodRules(Protocol):

@@ -10,7 +10,7 @@ podutil.go; cni/pkg/nodeagent: informers.go, meshdataplane_linux.go; cni/pkg/plu
   (`sidecar.istio.io/status`), never a pod of an excluded namespace, a terminated pod (phase
   Succeeded/Failed) or a ztunnel pod (`app=ztunnel` in the system namespace).
 - `pod_update_action` / `release_on_delete` / `namespace_change_matters`: what the agent's pod
-  and namespace watch does on each event.
+  and namespace watch does on each event, the annotation made to match the agent's record.
 - `redirection_state` and `annotation_patch`: the `ambient.istio.io/redirection` annotation Istio
   reads and writes (through the pods/status subresource, as a JSON merge patch). The pod's owner
   can write it too: decisions take the state the agent recorded (`state=`), never the
@@ -72,14 +72,16 @@ class AnnotationPatch:
         return json.dumps(self.body, separators=(",", ":")).encode()
 
 
-PodAction = Literal["add", "remove", "remove-deleted", "sync-host-probe", "none"]
+PodAction = Literal["add", "remove", "remove-deleted", "sync-host-probe", "annotate", "none"]
 
 
 @dataclass(frozen=True)
 class Action:
     """What the watch does on a pod update. remove-deleted: the pod terminated, release it as a
     deleted pod (ztunnel and host side only; use the *old* pod, whose status still has its IPs);
-    sync-host-probe: an enrolled pod's IPs changed, re-add them to the host probe address set."""
+    sync-host-probe: an enrolled pod's IPs changed, re-add them to the host probe address set;
+    annotate: the pod's `ambient.istio.io/redirection` is not its state (written by hand, or a
+    write that failed): write the state's (`enabled`, or none)."""
 
     action: PodAction
     reason: str
@@ -193,6 +195,31 @@ def should_enroll(
     return selectors_match(pod, namespace, selectors)
 
 
+def namespace_may_enroll(
+    pod: Mapping[str, Any],
+    selectors: Sequence[EnablementSelector],
+    *,
+    exclude_namespaces: Collection[str] = (),
+    system_namespace: str = DEFAULT_SYSTEM_NAMESPACE,
+) -> bool:
+    """Could the labels of the pod's namespace make it enrolled? Nothing of the pod's keeps it
+    out (`should_enroll`'s other rules) and some selector with a namespace selector matches the
+    pod's own labels."""
+    ns_name = str(_meta(pod).get("namespace") or "default")
+    if (
+        ns_name in exclude_namespaces
+        or is_ztunnel_pod(pod, system_namespace)
+        or is_terminated(pod)
+        or _spec(pod).get("hostNetwork") is True
+        or SIDECAR_STATUS_ANNOTATION in annotations_of(pod)
+    ):
+        return False
+    labels = labels_of(pod)
+    return any(
+        not s.namespaceSelector.empty and selector_matches(s.podSelector, labels) for s in selectors
+    )
+
+
 def namespace_matches(
     ns_labels: Mapping[str, str], selectors: Sequence[EnablementSelector]
 ) -> bool:
@@ -247,6 +274,9 @@ def pod_update_action(
     if is_terminated(pod):
         return Action("none", f"pod has terminated (phase {_phase(pod)})")
     if (state == "enabled") == decision.enroll and state != "pending":
+        claim = redirection_state(pod)
+        if claim != state:
+            return Action("annotate", f"annotation says {claim}, the pod is {state}")
         return Action("none", f"no change needed ({state}): {decision.reason}")
     if not decision.enroll:
         return Action("remove", f"pod is {state} but should not be: {decision.reason}")

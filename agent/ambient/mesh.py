@@ -3,7 +3,8 @@ and release it, in the order of Istio's node agent (cni/pkg/nodeagent meshdatapl
 net_linux.go at the version of our conformance data):
 
     add:    netns (from the CNI request, else found by the pod's identity) -> in-pod rules
-            -> ztunnel add -> host probe IPs -> annotation `enabled`
+            -> ztunnel add -> host probe IPs -> annotation `enabled` (last: once it is written,
+            istiod treats the pod as captured)
     remove: host probe IPs -> in-pod rules (only when the pod lives on and its netns exists)
             -> ztunnel del -> annotation removed (a failure ignored when the pod is deleted)
 
@@ -13,7 +14,8 @@ Failures, as Istio treats them:
 - ztunnel away or refusing: the rules stay, the pod stays in the set (sent with the next
   snapshot), annotation `pending`, `ZtunnelPending` raised (a CNI ADD fails and the runtime
   retries; the watch retries until enabled).
-- host probe set or annotation failed: raised as is, retried by the watch.
+- host probe set or annotation failed: raised as is; the pod stays `pending` until both are
+  done, so the watch's retry does what is left (ztunnel, which has the pod, is not asked again).
 - a value of the pod refused (agent.podinput: `ambient.istio.io/bypass-inbound-capture: "yes
   please"`), failing closed by where the pod is. At a CNI ADD (a netns given) the pod is refused,
   `NonRetryableAdd`: it does not start, as the sidecar ADD and `rules --ambient pod --pod` refuse
@@ -25,7 +27,15 @@ Failures, as Istio treats them:
 The enrolled set (uid -> AmbientPod) is what ztunnel gets as its snapshot on each connect, and
 the agent's own record of each pod's state (`state`): the pod-writable annotation is written for
 others to read, never read back as the truth. After a restart the set is rebuilt from what the
-node shows: a pod is enrolled when its netns, found by its identity, holds our in-pod rules.
+node shows: a pod is enrolled when its netns, found by its identity, holds our in-pod rules; a
+pod claimed enrolled whose netns is not found stays in the set without one (ztunnel gets
+KeepWorkload for it, as from Istio, and keeps what it had) and `pending`, so the watch looks for
+its netns again. The annotation is made to match the record by the watch (agent.ambient.watch).
+
+At a CNI ADD the pod's IPs are those of the CNI chain's result (Istio: prevResult), not its
+status, which still holds the old sandbox's IP when a sandbox is re-created; the sandbox is
+recorded, and only its DEL releases the pod (a stale sandbox's DEL after the new one's ADD
+leaves the pod enrolled).
 """
 
 from __future__ import annotations
@@ -33,13 +43,20 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Mapping
+from typing import Any
 
 from agent.ambient.annotator import Annotator, StatusAnnotator
 from agent.ambient.dataplane import AmbientPod, HostProbeRules, PodRules, ZtunnelLink
 from agent.ambient.enrollment import RedirectionState, annotation_patch, pod_ips
+from agent.ambient.reconcile import (
+    NetnsFinder,
+    ReconcileReport,
+    StartupReconcile,
+    ambient_pod,
+)
+from agent.ambient.reconcile import meta_of as _meta
+from agent.ambient.reconcile import ref_of as _ref
 from agent.errors import (
     InvalidPodInputError,
     MeshError,
@@ -57,27 +74,14 @@ __all__ = [
     "Annotator",
     "MeshDataplane",
     "MeshError",
+    "NetnsFinder",
     "NonRetryableAdd",
+    "ReconcileReport",
     "StatusAnnotator",
     "ZtunnelPending",
+    "ambient_pod",
     "rule_options_for",
 ]
-
-
-class NetnsFinder(Protocol):
-    def __call__(self, pods: Sequence[Mapping[str, Any]]) -> Mapping[str, str]:
-        """uid -> netns path of each running pod found on the node, by the pod's identity
-        (agent.podnetns.finder), never by its IP alone."""
-        ...
-
-
-def _meta(pod: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = pod.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
-
-
-def _ref(pod: Mapping[str, Any]) -> str:
-    return f"{_meta(pod).get('namespace')}/{_meta(pod).get('name')}"
 
 
 def _without_annotations(pod: Mapping[str, Any]) -> dict[str, Any]:
@@ -85,35 +89,7 @@ def _without_annotations(pod: Mapping[str, Any]) -> dict[str, Any]:
     return {**pod, "metadata": {**_meta(pod), "annotations": {}}}
 
 
-def ambient_pod(pod: Mapping[str, Any], netns_path: str) -> AmbientPod:
-    meta = _meta(pod)
-    spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
-    return AmbientPod(
-        uid=str(meta.get("uid", "")),
-        name=str(meta.get("name", "")),
-        namespace=str(meta.get("namespace", "")),
-        service_account=str((spec or {}).get("serviceAccountName") or "default"),
-        ips=pod_ips(pod),
-        netns_path=netns_path,
-    )
-
-
-@dataclass
-class ReconcileReport:
-    """What start-up reconcile did (for logs and tests)."""
-
-    found: list[str] = field(default_factory=list)
-    """uids of pods whose netns was found holding our rules (now in the enrolled set)."""
-    missing: list[str] = field(default_factory=list)
-    """uids of candidate pods whose netns was not found on the node."""
-    not_enrolled: list[str] = field(default_factory=list)
-    """uids whose netns holds none of our rules: not enrolled, whatever their annotation says."""
-    reapplied: list[str] = field(default_factory=list)
-    """uids whose rules were not as expected and were written again."""
-    failed: list[str] = field(default_factory=list)
-
-
-class MeshDataplane:
+class MeshDataplane(StartupReconcile):
     """add / remove / sync_host_probe / reconcile for ambient pods; thread-safe per pod uid."""
 
     def __init__(
@@ -136,6 +112,8 @@ class MeshDataplane:
         self._enrolled: dict[str, AmbientPod] = {}
         self._pending: set[str] = set()
         """uids in the enrolled set that ztunnel has not acknowledged (yet)."""
+        self._unfinished: set[str] = set()
+        """uids ztunnel took whose host probe IPs or `enabled` annotation are not done yet."""
         self._pod_locks: dict[str, threading.Lock] = {}
         self._refusals: dict[str, str] = {}
         """uid -> the refusal of the running pod's values last logged (once per reason)."""
@@ -162,7 +140,8 @@ class MeshDataplane:
         with self._lock:
             if uid not in self._enrolled:
                 return "none"
-            return "pending" if uid in self._pending else "enabled"
+            unfinished = uid in self._pending or uid in self._unfinished
+            return "pending" if unfinished else "enabled"
 
     def _put(self, pod: AmbientPod) -> None:
         with self._lock:
@@ -171,6 +150,7 @@ class MeshDataplane:
     def _take(self, uid: str) -> AmbientPod | None:
         with self._lock:
             self._pending.discard(uid)
+            self._unfinished.discard(uid)
             return self._enrolled.pop(uid, None)
 
     def _set_pending(self, uid: str, pending: bool) -> None:
@@ -179,39 +159,74 @@ class MeshDataplane:
 
     # -- add / remove ------------------------------------------------------------------------
 
-    def add(self, pod: Mapping[str, Any], netns_path: str = "") -> AmbientPod:
-        """Enroll the pod; `netns_path` from a CNI ADD, empty to find it (a running pod)."""
+    def add(
+        self,
+        pod: Mapping[str, Any],
+        netns_path: str = "",
+        *,
+        sandbox: str = "",
+        ips: tuple[str, ...] = (),
+    ) -> AmbientPod:
+        """Enroll the pod; `netns_path`, `sandbox` (container id) and `ips` (the CNI result's,
+        as Istio's AddPodToMesh takes them) from a CNI ADD; no netns to find it (a running pod,
+        its status IPs)."""
         with self._pod_lock(str(_meta(pod).get("uid", ""))):
-            return self._add(pod, netns_path)
+            return self._add(pod, netns_path, sandbox, ips)
 
-    def remove(self, pod: Mapping[str, Any], *, deleted: bool) -> None:
+    def remove(self, pod: Mapping[str, Any], *, deleted: bool, sandbox: str = "") -> None:
         """Release the pod; `deleted`: it is gone (or going), so its netns is left alone and a
-        failed annotation removal does not matter."""
+        failed annotation removal does not matter. `sandbox`: a CNI DEL's container id; the
+        pod is released only when that sandbox is the one it was enrolled with."""
         uid = str(_meta(pod).get("uid", ""))
         with self._pod_lock(uid):
-            self._remove(pod, deleted=deleted)
+            known = self.enrolled(uid)
+            if sandbox and known is not None and known.sandbox not in ("", sandbox):
+                log.info(
+                    "DEL of a sandbox the pod no longer runs in; the pod stays enrolled",
+                    extra={"fields": {"pod": _ref(pod), "sandbox": sandbox}},
+                )
+                return
+            self._remove(pod, known, deleted=deleted)
         if deleted:
             with self._lock:
                 self._pod_locks.pop(uid, None)
                 self._refusals.pop(uid, None)
 
-    def _add(self, pod: Mapping[str, Any], netns_path: str) -> AmbientPod:
+    def annotate_as_recorded(self, pod: Mapping[str, Any]) -> None:
+        """Write the annotation of the pod's recorded state (`enabled`, or none when not
+        enrolled); a pending pod's is written by its add."""
+        uid = str(_meta(pod).get("uid", ""))
+        with self._pod_lock(uid):
+            state = self.state(uid)
+            if state != "pending":
+                self._annotate(pod, state)
+
+    def _add(
+        self, pod: Mapping[str, Any], netns_path: str, sandbox: str, ips: tuple[str, ...]
+    ) -> AmbientPod:
         ref, uid = _ref(pod), str(_meta(pod).get("uid", ""))
+        known = self.enrolled(uid)
+        if known is not None and not netns_path and self._only_finishing(uid):
+            return self._finish(pod, known, None)
         try:  # the pod's own values first: at an ADD a refused one programs nothing
             options = self._options(pod, running=not netns_path)
             podinput.pod_ips(pod)
         except InvalidPodInputError as e:
             self._take(uid)
             raise NonRetryableAdd(f"pod {ref}: {e}") from e
-        netns = netns_path or self._known_or_found_netns(pod)
-        enrolled = ambient_pod(pod, netns)
+        netns = netns_path or self._known_or_found_netns(pod, known)
+        if not sandbox and known is not None and known.netns_path == netns:
+            sandbox = known.sandbox  # the same sandbox, enrolled again while running
+        enrolled = ambient_pod(pod, netns, sandbox=sandbox, ips=ips)
         try:
             backend = self._rules.apply(netns, options)
         except Exception as e:
             self._take(uid)
             raise NonRetryableAdd(f"pod {ref}: in-pod rules in {netns}: {e}") from e
         self._put(enrolled)
-        self._set_pending(uid, True)
+        with self._lock:
+            self._pending.add(uid)
+            self._unfinished.add(uid)
         try:
             self._ztunnel.add(enrolled)
         except ZtunnelError as e:
@@ -222,23 +237,43 @@ class MeshDataplane:
             self._annotate(pod, "pending")
             raise ZtunnelPending(f"pod {ref}: ztunnel did not take the pod: {e}") from e
         self._set_pending(uid, False)
-        try:
-            self._host.add(uid, enrolled.ips)
-        except Exception as e:
-            raise MeshError(f"pod {ref}: host probe address set: {e}") from e
-        self._annotate(pod, "enabled")
+        self._finish(pod, enrolled, known)
         log.info("pod enrolled", extra={"fields": {"pod": ref, "netns": netns, "backend": backend}})
         return enrolled
 
-    def _remove(self, pod: Mapping[str, Any], *, deleted: bool) -> None:
-        ref, uid = _ref(pod), str(_meta(pod).get("uid", ""))
+    def _only_finishing(self, uid: str) -> bool:
+        with self._lock:
+            return uid in self._unfinished and uid not in self._pending
+
+    def _finish(
+        self, pod: Mapping[str, Any], enrolled: AmbientPod, replaced: AmbientPod | None
+    ) -> AmbientPod:
+        """Istio's steps once ztunnel has the pod: its IPs in the host probe set (those of a
+        `replaced` record, another sandbox's, out), then the annotation `enabled`. Until both
+        are done the pod stays pending, so a retry does what is left."""
+        uid = enrolled.uid
+        stale = [ip for ip in (replaced.ips if replaced else ()) if ip not in enrolled.ips]
         try:
-            self._host.remove(uid, pod_ips(pod))
+            self._host.add(uid, enrolled.ips or pod_ips(pod))
+            if stale:
+                self._host.remove(uid, stale)
+        except Exception as e:
+            raise MeshError(f"pod {_ref(pod)}: host probe address set: {e}") from e
+        self._annotate(pod, "enabled")
+        with self._lock:
+            self._unfinished.discard(uid)
+        return enrolled
+
+    def _remove(self, pod: Mapping[str, Any], known: AmbientPod | None, *, deleted: bool) -> None:
+        ref, uid = _ref(pod), str(_meta(pod).get("uid", ""))
+        ips = tuple(dict.fromkeys((*pod_ips(pod), *(known.ips if known else ()))))
+        try:
+            self._host.remove(uid, ips)
         except Exception as e:
             raise MeshError(f"pod {ref}: remove from host probe address set: {e}") from e
         known = self._take(uid)
         if not deleted:
-            if known is not None and os.path.exists(known.netns_path):
+            if known is not None and known.netns_path and os.path.exists(known.netns_path):
                 try:
                     self._rules.remove(known.netns_path)
                 except Exception as e:
@@ -267,101 +302,6 @@ class MeshDataplane:
         uid = str(_meta(pod).get("uid", ""))
         self._host.add(uid, pod_ips(pod))
 
-    # -- start-up ----------------------------------------------------------------------------
-
-    def reconcile(
-        self, pods: Sequence[Mapping[str, Any]], *, reapply_rules: bool
-    ) -> ReconcileReport:
-        """Istio's ConstructInitialSnapshot, from what the node shows: each candidate's netns is
-        found by its identity, and a pod is enrolled (in ztunnel's first snapshot, its IPs in the
-        host probe set) when that netns holds our in-pod rules; with `reapply_rules`
-        (reconcileIptablesOnStartup) rules that differ are written again. Candidates are the pods
-        claimed enrolled and those the selectors enroll: a claim alone enrolls nothing."""
-        report = ReconcileReport()
-        self._host.ensure()
-        found = self._find_netns(pods) if pods else {}
-        enrolled: list[Mapping[str, Any]] = []
-        for pod in pods:  # each on its own: one pod's failure leaves the others' start-up alone
-            uid = str(_meta(pod).get("uid", ""))
-            try:
-                if self._reconcile_one(pod, found.get(uid), report):
-                    enrolled.append(pod)
-                    if reapply_rules:
-                        self._reapply(pod, str(found.get(uid)), report)
-            except Exception as e:
-                report.failed.append(uid)
-                log.error(
-                    "reconcile of pod failed; the other pods go on",
-                    exc_info=e,
-                    extra={"fields": {"pod": _ref(pod)}},
-                )
-        self._sync_host(enrolled)
-        log.info(
-            "ambient reconcile on start-up",
-            extra={
-                "fields": {
-                    "enrolled": len(report.found),
-                    "missing": len(report.missing),
-                    "notEnrolled": len(report.not_enrolled),
-                    "reapplied": len(report.reapplied),
-                    "failed": len(report.failed),
-                }
-            },
-        )
-        return report
-
-    def _reconcile_one(
-        self, pod: Mapping[str, Any], netns: str | None, report: ReconcileReport
-    ) -> bool:
-        """True when the pod is enrolled: its netns, found, holds our rules."""
-        uid = str(_meta(pod).get("uid", ""))
-        if netns is None:
-            report.missing.append(uid)
-            return False
-        if not self._rules_installed(pod, netns):
-            report.not_enrolled.append(uid)
-            return False
-        self._put(ambient_pod(pod, netns))
-        report.found.append(uid)
-        return True
-
-    def _rules_installed(self, pod: Mapping[str, Any], netns: str) -> bool:
-        """Our rules in the pod's netns; when that cannot be read, not enrolled (the watch then
-        enrolls the pod again, which captures it: never count an unknown as captured)."""
-        try:
-            return self._rules.installed(netns)
-        except Exception as e:
-            log.warning(
-                "cannot read the pod's netns; treating it as not enrolled",
-                extra={"fields": {"pod": _ref(pod), "netns": netns, "error": str(e)}},
-            )
-            return False
-
-    def _sync_host(self, pods: Sequence[Mapping[str, Any]]) -> None:
-        with_ips = [(str(_meta(p).get("uid", "")), pod_ips(p)) for p in pods]
-        if all(ips for _, ips in with_ips):
-            self._host.sync(with_ips)
-            return
-        log.warning("an enrolled pod has no IP yet; host probe set not pruned")  # as Istio
-        for uid, ips in with_ips:
-            if ips:
-                self._host.add(uid, ips)
-
-    def _reapply(self, pod: Mapping[str, Any], netns: str, report: ReconcileReport) -> None:
-        """The pod stays enrolled whatever happens here: its netns holds our rules."""
-        uid = str(_meta(pod).get("uid", ""))
-        try:
-            options = self._options(pod, running=True)
-            if not self._rules.present(netns, options):
-                self._rules.apply(netns, options)
-                report.reapplied.append(uid)
-        except Exception as e:
-            report.failed.append(uid)
-            log.error(
-                "reconcile of in-pod rules failed; restart the pod or re-label it",
-                extra={"fields": {"pod": _ref(pod), "error": str(e)}},
-            )
-
     def remove_host_rules(self) -> None:
         """Uninstall (Istio's Stop without skipCleanup): node-side rules and sets go."""
         self._host.remove_all()
@@ -387,17 +327,19 @@ class MeshDataplane:
                 )
             return self._options_for(_without_annotations(pod))
 
-    def _known_or_found_netns(self, pod: Mapping[str, Any]) -> str:
+    def _known_or_found_netns(self, pod: Mapping[str, Any], known: AmbientPod | None) -> str:
         uid = str(_meta(pod).get("uid", ""))
-        known = self.enrolled(uid)
-        if known is not None and os.path.exists(known.netns_path):
+        if known is not None and known.netns_path and os.path.exists(known.netns_path):
             return known.netns_path
         found = self._find_netns([pod]).get(uid)
         if found is None:
-            raise NonRetryableAdd(
+            what = (
                 f"pod {_ref(pod)}: cannot find its network namespace on the node "
                 f"(IPs {', '.join(pod_ips(pod)) or 'none'})"
             )
+            if known is not None and not known.netns_path:  # kept at start-up: look again
+                raise MeshError(f"{what}; ztunnel keeps the pod meanwhile")
+            raise NonRetryableAdd(what)
         return found
 
     def _annotate(self, pod: Mapping[str, Any], state: str) -> None:

@@ -17,7 +17,10 @@ is logged once per distinct reason, not once per update.
 
 Pod adds need nothing (the CNI ADD enrolls new pods); on start-up every namespace arrives as an
 add, so every pod on the node is examined once: pods that should be enrolled and are not (they
-started before the agent, or their namespace was labelled meanwhile) are enrolled live.
+started before the agent, or their namespace was labelled meanwhile) are enrolled live, and a
+pod whose `ambient.istio.io/redirection` annotation is not its state (found enrolled without
+it, the annotation removed by hand, a stale claim) gets its state's annotation; so does any
+pod whose annotation is changed later.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ class Mesh(Protocol):
     def add(self, pod: Mapping[str, Any], netns_path: str = "") -> object: ...
     def remove(self, pod: Mapping[str, Any], *, deleted: bool) -> None: ...
     def sync_host_probe(self, pod: Mapping[str, Any]) -> None: ...
+    def annotate_as_recorded(self, pod: Mapping[str, Any]) -> None: ...
 
 
 class Pods(Protocol):
@@ -265,6 +269,8 @@ class AmbientWatch:
             self._mesh.remove(event.old or current, deleted=True)
         elif action.action == "sync-host-probe":
             self._mesh.sync_host_probe(current)
+        elif action.action == "annotate":
+            self._mesh.annotate_as_recorded(current)
 
     def _add(self, pod: Obj) -> None:
         uid = str(_meta(pod).get("uid", ""))

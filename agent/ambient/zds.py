@@ -369,6 +369,12 @@ def _fields(pod: AmbientPod, conn: Connection) -> dict[str, str]:
 
 
 def _open_or_none(pod: AmbientPod) -> int | None:
+    if not pod.netns_path:  # enrolled before a restart, its namespace not found then
+        log.info(
+            "network namespace of a snapshot pod unknown; sending KeepWorkload",
+            extra={"fields": {"uid": pod.uid, "pod": f"{pod.namespace}/{pod.name}"}},
+        )
+        return None
     try:
         return os.open(pod.netns_path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as e:

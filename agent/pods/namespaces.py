@@ -34,6 +34,11 @@ class NamespaceCache(ListWatchCache):
             return self.get("", name)
         return self.cached("", name) or self._read("", name)
 
+    def read_namespace(self, name: str) -> Namespace | None:
+        """The namespace from the API server now (one GET, not cached: the watch brings it);
+        None when it does not exist; ApiLookupError when the API server failed."""
+        return self._read("", name)
+
     def cached_namespace(self, name: str) -> Namespace | None:
         return self.cached("", name)
 

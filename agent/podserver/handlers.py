@@ -93,9 +93,11 @@ class Ambient(Protocol):
 
     def decide(self, pod: Mapping[str, Any]) -> AmbientVerdict: ...
 
-    def enroll(self, pod: Mapping[str, Any], netns: str) -> str: ...
+    def enroll(
+        self, pod: Mapping[str, Any], netns: str, *, sandbox: str, ips: tuple[str, ...]
+    ) -> str: ...
 
-    def release(self, pod: Mapping[str, Any]) -> None: ...
+    def release(self, pod: Mapping[str, Any], *, sandbox: str) -> None: ...
 
 
 class Redirector(Protocol):
@@ -262,8 +264,8 @@ class PodHandlers:
         """Fail closed: a pod ambient must capture starts only once captured and in ztunnel."""
         assert self._ambient is not None
         pod = _with_ips(pod, req.ips)
-        try:
-            done = self._ambient.enroll(pod, req.netns)
+        try:  # the probe set gets the CNI result's IPs (a re-created sandbox's new IP)
+            done = self._ambient.enroll(pod, req.netns, sandbox=req.container_id, ips=req.ips)
         except Exception as e:  # ztunnel has not taken it yet: retry later (ZtunnelPending)
             raise self._failed(req, "ambient enrollment", e) from e
         uid = str((pod.get("metadata") or {}).get("uid") or req.pod_uid)  # K8S_POD_UID is optional
@@ -309,7 +311,7 @@ class PodHandlers:
         reason = "sandbox state removed" if removed else "no state kept for sandbox"
         if removed is not None and removed.ambient and self._ambient is not None:
             try:
-                self._ambient.release(_sandbox_pod(removed))
+                self._ambient.release(_sandbox_pod(removed), sandbox=removed.container_id)
             except Exception as e:  # the watch's delete event releases it again
                 log.warning(
                     "ambient release on DEL failed",

@@ -138,3 +138,15 @@ def test_log_keys_of_the_chart(tmp_path: Path) -> None:
     assert Settings().logAsJson is False and Settings().daemonSetName == ""
     with pytest.raises(ConfigError, match="key logAsJson must be true or false"):
         load_settings(write(tmp_path, "logAsJson: 'yes'\n"))
+
+
+def test_the_exclude_default_that_differs_from_istios_is_documented() -> None:
+    """Istio's chart excludes only kube-system; ours also istio-system (the configuration
+    contract), which keeps ambient pods there out of the mesh: the README's list of differences
+    says so, with both defaults and how to align."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    differences = readme.split("What differs between Istio's node agent and this one", 1)[1]
+    differences = differences.split("\n\n", 2)[1]  # the table
+    [row] = [line for line in differences.splitlines() if "`excludeNamespaces` default" in line]
+    assert "`[kube-system]`" in row and "`[istio-system, kube-system]`" in row
+    assert Settings().excludeNamespaces == ("istio-system", "kube-system")

@@ -48,6 +48,7 @@ class FakeHostProbeRules:
         self.journal = journal
         self.entries: dict[str, set[str]] = {}
         self.fail_add = False
+        self.fail_add_times = 0
         self.removed_all = False
 
     def ensure(self) -> None:
@@ -55,13 +56,21 @@ class FakeHostProbeRules:
 
     def add(self, uid: str, ips: Collection[str]) -> None:
         self.journal.append(("host.add", uid, *sorted(ips)))
+        if self.fail_add_times:
+            self.fail_add_times -= 1
+            raise RedirectError("ipset add: exit 1")
         if self.fail_add:
             raise RedirectError("ipset add: exit 1")
         self.entries.setdefault(uid, set()).update(ips)
 
     def remove(self, uid: str, ips: Collection[str]) -> None:
+        """Only the given IPs (the real set deletes entries by IP and the pod's UID)."""
         self.journal.append(("host.remove", uid))
-        self.entries.pop(uid, None)
+        left = self.entries.get(uid, set()) - set(ips)
+        if left:
+            self.entries[uid] = left
+        else:
+            self.entries.pop(uid, None)
 
     def sync(self, pods: Iterable[tuple[str, Collection[str]]]) -> None:
         self.entries = {uid: set(ips) for uid, ips in pods}
@@ -121,10 +130,15 @@ class FakeAnnotator:
         self.journal = journal
         self.values: dict[str, str | None] = {}
         self.fail = False
+        self.fail_times = 0
+        """Fail this many patches (then succeed), as an API server briefly away."""
 
     def patch(self, namespace: str, name: str, patch: AnnotationPatch) -> None:
         value = patch.body["metadata"]["annotations"]["ambient.istio.io/redirection"]
         self.journal.append(("annotate", f"{namespace}/{name}", str(value)))
+        if self.fail_times:
+            self.fail_times -= 1
+            raise RuntimeError("API server answered 503")
         if self.fail:
             raise RuntimeError("API server answered 500")
         self.values[f"{namespace}/{name}"] = value

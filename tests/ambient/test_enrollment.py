@@ -368,14 +368,33 @@ def test_pod_update_action_follows_istios_informer(
     assert reason in got.reason
 
 
+@pytest.mark.parametrize(
+    ("annotation", "recorded", "the_ns"),
+    [
+        ({}, "enabled", AMBIENT_NS),  # found enrolled at start-up, or the annotation removed
+        ({"ambient.istio.io/redirection": "pending"}, "enabled", AMBIENT_NS),
+        ({"ambient.istio.io/redirection": "enabled"}, "none", PLAIN_NS),  # a stale claim
+    ],
+    ids=["enrolled-unannotated", "enrolled-annotated-pending", "stale-claim"],
+)
+def test_an_annotation_that_is_not_the_pods_state_is_written_again(
+    annotation: dict[str, str], recorded: RedirectionState, the_ns: dict[str, Any]
+) -> None:
+    """istiod reads `enabled` to send the pod HBONE: the annotation must say what the agent
+    did, at start-up (reconcile) and whenever it changes."""
+    the_pod = pod(annotations=annotation)
+    got = pod_update_action(the_pod, the_ns, DEFAULT, state=recorded)
+    assert got.action == "annotate", got.reason
+
+
 @pytest.mark.hostile
 @pytest.mark.parametrize(
     ("claimed", "recorded", "the_ns", "action"),
     [
         ("enabled", "none", AMBIENT_NS, "add"),  # a claim does not keep it out of the mesh
-        ("pending", "enabled", AMBIENT_NS, "none"),
+        ("pending", "enabled", AMBIENT_NS, "annotate"),  # the record's `enabled` written back
         ("disabled", "enabled", PLAIN_NS, "remove"),  # removing the claim hides nothing
-        ("enabled", "none", PLAIN_NS, "none"),
+        ("enabled", "none", PLAIN_NS, "annotate"),  # the claim removed, nothing enrolled
     ],
     ids=["claims-enabled", "claims-pending", "drops-claim", "claims-outside-mesh"],
 )

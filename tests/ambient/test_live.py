@@ -38,7 +38,7 @@ from testbed.kubepods import wait_for
 from testbed.node import NodePods
 from testbed.podnet import saved_rules
 from testbed.podnetns import PodNamespaces
-from testbed.ztunnel_double import ZtunnelDouble
+from testbed.ztunnel_double import ZtunnelDouble, api_identity
 from tests.podserver.helpers import call
 
 pytestmark = pytest.mark.ambient
@@ -119,7 +119,7 @@ def bed(kube_core: Any, sim_node: str, tmp_path: Path, node_netns: str) -> Itera
 
 @pytest.fixture
 def ztunnel(bed: Bed) -> Iterator[ZtunnelDouble]:
-    with ZtunnelDouble(bed.settings.ztunnelSocketPath) as double:
+    with ZtunnelDouble(bed.settings.ztunnelSocketPath, identity=api_identity(bed.core)) as double:
         yield double
 
 
@@ -140,8 +140,13 @@ def running_pod(
     netns.ip("addr", "add", f"{ip}/24", "dev", "eth0", netns=ns_name)
     netns.ip("link", "set", "eth0", "up", netns=ns_name)
     created = node_pods.create(namespace, name, **options)
-    pod_namespaces.sandboxes.start(f"/run/netns/{ns_name}", created["metadata"]["uid"])
+    uid = created["metadata"]["uid"]
+    SANDBOX_PIDS[uid] = pod_namespaces.sandboxes.start(f"/run/netns/{ns_name}", uid)
     return node_pods.set_running(namespace, name, ip), ns_name
+
+
+SANDBOX_PIDS: dict[str, int] = {}
+"""Pod UID -> its sandbox process (the agent finds the pod's netns through it)."""
 
 
 def annotation(core: Any, namespace: str, name: str) -> str | None:
@@ -217,6 +222,10 @@ def test_pod_label_enrolls_and_opt_out_releases(
     )
     wait_for(lambda: annotation(kube_core, namespace, "web") is None, "annotation removed")
     assert inpod_chains(ns_name) == 0
+    # Back in, same sandbox: released properly (rules first), the pod may come back.
+    kube_core.patch_namespaced_pod("web", namespace, {"metadata": {"labels": AMBIENT}})
+    wait_for(lambda: annotation(kube_core, namespace, "web") == "enabled", "enabled again")
+    assert inpod_chains(ns_name) > 0
 
 
 def test_agent_restart_keeps_pods_captured_without_duplicates(
@@ -246,6 +255,38 @@ def test_agent_restart_keeps_pods_captured_without_duplicates(
     assert rules_of(ns_name) == before  # no duplicate, nothing rewritten
 
 
+def test_a_pod_whose_netns_is_not_found_at_restart_stays_in_ztunnel(
+    bed: Bed,
+    ztunnel: ZtunnelDouble,
+    kube_core: Any,
+    node_pods: NodePods,
+    pod_namespaces: PodNamespaces,
+    namespace: str,
+) -> None:
+    """After an agent restart an enrolled pod's netns is not found (its sandbox process is not
+    there to find it by): ztunnel, which did not restart, gets KeepWorkload for it, as from
+    Istio, and does not delete it at SnapshotSent while its in-pod rules still redirect to it;
+    once the netns can be found again the pod is handed over with it."""
+    label_namespace(kube_core, namespace, AMBIENT)
+    pod, ns_name = running_pod(node_pods, pod_namespaces, namespace, "web")
+    uid = pod["metadata"]["uid"]
+    bed.start()
+    ztunnel.connect()
+    wait_for(lambda: annotation(kube_core, namespace, "web") == "enabled", "annotation enabled")
+    bed.stop()
+    ztunnel.wait_disconnected()
+    pod_namespaces.sandboxes.stop(SANDBOX_PIDS[uid])
+    service = bed.start()
+    ztunnel.connect()
+    ztunnel.wait_for("the second snapshot", lambda z: z.snapshots >= 2)
+    assert uid in ztunnel.workloads() and inpod_chains(ns_name) > 0
+    assert ("keep", uid, False) in ztunnel.requests
+    assert service.reconciled is not None and service.reconciled.kept == [uid]
+    SANDBOX_PIDS[uid] = pod_namespaces.sandboxes.start(f"/run/netns/{ns_name}", uid)
+    wait_for(lambda: bed.mesh.state(uid) == "enabled", "the pod found and handed over again")
+    assert ztunnel.requests[-1][:2] == ("add", uid)
+
+
 def test_pod_deleted_while_ztunnel_is_away(
     bed: Bed,
     ztunnel: ZtunnelDouble,
@@ -270,21 +311,8 @@ def test_pod_deleted_while_ztunnel_is_away(
     assert uid not in ztunnel.workloads()
 
 
-def test_cni_add_of_ambient_pod_through_the_pod_server(
-    bed: Bed,
-    ztunnel: ZtunnelDouble,
-    kube_core: Any,
-    sim_node: str,
-    node_pods: NodePods,
-    pod_namespaces: PodNamespaces,
-    namespace: str,
-    tmp_path: Path,
-) -> None:
-    label_namespace(kube_core, namespace, AMBIENT)
-    service = bed.start()
-    ztunnel.connect()
-    ns_name = Path(pod_namespaces.netns()).name
-    pod = node_pods.create(namespace, "fresh")  # no IP yet: the ADD brings it
+def pod_server(kube_core: Any, sim_node: str, bed: Bed, tmp_path: Path) -> tuple[PodService, str]:
+    """The agent's real pod server, its ambient side on the bed's mesh, and its socket."""
     enroller = AmbientEnroller(
         namespaces=NamespaceCache(kube_core, sim_node),
         mesh=bed.mesh,
@@ -302,23 +330,50 @@ def test_cni_add_of_ambient_pod_through_the_pod_server(
         ambient=enroller,
         cache=PodCache(kube_core, sim_node),
     )
+    return server, settings.socket_path
+
+
+def cni(
+    socket: str, command: str, sandbox: str, ns_name: str, namespace: str, ip: str
+) -> dict[str, Any]:
+    """One CNI request for pod `fresh` through the pod server's socket; its reply."""
+    body = wire.encode(
+        wire.cni_request(
+            command=command,
+            container_id=sandbox,
+            netns=f"/run/netns/{ns_name}",
+            ifname="eth0",
+            pod_name="fresh",
+            pod_namespace=namespace,
+            pod_uid="",
+            cni_version="1.0.0",
+            prev_result={"ips": [{"address": f"{ip}/24"}]},
+        )
+    )
+    status, reply = call(socket, "POST", wire.COMMAND_PATHS[command], body)
+    assert status == 200, reply
+    return dict(reply)
+
+
+def test_cni_add_of_ambient_pod_through_the_pod_server(
+    bed: Bed,
+    ztunnel: ZtunnelDouble,
+    kube_core: Any,
+    sim_node: str,
+    node_pods: NodePods,
+    pod_namespaces: PodNamespaces,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    label_namespace(kube_core, namespace, AMBIENT)
+    service = bed.start()
+    ztunnel.connect()
+    ns_name = Path(pod_namespaces.netns()).name
+    pod = node_pods.create(namespace, "fresh")  # no IP yet: the ADD brings it
+    server, socket = pod_server(kube_core, sim_node, bed, tmp_path)
     server.start()
     try:
-        body = wire.encode(
-            wire.cni_request(
-                command="ADD",
-                container_id="c-fresh",
-                netns=f"/run/netns/{ns_name}",
-                ifname="eth0",
-                pod_name="fresh",
-                pod_namespace=namespace,
-                pod_uid="",
-                cni_version="1.0.0",
-                prev_result={"ips": [{"address": "10.77.250.9/24"}]},
-            )
-        )
-        status, reply = call(settings.socket_path, "POST", wire.COMMAND_PATHS["ADD"], body)
-        assert status == 200, reply
+        reply = cni(socket, "ADD", "c-fresh", ns_name, namespace, "10.77.250.9")
         assert reply["result"] == wire.RESULT_REDIRECTED
         assert annotation(kube_core, namespace, "fresh") == "enabled"
         assert inpod_chains(ns_name) > 0
@@ -327,3 +382,58 @@ def test_cni_add_of_ambient_pod_through_the_pod_server(
         assert service.ready()
     finally:
         server.stop()
+
+
+def test_a_stale_sandboxs_del_leaves_the_pod_in_ztunnel_and_its_new_ip_probed(
+    bed: Bed,
+    ztunnel: ZtunnelDouble,
+    kube_core: Any,
+    sim_node: str,
+    node_pods: NodePods,
+    pod_namespaces: PodNamespaces,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    """The runtime re-creates the pod's sandbox: the new sandbox's ADD comes before the old
+    one's DEL, and the pod's status still holds the old IP. The pod stays in ztunnel with its
+    new netns, the probe set holds the new IP and not the old one."""
+    label_namespace(kube_core, namespace, AMBIENT)
+    bed.start()
+    ztunnel.connect()
+    old_ns, new_ns = (Path(pod_namespaces.netns()).name for _ in range(2))
+    uid = node_pods.create(namespace, "fresh")["metadata"]["uid"]
+    server, socket = pod_server(kube_core, sim_node, bed, tmp_path)
+    server.start()
+    try:
+        cni(socket, "ADD", "c-old", old_ns, namespace, "10.77.251.1")
+        node_pods.set_running(namespace, "fresh", "10.77.251.1")
+        cni(socket, "ADD", "c-new", new_ns, namespace, "10.77.251.2")
+        cni(socket, "DEL", "c-old", old_ns, namespace, "10.77.251.1")
+        held = ztunnel.wait_for("the pod in ztunnel", lambda z: z.workloads().get(uid))
+        assert held is not None
+        assert held.netns_inode == (Path("/run/netns") / new_ns).stat().st_ino
+        assert uid in ztunnel.workloads() and bed.mesh.state(uid) == "enabled"
+        entries = bed.host.entries()
+        assert entries.get("10.77.251.2") == uid and "10.77.251.1" not in entries
+    finally:
+        server.stop()
+
+
+def test_ztunnel_gets_the_pods_own_service_account(
+    bed: Bed,
+    ztunnel: ZtunnelDouble,
+    kube_core: Any,
+    node_pods: NodePods,
+    pod_namespaces: PodNamespaces,
+    namespace: str,
+) -> None:
+    """ztunnel finds the pod's workload and issues its certificate by namespace and service
+    account; the double compares each WorkloadInfo with the API server's pod."""
+    kube_core.create_namespaced_service_account(namespace, {"metadata": {"name": "payments"}})
+    label_namespace(kube_core, namespace, AMBIENT)
+    pod, _ = running_pod(node_pods, pod_namespaces, namespace, "web", service_account="payments")
+    bed.start()
+    ztunnel.connect()
+    uid = pod["metadata"]["uid"]
+    held = ztunnel.wait_for("the pod in ztunnel", lambda z: z.workloads().get(uid))
+    assert held is not None and held.service_account == "payments"

@@ -306,3 +306,118 @@ def test_a_cni_add_with_a_refused_value_is_refused(parts: Parts) -> None:
     with pytest.raises(NonRetryableAdd, match=r"bypass-inbound-capture.*yes please"):
         parts.mesh.add(pod(annotations=REFUSED), str(parts.netns))
     assert parts.rules.programmed == {} and parts.mesh.snapshot() == []
+
+
+# -- what ztunnel is told: the pod's own identity ------------------------------------------------
+
+
+def test_ztunnel_gets_the_pods_own_service_account(parts: Parts) -> None:
+    """ztunnel finds the pod's workload and issues its certificate by namespace and service
+    account: Istio's podToWorkload sends spec.serviceAccountName, never a default of its own."""
+    mine = pod()
+    mine["spec"]["serviceAccountName"] = "payments"
+    parts.mesh.add(mine, str(parts.netns))
+    assert parts.ztunnel.workloads["uid-1"].service_account == "payments"
+
+
+def test_a_pod_without_service_account_is_sent_as_istio_sends_it(parts: Parts) -> None:
+    """Without spec.serviceAccountName (no ServiceAccount admission) Istio sends "", not the
+    name of an account the pod does not run as."""
+    bare = pod()
+    del bare["spec"]["serviceAccountName"]
+    parts.mesh.add(bare, str(parts.netns))
+    assert parts.ztunnel.workloads["uid-1"].service_account == ""
+
+
+# -- each step after ztunnel retried until done ---------------------------------------------------
+
+
+def test_a_failed_enabled_annotation_leaves_the_pod_pending_and_is_retried(parts: Parts) -> None:
+    """Istio writes `enabled` last: until it is written, the pod is not done and the watch's
+    retry writes it (without sending the pod to ztunnel again)."""
+    parts.annotator.fail_times = 1
+    parts.finder.by_uid["uid-1"] = str(parts.netns)
+    with pytest.raises(MeshError, match="annotate pod app/web-0"):
+        parts.mesh.add(pod())  # a running pod (the watch)
+    assert parts.mesh.state("uid-1") == "pending"
+    parts.journal.clear()
+    parts.mesh.add(pod())
+    assert parts.mesh.state("uid-1") == "enabled"
+    assert parts.annotator.values == {"app/web-0": "enabled"}
+    assert ("ztunnel.add", "uid-1") not in parts.journal
+
+
+def test_a_failed_host_probe_add_leaves_the_pod_pending_and_is_retried(parts: Parts) -> None:
+    parts.host.fail_add_times = 1
+    with pytest.raises(MeshError, match="host probe address set"):
+        parts.mesh.add(pod(), str(parts.netns))
+    assert parts.mesh.state("uid-1") == "pending"
+    assert parts.annotator.values == {}
+    parts.mesh.add(pod())
+    assert parts.host.entries == {"uid-1": {"10.0.0.5"}}
+    assert parts.annotator.values == {"app/web-0": "enabled"}
+    assert parts.mesh.state("uid-1") == "enabled"
+
+
+def test_annotate_as_recorded_writes_the_agents_state(parts: Parts) -> None:
+    parts.mesh.annotate_as_recorded(pod())
+    assert parts.annotator.values == {"app/web-0": None}
+    parts.mesh.add(pod(), str(parts.netns))
+    parts.annotator.values.clear()
+    parts.mesh.annotate_as_recorded(pod())
+    assert parts.annotator.values == {"app/web-0": "enabled"}
+
+
+# -- start-up: a pod enrolled before the restart whose netns is not found -------------------------
+
+
+def test_reconcile_keeps_a_claimed_pod_whose_netns_is_not_found(parts: Parts) -> None:
+    """Istio's snapshot entry without a netns: ztunnel gets KeepWorkload (our ZDS server sends
+    it for a pod without a netns path) and deletes nothing at SnapshotSent; the pod's IPs stay
+    in the probe set; it is pending, so the watch looks for its netns again, retryably."""
+    claimed = pod(annotations={"ambient.istio.io/redirection": "enabled"})
+    report = parts.mesh.reconcile([claimed], reapply_rules=True)
+    assert report.missing == ["uid-1"] and report.kept == ["uid-1"]
+    [kept] = parts.mesh.snapshot()
+    assert kept.uid == "uid-1" and kept.netns_path == ""
+    assert parts.host.entries == {"uid-1": {"10.0.0.5"}}
+    assert parts.mesh.state("uid-1") == "pending"
+    with pytest.raises(MeshError, match="cannot find its network namespace") as raised:
+        parts.mesh.add(claimed)
+    assert not isinstance(raised.value, NonRetryableAdd)  # the watch retries it
+    assert [p.uid for p in parts.mesh.snapshot()] == ["uid-1"]
+    parts.finder.by_uid["uid-1"] = str(parts.netns)
+    parts.mesh.add(claimed)
+    assert parts.ztunnel.workloads["uid-1"].netns_path == str(parts.netns)
+    assert parts.mesh.state("uid-1") == "enabled"
+
+
+def test_reconcile_keeps_no_unclaimed_pod_whose_netns_is_not_found(parts: Parts) -> None:
+    report = parts.mesh.reconcile([pod()], reapply_rules=True)
+    assert report.missing == ["uid-1"] and report.kept == []
+    assert parts.mesh.snapshot() == []
+
+
+# -- a CNI ADD's sandbox and IPs -------------------------------------------------------------------
+
+
+def test_a_stale_sandboxs_release_leaves_the_pod_enrolled(parts: Parts, tmp_path: Path) -> None:
+    new = tmp_path / "netns-new"
+    new.touch()
+    parts.mesh.add(pod(), str(parts.netns), sandbox="old")
+    parts.mesh.add(pod(ips=("10.0.0.6",)), str(new), sandbox="new")
+    parts.mesh.remove(pod(), deleted=True, sandbox="old")
+    assert parts.mesh.state("uid-1") == "enabled"
+    assert "uid-1" in parts.ztunnel.workloads
+    parts.mesh.remove(pod(ips=("10.0.0.6",)), deleted=True, sandbox="new")
+    assert parts.mesh.state("uid-1") == "none" and "uid-1" not in parts.ztunnel.workloads
+
+
+def test_a_new_sandboxs_ips_replace_the_old_ones_in_the_probe_set(
+    parts: Parts, tmp_path: Path
+) -> None:
+    new = tmp_path / "netns-new"
+    new.touch()
+    parts.mesh.add(pod(), str(parts.netns), sandbox="old")
+    parts.mesh.add(pod(ips=("10.0.0.6",)), str(new), sandbox="new")
+    assert parts.host.entries == {"uid-1": {"10.0.0.6"}}

@@ -36,16 +36,28 @@ AMBIENT = {"istio.io/dataplane-mode": "ambient"}
 
 
 class FakeNamespaces:
+    """`items`: the namespace cache; `api`: what the API server holds now (the same unless a
+    test makes the cache lag behind)."""
+
     def __init__(self, *items: dict[str, Any]) -> None:
         self.items = {n["metadata"]["name"]: n for n in items}
+        self.api = dict(self.items)
         self.error: Exception | None = None
+        self.read_error: Exception | None = None
         self.retries: list[bool] = []
+        self.reads: list[str] = []
 
     def get_namespace(self, name: str, *, retry: bool = True) -> dict[str, Any] | None:
         self.retries.append(retry)
         if self.error is not None:
             raise self.error
         return self.items.get(name)
+
+    def read_namespace(self, name: str) -> dict[str, Any] | None:
+        self.reads.append(name)
+        if self.read_error is not None:
+            raise self.read_error
+        return self.api.get(name)
 
 
 class Rig:
@@ -60,9 +72,10 @@ class Rig:
         self.rules = FakePodRules(self.journal)
         self.ztunnel = FakeZtunnelLink(self.journal)
         self.annotator = FakeAnnotator(self.journal)
+        self.host = FakeHostProbeRules(self.journal)
         self.mesh = MeshDataplane(
             pod_rules=self.rules,
-            host_rules=FakeHostProbeRules(self.journal),
+            host_rules=self.host,
             ztunnel=self.ztunnel,
             annotator=self.annotator,
             find_netns=FakeNetnsFinder(self.journal),
@@ -89,13 +102,22 @@ class Rig:
             ),
         )
 
-    def body(self, command: str = "ADD", name: str = "web-0", ns: str = "app") -> bytes:
-        prev = {"cniVersion": "1.0.0", "ips": [{"address": "10.0.0.5/24"}]}
+    def body(
+        self,
+        command: str = "ADD",
+        name: str = "web-0",
+        ns: str = "app",
+        *,
+        sandbox: str = "c1",
+        netns: Path | None = None,
+        ip: str = "10.0.0.5",
+    ) -> bytes:
+        prev = {"cniVersion": "1.0.0", "ips": [{"address": f"{ip}/24"}]}
         return wire.encode(
             wire.cni_request(
                 command=command,
-                container_id="c1",
-                netns=str(self.netns),
+                container_id=sandbox,
+                netns=str(netns or self.netns),
                 ifname="eth0",
                 pod_name=name,
                 pod_namespace=ns,
@@ -197,3 +219,79 @@ def test_del_releases_the_enrolled_pod(tmp_path: Path) -> None:
     assert ("host.remove", "uid-1") in rig.journal and ("ztunnel.remove", "uid-1") in rig.journal
     assert ("rules.remove", str(rig.netns)) not in rig.journal  # the netns goes with the sandbox
     assert rig.mesh.snapshot() == [] and json.dumps(rig.annotator.values) == '{"app/web-0": null}'
+
+
+# -- the IPs of the CNI result, the sandbox of the ADD ---------------------------------------------
+
+
+def test_the_probe_set_gets_the_cni_results_ips_not_the_pods_status(tmp_path: Path) -> None:
+    """A re-created sandbox: the pod's status still holds the old sandbox's IP; the CNI chain
+    returned the new one (Istio's AddPodToMesh takes prevResult's IPs)."""
+    rig = Rig(tmp_path, pod(ips=("10.0.0.9",)))
+    reply = rig.handlers.add(rig.body(ip="10.0.0.5"))
+    assert reply.status == 200, reply.body
+    assert rig.host.entries == {"uid-1": {"10.0.0.5"}}
+
+
+def test_a_recreated_sandbox_moves_the_probe_entry_to_its_ip(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, new_pod())
+    second = tmp_path / "cni-2"
+    second.touch()
+    assert rig.handlers.add(rig.body()).status == 200
+    reply = rig.handlers.add(rig.body(sandbox="c2", netns=second, ip="10.0.0.6"))
+    assert reply.status == 200, reply.body
+    assert rig.host.entries == {"uid-1": {"10.0.0.6"}}
+
+
+def test_a_stale_sandboxs_del_after_the_new_add_leaves_the_pod_in_ztunnel(
+    tmp_path: Path,
+) -> None:
+    rig = Rig(tmp_path, new_pod())
+    second = tmp_path / "cni-2"
+    second.touch()
+    assert rig.handlers.add(rig.body()).status == 200
+    assert rig.handlers.add(rig.body(sandbox="c2", netns=second, ip="10.0.0.6")).status == 200
+    rig.handlers.delete(rig.body("DEL"))  # the old sandbox, torn down late
+    assert "uid-1" in rig.ztunnel.workloads and rig.mesh.state("uid-1") == "enabled"
+    assert rig.host.entries == {"uid-1": {"10.0.0.6"}}
+    rig.handlers.delete(rig.body("DEL", sandbox="c2", netns=second, ip="10.0.0.6"))
+    assert "uid-1" not in rig.ztunnel.workloads and rig.mesh.state("uid-1") == "none"
+
+
+# -- a namespace cache behind the API server -------------------------------------------------------
+
+
+def test_a_namespace_labelled_before_the_cache_saw_it_captures_the_pod(tmp_path: Path) -> None:
+    """The cache still has `plain` without the label; the API server has it: Istio's plugin
+    GETs the namespace, and so does the ADD when the cache says "not ambient"."""
+    rig = Rig(tmp_path, new_pod("web-0", "plain"))
+    rig.namespaces.api["plain"] = namespace("plain", AMBIENT)
+    reply = rig.handlers.add(rig.body(ns="plain"))
+    assert reply.result == wire.RESULT_REDIRECTED, reply.body
+    assert rig.namespaces.reads == ["plain"] and "uid-1" in rig.ztunnel.workloads
+
+
+def test_the_namespace_read_failing_fails_the_add_closed(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, new_pod("web-0", "plain"))
+    rig.namespaces.read_error = RuntimeError("API server away")
+    reply = rig.handlers.add(rig.body(ns="plain"))
+    assert reply.status != 200 and "API server away" in str(reply.body)
+    assert rig.mesh.snapshot() == []
+
+
+@pytest.mark.parametrize(
+    ("the_pod", "ns"),
+    [
+        (new_pod("web-0", "app"), "app"),  # the cache says ambient: no read needed
+        (new_pod("web-0", "plain", labels={"istio.io/dataplane-mode": "none"}), "plain"),
+        (new_pod("web-0", "kube-system"), "kube-system"),  # excluded
+    ],
+    ids=["cached-ambient", "opted-out", "excluded"],
+)
+def test_no_read_when_the_namespace_cannot_change_the_verdict(
+    tmp_path: Path, the_pod: dict[str, Any], ns: str
+) -> None:
+    rig = Rig(tmp_path, the_pod)
+    rig.namespaces.items["kube-system"] = namespace("kube-system", AMBIENT)
+    rig.handlers.add(rig.body(ns=ns))
+    assert rig.namespaces.reads == []

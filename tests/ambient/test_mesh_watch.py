@@ -65,6 +65,9 @@ class FakeMesh:
     def sync_host_probe(self, p: Any) -> None:
         self.calls.append(("sync", p["metadata"]["name"]))
 
+    def annotate_as_recorded(self, p: Any) -> None:
+        self.calls.append(("annotate", p["metadata"]["name"]))
+
 
 def make(store: FakeStore, mesh: FakeMesh, events: list[str] | None = None) -> AmbientWatch:
     return AmbientWatch(

@@ -112,3 +112,69 @@ def test_start_up_goes_on_past_pods_that_cannot_be_judged_or_reconciled(tmp_path
     assert {p.uid for p in mesh.snapshot()} == {"uid-1", "uid-2", "uid-3"}
     assert set(host.entries) == {"uid-1", "uid-2", "uid-3"}
     assert rules.programmed[str(tmp_path / "uid-1")] == PodRuleOptions()  # inbound captured
+
+
+class ServingCache(FakeCache):
+    def cached(self, ns: str, name: str) -> dict[str, Any] | None:
+        return next(
+            (
+                p
+                for p in self.pods
+                if p["metadata"]["name"] == name and p["metadata"]["namespace"] == ns
+            ),
+            None,
+        )
+
+
+def test_start_up_makes_the_annotation_match_what_the_node_shows(tmp_path: Path) -> None:
+    """A pod found enrolled (its netns holds our rules) without `enabled`, written while it was
+    pending or removed by hand, gets it; a pod claiming `enabled` that is not enrolled and is
+    not to be loses the claim. istiod reads this annotation to send the pod HBONE."""
+    journal: Journal = []
+    rules, finder = FakePodRules(journal), FakeNetnsFinder(journal)
+    annotator = FakeAnnotator(journal)
+    netns = tmp_path / "uid-1"
+    netns.touch()
+    finder.by_uid["uid-1"] = str(netns)
+    rules.programmed[str(netns)] = PodRuleOptions()
+    found = pod(uid="uid-1", annotations={"ambient.istio.io/redirection": "pending"})
+    claim = pod(
+        "db-0",
+        namespace="plain",
+        uid="uid-2",
+        annotations={"ambient.istio.io/redirection": "enabled"},
+    )
+    cache = ServingCache([found, claim], [namespace(labels=AMBIENT), namespace("plain")])
+    mesh = MeshDataplane(
+        pod_rules=rules,
+        host_rules=FakeHostProbeRules(journal),
+        ztunnel=FakeZtunnelLink(journal),
+        annotator=annotator,
+        find_netns=finder,
+        options_for=rule_options_for(PodRuleOptions()),
+    )
+    watch = AmbientWatch(
+        pods=cache,
+        namespaces=cache,
+        mesh=mesh,
+        selectors=DEFAULT_ENABLEMENT_SELECTORS,
+        exclude_namespaces=(),
+        system_namespace="istio-system",
+    )
+    service = AmbientService(
+        settings=AmbientSettings(enabled=True),
+        pods=cache,
+        namespaces=cache,
+        mesh=mesh,
+        ztunnel=FakeZtunnelLink(journal),
+        watch=watch,
+    )
+    service.start()
+    try:
+        wait_for(service.ready, "ambient start-up done", 5, interval=0.01)
+        for ns in cache.namespaces.values():  # the namespace cache's first list
+            watch.on_namespace("add", None, ns)
+        wait_for(lambda: len(annotator.values) == 2, "annotations written", 5, interval=0.01)
+    finally:
+        service.stop()
+    assert annotator.values == {"app/web-0": "enabled", "plain/db-0": None}

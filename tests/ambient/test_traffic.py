@@ -40,6 +40,7 @@ from agent.rules.ambient.apply import HostProbeRules, InpodRules
 from agent.rules.ambient.options import PodRuleOptions
 from testbed import netns
 from testbed.kubepods import wait_for
+from testbed.zds_checks import PodIdentity
 from testbed.ztunnel_double import HBONE_PORT, INBOUND_PORT, OUTBOUND_PORT, ZtunnelDouble
 from tests.ambient.fakes import FakeAnnotator
 from tests.rules.podnet import _enter
@@ -234,8 +235,10 @@ def mesh(request: pytest.FixtureRequest, lan: Lan, tmp_path: Path) -> Iterator[M
         wait_for(lambda: server.connected, "ZDS server sees the ztunnel test double", timeout=10)
         yield Mesh(dataplane, double, host, rules, annotator)
     finally:
-        double.close()  # its listeners and threads
-        server.stop()
+        try:
+            double.close()  # its listeners and threads; fails on what ztunnel would not take
+        finally:
+            server.stop()
 
 
 def api_pod(name: str, pod: Host) -> dict[str, Any]:
@@ -251,6 +254,7 @@ def enroll(mesh: Mesh, lan: Lan) -> str:
     """Enroll `web` (its netns given, as a CNI ADD does); its uid once the double listens there."""
     pod = api_pod("web", lan.web)
     uid = str(pod["metadata"]["uid"])
+    mesh.ztunnel.tell(PodIdentity(uid, "web", "shop", "web"))
     mesh.dataplane.add(pod, lan.web.path)
     mesh.ztunnel.wait_for("web's workload", lambda z: uid in z.workloads())
     assert mesh.annotator.values == {"shop/web": "enabled"}

@@ -23,6 +23,7 @@ from agent.errors import ZdsServerError, ZtunnelError, ZtunnelNotConnected
 from agent.netns import run_in_netns
 from testbed import netns
 from testbed.wait import wait_for
+from testbed.zds_checks import PodIdentity
 from testbed.ztunnel_double import DNS_PORT, TCP_PORTS, ZtunnelDouble
 
 pytestmark = pytest.mark.ambient
@@ -45,28 +46,37 @@ class Bed:
         )
         self.namespaces: list[str] = []
         self.doubles: list[ZtunnelDouble] = []
+        self.pods: list[PodIdentity] = []
+        """Every pod made: each double checks each WorkloadInfo against them."""
 
     def pod(self, name: str) -> AmbientPod:
         """A pod with its own, real network namespace (deleted after the test)."""
         ns = netns.unique_name(f"zds-{name}")
         path = netns.add(ns)
         self.namespaces.append(ns)
+        identity = PodIdentity(f"uid-{name}", name, "shop", f"sa-{name}")
+        self.pods.append(identity)
+        for double in self.doubles:
+            double.tell(identity)
         return AmbientPod(
-            uid=f"uid-{name}",
+            uid=identity.uid,
             name=name,
             namespace="shop",
-            service_account=f"sa-{name}",
+            service_account=identity.service_account,
             ips=("10.0.0.9",),
             netns_path=str(path),
         )
 
     def ztunnel(self, hello_version: int = zds_pb2.V1) -> ZtunnelDouble:
         double = ZtunnelDouble(self.socket_path, hello_version=hello_version)
+        double.tell(*self.pods)
         self.doubles.append(double)
         return double
 
-    def connected_ztunnel(self) -> ZtunnelDouble:
+    def connected_ztunnel(self, *, holding: tuple[str, ...] = ()) -> ZtunnelDouble:
+        """A ztunnel that connects; `holding`: pods it held before (the agent restarted)."""
         double = self.ztunnel()
+        double.hold(*holding)
         double.connect()
         double.wait_for("the snapshot", lambda z: z.snapshots == 1)
         wait_for(lambda: self.server.connected, "the agent to see the snapshot acked", 10)
@@ -85,11 +95,17 @@ class Bed:
         )
 
     def close(self) -> None:
+        """Everything goes; then each double's violations, if any, fail the test."""
+        try:
+            for double in self.doubles:
+                double.strict = False
+                double.close()
+            self.server.stop()
+        finally:
+            for ns in self.namespaces:
+                netns.delete(ns)
         for double in self.doubles:
-            double.close()
-        self.server.stop()
-        for ns in self.namespaces:
-            netns.delete(ns)
+            double.assert_no_violations()
 
 
 @pytest.fixture
@@ -196,7 +212,7 @@ def test_snapshot_on_connect_carries_pods_added_while_away(bed: Bed) -> None:
             bed.server.add(pod)
     assert not bed.server.connected and bed.gauge() == 0
 
-    ztunnel = bed.connected_ztunnel()
+    ztunnel = bed.connected_ztunnel(holding=("uid-gone",))  # the agent restarted, not ztunnel
 
     requests = kinds(ztunnel)
     assert sorted(requests[:-1]) == [

@@ -23,7 +23,7 @@ from testbed import chart as agent_mod
 from testbed import kubepods, podnet
 from testbed.images import Image
 from testbed.realnode import RealCluster
-from testbed.ztunnel_double import OUTBOUND_PORT, ZtunnelDouble
+from testbed.ztunnel_double import OUTBOUND_PORT, ZtunnelDouble, api_identity
 
 pytestmark = [pytest.mark.node]
 
@@ -117,7 +117,7 @@ def test_ambient_pod_enrolled_captured_probed_and_released(
     # The agent is Ready only once its ZDS server listens: the socket is there on the node.
     assert ztunnel_socket.is_socket(), f"no ZDS socket at {ztunnel_socket} on the node"
 
-    with ZtunnelDouble(str(ztunnel_socket)) as ztunnel:
+    with ZtunnelDouble(str(ztunnel_socket), identity=api_identity(node_core)) as ztunnel:
         ztunnel.connect()
         ztunnel.wait_for("the agent's first (empty) snapshot", lambda z: z.snapshots >= 1)
         assert ztunnel.workloads() == {}

@@ -23,7 +23,7 @@ from testbed import chart as agent_mod
 from testbed import kubepods, podnet
 from testbed.images import Image
 from testbed.realnode import RealCluster
-from testbed.ztunnel_double import Workload, ZtunnelDouble
+from testbed.ztunnel_double import Workload, ZtunnelDouble, api_identity
 
 pytestmark = [pytest.mark.node, pytest.mark.hostile]
 
@@ -93,7 +93,7 @@ def test_ambient_binds_each_pod_to_its_own_namespace(
     take_address(neighbour_ns, victim.ip)
     agent = restart_agent(node_core, real_cluster, agent)
 
-    with ZtunnelDouble(str(ztunnel_socket)) as ztunnel:
+    with ZtunnelDouble(str(ztunnel_socket), identity=api_identity(node_core)) as ztunnel:
         ztunnel.connect()
         ztunnel.wait_for("the agent's first snapshot", lambda z: z.snapshots >= 1)
         node_core.patch_namespace(workload_ns, {"metadata": {"labels": {MODE_LABEL: "ambient"}}})

@@ -26,7 +26,7 @@ from testbed import chart as agent_mod
 from testbed import images, istio_agent, kubepods, podnet
 from testbed.images import Image
 from testbed.realnode import RealCluster
-from testbed.ztunnel_double import ZtunnelDouble
+from testbed.ztunnel_double import ZtunnelDouble, api_identity
 from tests.differential.pods import random_pod
 
 pytestmark = [pytest.mark.node, pytest.mark.migration]
@@ -245,7 +245,7 @@ def ambient_outcomes(
     """With a ztunnel double connected to the agent's ZDS socket: each pod's in-pod rules, its
     redirection annotation, and whether ztunnel was handed the pod."""
     out = {}
-    with ZtunnelDouble(str(ZDS_SOCKET)) as ztunnel:
+    with ZtunnelDouble(str(ZDS_SOCKET), identity=api_identity(core)) as ztunnel:
         ztunnel.connect()
         ztunnel.wait_for("the agent's first snapshot", lambda z: z.snapshots >= 1)
         for name, (annotations, labels) in AMBIENT_PODS.items():

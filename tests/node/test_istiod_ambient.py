@@ -23,7 +23,7 @@ from testbed import kubepods
 from testbed.images import Image
 from testbed.istiod import Istiod
 from testbed.realnode import RealCluster
-from testbed.ztunnel_double import ZtunnelDouble
+from testbed.ztunnel_double import ZtunnelDouble, api_identity
 from tests.node.conftest import istiod_running
 
 pytestmark = [pytest.mark.node, pytest.mark.istiod]
@@ -99,7 +99,7 @@ def test_istiod_serves_the_pods_the_agent_enrolls_over_hbone(
         profile="ambient",
         ambient={"ztunnelSocketPath": str(ztunnel_socket)},
     )
-    with ZtunnelDouble(str(ztunnel_socket)) as ztunnel:
+    with ZtunnelDouble(str(ztunnel_socket), identity=api_identity(node_core)) as ztunnel:
         ztunnel.connect()
         image = real_cluster.images["workload"].ref
         for ns in (workload_ns, plain_ns):

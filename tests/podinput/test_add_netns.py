@@ -96,6 +96,9 @@ class Namespaces:
     def get_namespace(self, name: str, *, retry: bool = True) -> dict[str, Any] | None:
         return namespace(name, {"istio.io/dataplane-mode": "ambient"})
 
+    def read_namespace(self, name: str) -> dict[str, Any] | None:
+        return self.get_namespace(name)
+
 
 def handlers(mode: Mode, backend: str, pod: Manifest) -> PodHandlers:
     """The pod server's handlers for one pod, with the real rules of `mode` on `backend`."""

@@ -458,3 +458,12 @@ def test_the_pod_service_keeps_what_its_settings_read(tmp_path: Path) -> None:
     service.pods.apply_event({"type": "ADDED", "object": pod}, "1")
     cached = service.pods.cached("b", "a")
     assert cached is not None and cached["metadata"]["labels"] == {"team.example/mesh": "yes"}
+
+
+def test_ztunnel_gets_the_service_account_of_the_cached_pod() -> None:
+    """ambient hands the pod to ztunnel as its namespace and service account (its workload,
+    its certificate): the record keeps spec.serviceAccountName."""
+    manifest = copy.deepcopy(dict(pods())["basic"])
+    manifest["spec"]["serviceAccountName"] = "payments"
+    record = PodCache(core=None, node_name="node-1")._as_obj(full_pod(manifest))
+    assert ambient_pod(record, "").service_account == "payments"
