@@ -52,10 +52,11 @@ def test_uninstall_removes_entry_and_binaries(
     wait_for(agent_pod_terminating, "the agent pod to be deleted by the garbage collector")
     assert agent.stop() == 0
     chart_on_node.release_agent_pod(NAMESPACE, installed.agent_pod)
-    # helm removed the ServiceAccount's RBAC with the DaemonSet: the agent is refused, which
-    # only an uninstall does, and removes what it installed.
+    # helm removed the ServiceAccount's RBAC with the DaemonSet: the agent is refused now, but
+    # its watch of its own DaemonSet saw the deletion while its credentials still counted: the
+    # definite answer that uninstalls. It removes what it installed.
     logs = agent.logs()
-    assert "the release was uninstalled" in logs and "msg=uninstalled" in logs, logs
+    assert "watch saw the DaemonSet deleted" in logs and "msg=uninstalled" in logs, logs
 
     assert json.loads(cni_node.conflist_path.read_text()) == reference
     assert sorted(p.name for p in cni_node.bin_dir.iterdir()) == bin_before
