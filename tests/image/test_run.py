@@ -43,7 +43,7 @@ def ok(r: subprocess.CompletedProcess[str]) -> str:
 
 def test_agent_cli_help(containerd: Containerd, images: dict[str, Built]) -> None:
     out = ok(run_agent(containerd, images["istio-cni"].ref, "istio-cni-agent", "--help"))
-    assert out.startswith("usage: istio-cni-agent {run,install,uninstall,rules,status}")
+    assert out.startswith("usage: istio-cni-agent {run,install,uninstall,rules,status,check}")
 
 
 def test_agent_prints_iptables_and_nft_rules(
