@@ -3,13 +3,17 @@ caller's GIL), repeating each chosen attack until stdin closes or `duration` end
 
     python -m testbed.attacks --target tcp:HOST:PORT|unix:PATH [--target ...]
                               [--pipelined N] [--long-length DIGITS]
-                              [--metrics-flood CONNECTIONS,BATCH] [--duration SECONDS]
+                              [--metrics-flood CONNECTIONS,BATCH] [--pause SECONDS]
+                              [--duration SECONDS]
 
 - pipelined: N requests in one write on one connection (`GET /healthz` on TCP, the pod socket's
   status request on a Unix socket), every reply read;
 - long-length: one request whose Content-Length has DIGITS digits (past Python's int limit);
 - metrics-flood (TCP): CONNECTIONS connections, each sending BATCH `GET /metrics` in one write,
   again and again.
+
+Each attack is repeated `--pause` seconds after its last round ended (default 0.05: a sustained
+flood, which costs the agent CPU per request; 1: the attack as a neighbour repeats it).
 
 Prints one JSON line when the first round is done (`{"ready": true}`), and at the end one with,
 per attack, its rounds, the replies it read and the connections the door refused (a door that
@@ -32,6 +36,7 @@ from functools import partial
 POD_STATUS = "/v1/status"
 READ_TIMEOUT = 5.0
 PAUSE = 0.05
+"""Default seconds between two rounds of one attack."""
 
 
 @dataclass
@@ -104,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pipelined", type=int, default=0)
     parser.add_argument("--long-length", type=int, default=0)
     parser.add_argument("--metrics-flood", default="")
+    parser.add_argument("--pause", type=float, default=PAUSE)
     parser.add_argument("--duration", type=float, default=120.0)
     args = parser.parse_args(argv)
     deadline = time.monotonic() + args.duration
@@ -116,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         started.wait()
         while not stop.is_set() and time.monotonic() < deadline:
             attack(counts[name])
-            stop.wait(PAUSE)
+            stop.wait(args.pause)
 
     threads = [
         threading.Thread(target=repeat, args=(n, a), daemon=True) for n, a in attacks(args).items()
