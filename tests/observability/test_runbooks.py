@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -59,7 +60,8 @@ def run_block(block: str, *, helm_binary: Path, tmp_path: Path) -> list[str]:
     fails.write_text("")
     calls.write_text("")
     env = {
-        "PATH": "/usr/bin:/bin",
+        # The project's console scripts too: kubectl finds its plugin kubectl-istio_cni there.
+        "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
         "HOME": str(tmp_path),
         "FAILS": str(fails),
         "CALLS": str(calls),
