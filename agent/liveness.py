@@ -7,8 +7,7 @@ its own) is recorded once with why, logged as an error naming it and counted in
 `istio_cni_loop_failures_total{loop}`; from then on /healthz answers 503 naming it, so kubelet's
 liveness probe restarts the agent. Nothing restarts a loop inside the process: a loop that
 ended on a bug would likely end again, and a restarted process starts from a clean state (its
-start-up reconciles every pod). A loop replaced by a config reload is a new loop; the record of
-the one it replaced stays until the process restarts.
+start-up reconciles every pod). A record stays until the process restarts.
 """
 
 from __future__ import annotations
