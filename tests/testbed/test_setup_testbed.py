@@ -17,12 +17,30 @@ pytestmark = pytest.mark.cluster
 SCRIPT = parts.REPO_ROOT / "ci" / "setup-testbed"
 
 
-def _run(cache: Path) -> subprocess.CompletedProcess[str]:
+def _run(cache: Path, *args: str) -> subprocess.CompletedProcess[str]:
     # GO=/bin/false: any attempt to build fails at once, so a pass proves nothing was built.
     env = dict(os.environ, ISTIO_CNI_CACHE=str(cache), GO="/bin/false")
     return subprocess.run(
-        [str(SCRIPT)], env=env, capture_output=True, text=True, timeout=60, check=False
+        [str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=60, check=False
     )
+
+
+def _cache(root: Path, *rels: str) -> None:
+    """Stand-ins for built parts: what the script finds there counts as built."""
+    for rel in rels:
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("#!/bin/sh\n")
+        path.chmod(0o755)
+
+
+DEMO_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet")
+
+
+def _kube_parts(commands: tuple[str, ...] = (*DEMO_COMMANDS, "kubectl")) -> list[str]:
+    version = parts.kube_version()
+    cni_version = parts.pinned_version("cnitool", "github.com/containernetworking/cni")
+    return [*(f"kube/{version}/{c}" for c in commands), f"cnitool/{cni_version}/cnitool"]
 
 
 def test_failed_build_names_the_part_and_leaves_no_partial_binary(tmp_path: Path) -> None:
@@ -36,15 +54,10 @@ def test_failed_build_names_the_part_and_leaves_no_partial_binary(tmp_path: Path
 
 def test_cached_parts_are_reused_without_building(tmp_path: Path) -> None:
     version = parts.kube_version()
-    cni_version = parts.pinned_version("cnitool", "github.com/containernetworking/cni")
     crio_version = parts.setup_testbed_version("CRIO_VERSION")
-    for rel in (
-        f"kube/{version}/kube-apiserver",
-        f"kube/{version}/kube-controller-manager",
-        f"kube/{version}/kube-scheduler",
-        f"kube/{version}/kubelet",
-        f"kube/{version}/kubectl",
-        f"cnitool/{cni_version}/cnitool",
+    _cache(
+        tmp_path,
+        *_kube_parts(),
         f"istio/{istio_version()}/pilot-agent",
         f"istio/{istio_version()}/istio-cni",
         f"istio/{istio_version()}/pilot-discovery",
@@ -56,11 +69,7 @@ def test_cached_parts_are_reused_without_building(tmp_path: Path) -> None:
             f"prometheus-operator-crds/{operator_crds.VERSION}/{f}"
             for f in operator_crds.FILES.values()
         ),
-    ):
-        path = tmp_path / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("#!/bin/sh\n")
-        path.chmod(0o755)
+    )
     result = _run(tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stderr.count("cached at") == 13
@@ -69,3 +78,23 @@ def test_cached_parts_are_reused_without_building(tmp_path: Path) -> None:
     assert discovery in result.stdout
     assert f"install-cni {tmp_path}/istio/{istio_version()}/install-cni" in result.stdout
     assert f"crio {tmp_path}/crio/{crio_version}/crio" in result.stdout
+
+
+def test_the_demo_needs_only_the_kubernetes_parts(tmp_path: Path) -> None:
+    """`--demo` with only the control plane, kubelet and cnitool cached (and any build failing):
+    kubectl, Istio's binaries, CRI-O and Multus are never asked for."""
+    _cache(tmp_path, *_kube_parts(DEMO_COMMANDS))
+    result = _run(tmp_path, "--demo")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("cached at") == 5
+    listed = [line.split()[0] for line in result.stdout.splitlines()]
+    assert listed == [*DEMO_COMMANDS, "cnitool", "etcd"]
+    full = _run(tmp_path)
+    assert full.returncode != 0, "without --demo the same cache lacks kubectl"
+    assert "build of kubectl failed" in full.stderr
+
+
+def test_unknown_option_is_refused(tmp_path: Path) -> None:
+    result = _run(tmp_path, "--all")
+    assert result.returncode != 0
+    assert "usage: ci/setup-testbed [--demo]" in result.stderr
