@@ -5,7 +5,8 @@ Session: `control_plane` (etcd + kube-apiserver + kube-controller-manager; sets 
 `kube_config` (its admin kubeconfig; also feeds pytest-helm-charts' `kube_cluster` and namespace
 fixtures), `kube_core`, `kube_apps`, `sim_node`.
 Per test: `node_pods`, `make_identity`, `cni_node`, `pod_netns`, `pod_namespaces`,
-`helm_binaries`, `helm_releases`.
+`helm_binaries`, `helm_releases`, `fake_api` (a strict fake API server on loopback) and
+`fake_api_clients` (the agent's clients pointed at it).
 A part that is missing or does not start fails the test with a message naming the part.
 """
 
@@ -20,9 +21,11 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
+from agent.kube import KubeClients, build_clients
 from testbed import netns, parts
 from testbed.cni import CniNode
 from testbed.controlplane import Binaries, ControlPlane
+from testbed.fakeapi import FakeApiServer
 from testbed.helm import Helm, uninstall_all
 from testbed.identity import Identity, service_account_identity
 from testbed.node import NodePods, TerminationFinisher, register_node
@@ -194,3 +197,20 @@ def helm_releases(kube_config: str, tmp_path: Path) -> Iterator[Callable[[Path],
     errors = uninstall_all(made)
     if errors:
         raise RuntimeError("helm uninstall at teardown: " + "; ".join(errors))
+
+
+@pytest.fixture
+def fake_api(tmp_path: Path) -> Iterator[FakeApiServer]:
+    """A strict fake API server on loopback (testbed.fakeapi), stopped after the test."""
+    with FakeApiServer(tmp_path) as fake:
+        yield fake
+
+
+@pytest.fixture
+def fake_api_clients(fake_api: FakeApiServer) -> Iterator[KubeClients]:
+    """The agent's own clients, pointed at `fake_api` by its kubeconfig; closed after the test."""
+    made = build_clients({"KUBECONFIG": str(fake_api.kubeconfig())})
+    try:
+        yield made
+    finally:
+        made.close()

@@ -6,8 +6,12 @@ server closes or a short deadline, and judges it: only well-formed HTTP/1.1 repl
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import socket
+import tempfile
 from collections.abc import Callable
+from typing import Protocol
 
 from bench.doors.finding import Finding
 
@@ -88,3 +92,28 @@ def chunks_of(data: bytes) -> list[bytes]:
         start = point
     out.append(payload[start:])
     return [c for c in out if c]
+
+
+class Server(Protocol):
+    def stop(self) -> None: ...
+
+
+class UnixDoor:
+    """A door on a unix socket in a private temporary dir (root-only, like the agent's own): the
+    socket's path for the server, connections for the peer, and removal of both."""
+
+    def __init__(self, prefix: str, name: str) -> None:
+        self.path = os.path.join(tempfile.mkdtemp(prefix=prefix), name)
+        self.server: Server | None = None
+
+    def connect(self) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(2)
+        sock.connect(self.path)
+        return sock
+
+    def close(self) -> None:
+        server, self.server = self.server, None
+        if server is not None:
+            server.stop()
+        shutil.rmtree(os.path.dirname(self.path), ignore_errors=True)

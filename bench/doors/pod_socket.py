@@ -6,10 +6,6 @@ serving); the socket is root-only, but the plugin's requests carry what a pod's 
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
-import tempfile
 from collections.abc import Mapping
 from typing import Any
 
@@ -97,21 +93,13 @@ class _Recorder:
         return True
 
 
-_path = ""
-_server: PodServer | None = None
+_door: http_peer.UnixDoor | None = None
 DICTIONARY = http_peer.DICTIONARY
 
 
-def _connect() -> socket.socket:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(2)
-    sock.connect(_path)
-    return sock
-
-
 def setup() -> None:
-    global _path, _server
-    _path = os.path.join(tempfile.mkdtemp(prefix="fuzz-pod-socket-"), "pod.sock")
+    global _door
+    _door = http_peer.UnixDoor("fuzz-pod-socket-", "pod.sock")
     handlers = PodHandlers(
         pods=_Pods(),
         redirector=_Recorder(),
@@ -119,19 +107,20 @@ def setup() -> None:
         readiness=lambda: None,
         metrics=PluginMetrics(CollectorRegistry()),
     )
-    _server = PodServer(_path, handlers)
-    _server.start()
+    server = PodServer(_door.path, handlers)
+    server.start()
+    _door.server = server
 
 
 def teardown() -> None:
-    global _server
-    server, _server = _server, None
-    if server is not None:
-        server.stop()
-    shutil.rmtree(os.path.dirname(_path), ignore_errors=True)
+    global _door
+    door, _door = _door, None
+    if door is not None:
+        door.close()
 
 
 def one_input(data: bytes) -> None:
-    http_peer.judge(http_peer.converse(_connect, http_peer.chunks_of(data)))
+    assert _door is not None
+    http_peer.judge(http_peer.converse(_door.connect, http_peer.chunks_of(data)))
     status = b"GET " + wire.PATH_STATUS.encode() + b" HTTP/1.1\r\n\r\n"
-    http_peer.probe(_connect, status, b"HTTP/1.1 200")
+    http_peer.probe(_door.connect, status, b"HTTP/1.1 200")

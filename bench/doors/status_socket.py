@@ -4,10 +4,6 @@ Contract: bench/doors/http_peer.py (well-formed replies, no 500, still serving).
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
-import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,8 +23,7 @@ SEEDS = [
         b"GET /v1/pods HTTP/1.1\r\nContent-Length: " + b"5" * 4400 + b"\r\n\r\n",
     ]
 ]
-_path = ""
-_server: StatusServer | None = None
+_door: http_peer.UnixDoor | None = None
 DICTIONARY = http_peer.DICTIONARY
 
 
@@ -49,16 +44,9 @@ def _no_netns(pods: Sequence[Mapping[str, Any]]) -> Mapping[str, str]:
     return {}
 
 
-def _connect() -> socket.socket:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(2)
-    sock.connect(_path)
-    return sock
-
-
 def setup() -> None:
-    global _path, _server
-    _path = os.path.join(tempfile.mkdtemp(prefix="fuzz-status-"), "status.sock")
+    global _door
+    _door = http_peer.UnixDoor("fuzz-status-", "status.sock")
     report = StatusReport(
         node_name="node",
         pods=_Lister(),
@@ -67,18 +55,19 @@ def setup() -> None:
         find_netns=_no_netns,
         compare=lambda pod, netns, ambient: None,  # type: ignore[arg-type,return-value]
     )
-    _server = StatusServer(_path, report)
-    _server.start()
+    server = StatusServer(_door.path, report)
+    server.start()
+    _door.server = server
 
 
 def teardown() -> None:
-    global _server
-    server, _server = _server, None
-    if server is not None:
-        server.stop()
-    shutil.rmtree(os.path.dirname(_path), ignore_errors=True)
+    global _door
+    door, _door = _door, None
+    if door is not None:
+        door.close()
 
 
 def one_input(data: bytes) -> None:
-    http_peer.judge(http_peer.converse(_connect, http_peer.chunks_of(data)))
-    http_peer.probe(_connect, b"GET /v1/pods HTTP/1.1\r\n\r\n", b"HTTP/1.1 200")
+    assert _door is not None
+    http_peer.judge(http_peer.converse(_door.connect, http_peer.chunks_of(data)))
+    http_peer.probe(_door.connect, b"GET /v1/pods HTTP/1.1\r\n\r\n", b"HTTP/1.1 200")

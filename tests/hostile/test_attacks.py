@@ -8,8 +8,6 @@ never restarts, and every door still accepts connections when the attack ends.""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from testbed.flood import Flood
@@ -23,17 +21,6 @@ PIPELINED = 400
 """Past the recursion a reply per request once took (about 250 in one write)."""
 DIGITS = 4400
 """Past Python's 4,300-digit limit for int() of a string."""
-
-
-@pytest.fixture(scope="module")
-def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsAgentBed]:
-    made = NetnsAgentBed(tmp_path_factory.mktemp("attacks"))
-    made.start()
-    try:
-        made.warm()
-        yield made
-    finally:
-        made.stop()
 
 
 def targets(bed: NetnsAgentBed) -> list[str]:

@@ -11,7 +11,6 @@ own (testbed/netns_agent.py); the flood is another (testbed/flood.py). Figures: 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -30,17 +29,6 @@ SLACK_FDS = 16  # descriptors of ADDs, probes and accepts in flight when sampled
 # the readiness check's scratch netns): a sample may catch one more than the quiet maximum did.
 # A thread per connection would show as thousands.
 SLACK_THREADS = 2
-
-
-@pytest.fixture(scope="module")
-def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsAgentBed]:
-    made = NetnsAgentBed(tmp_path_factory.mktemp("flood"))
-    made.start()
-    try:
-        made.warm()
-        yield made
-    finally:
-        made.stop()
 
 
 def assert_unharmed(quiet: Phase, flooded: Phase, bed: NetnsAgentBed) -> None:

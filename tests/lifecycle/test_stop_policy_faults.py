@@ -4,13 +4,12 @@ gone); a refused credential (401/403) or a failing API server keeps the plugin, 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
 from agent.install.stop_policy import decide_from_cluster
-from agent.kube import KubeClients, build_clients
+from agent.kube import KubeClients
 from agent.pods.own_daemonset import OwnDaemonSetWatch
 from testbed.fakeapi import FakeApiServer, Reply, Request, watch_events
 from testbed.wait import wait_for
@@ -24,21 +23,6 @@ OWNER = {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "istio-cni-node",
 AGENT_POD = {"metadata": {"name": POD, "namespace": NS, "ownerReferences": [OWNER]}}
 DAEMONSET = {"metadata": {"name": "istio-cni-node", "namespace": NS, "uid": "ds-1"}, "spec": {}}
 NODE = {"metadata": {"name": "node-1", "labels": {}}}
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[FakeApiServer]:
-    with FakeApiServer(tmp_path) as fake:
-        yield fake
-
-
-@pytest.fixture
-def clients(server: FakeApiServer) -> Iterator[KubeClients]:
-    made = build_clients({"KUBECONFIG": str(server.kubeconfig())})
-    try:
-        yield made
-    finally:
-        made.close()
 
 
 def answers(pod: Reply, ds: Reply, node: Reply | None = None) -> Callable[[Request], Reply]:
@@ -74,27 +58,29 @@ CASES = [
     ("route", "uninstall", "reason"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
 )
 def test_only_a_definite_answer_uninstalls(
-    server: FakeApiServer,
-    clients: KubeClients,
+    fake_api: FakeApiServer,
+    fake_api_clients: KubeClients,
     route: Callable[[Request], Reply],
     uninstall: bool,
     reason: str,
 ) -> None:
-    server.route = route
+    fake_api.route = route
     decision = decide_from_cluster(
-        "auto", pod_name=POD, pod_namespace=NS, node_name="node-1", clients=clients
+        "auto", pod_name=POD, pod_namespace=NS, node_name="node-1", clients=fake_api_clients
     )
     assert (decision.uninstall, reason in decision.reason) == (uninstall, True), decision.reason
 
 
-def test_a_refusal_names_the_way_out(server: FakeApiServer, clients: KubeClients) -> None:
-    server.tokens = {"another"}  # the agent's token is not accepted any more
+def test_a_refusal_names_the_way_out(
+    fake_api: FakeApiServer, fake_api_clients: KubeClients
+) -> None:
+    fake_api.tokens = {"another"}  # the agent's token is not accepted any more
     decision = decide_from_cluster(
-        "auto", pod_name=POD, pod_namespace=NS, node_name="node-1", clients=clients
+        "auto", pod_name=POD, pod_namespace=NS, node_name="node-1", clients=fake_api_clients
     )
     assert not decision.uninstall
     assert "HTTP 401" in decision.reason and "istio-cni-agent uninstall" in decision.reason
-    assert [r.path for r in server.requests] == [POD_PATH]
+    assert [r.path for r in fake_api.requests] == [POD_PATH]
 
 
 def own_daemonset_route(deleted: bool) -> Callable[[Request], Reply]:
@@ -117,21 +103,21 @@ def own_daemonset_route(deleted: bool) -> Callable[[Request], Reply]:
 
 @pytest.mark.parametrize("deleted", [True, False], ids=["deleted", "not-deleted"])
 def test_a_refusal_after_the_watch_saw_the_daemonset_deleted(
-    server: FakeApiServer, clients: KubeClients, deleted: bool
+    fake_api: FakeApiServer, fake_api_clients: KubeClients, deleted: bool
 ) -> None:
-    server.route = own_daemonset_route(deleted)
-    own = OwnDaemonSetWatch.for_pod(clients.apps, POD, NS)
+    fake_api.route = own_daemonset_route(deleted)
+    own = OwnDaemonSetWatch.for_pod(fake_api_clients.apps, POD, NS)
     own.start()
     try:
-        wait_for(lambda: len(server.seen(watch="true")) == 1, "the DaemonSet's watch")
+        wait_for(lambda: len(fake_api.seen(watch="true")) == 1, "the DaemonSet's watch")
         wait_for(lambda: bool(own.gone()) is deleted, "the watch's word")
-        server.tokens = set()  # helm uninstall: ServiceAccount and RBAC gone before SIGTERM
+        fake_api.tokens = set()  # helm uninstall: ServiceAccount and RBAC gone before SIGTERM
         decision = decide_from_cluster(
             "auto",
             pod_name=POD,
             pod_namespace=NS,
             node_name="node-1",
-            clients=clients,
+            clients=fake_api_clients,
             watched_gone=own.gone,
         )
     finally:

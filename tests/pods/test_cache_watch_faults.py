@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from agent.kube import KubeClients, build_clients
+from agent.kube import KubeClients
 from agent.pods.cache import ListWatchCache, PodCache
 from agent.pods.namespaces import NamespaceCache
 from testbed.fakeapi import FakeApiServer, Reply, Request, watch_events
@@ -37,21 +36,6 @@ def pod(name: str, version: str) -> dict[str, Any]:
 
 def namespace(name: str, version: str) -> dict[str, Any]:
     return {"metadata": {"name": name, "resourceVersion": version}}
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[FakeApiServer]:
-    with FakeApiServer(tmp_path) as fake:
-        yield fake
-
-
-@pytest.fixture
-def clients(server: FakeApiServer) -> Iterator[KubeClients]:
-    made = build_clients({"KUBECONFIG": str(server.kubeconfig())})
-    try:
-        yield made
-    finally:
-        made.close()
 
 
 def resetting_watch(make: Callable[[str, str], dict[str, Any]]) -> Callable[[Request], Reply]:
@@ -87,42 +71,42 @@ CASES = [
 
 @pytest.mark.parametrize(("kind", "path", "make"), CASES)
 def test_a_broken_watch_resumes_from_the_last_version_seen(
-    server: FakeApiServer,
-    clients: KubeClients,
+    fake_api: FakeApiServer,
+    fake_api_clients: KubeClients,
     kind: type[ListWatchCache],
     path: str,
     make: Callable[[str, str], dict[str, Any]],
 ) -> None:
-    server.route = resetting_watch(make)
-    cache = kind(clients.core, NODE, backoff_max_seconds=0.2)
+    fake_api.route = resetting_watch(make)
+    cache = kind(fake_api_clients.core, NODE, backoff_max_seconds=0.2)
     cache.start()
     try:
-        wait_for(lambda: len(server.seen("GET", path, watch="true")) >= 2, "the watch reopened")
+        wait_for(lambda: len(fake_api.seen("GET", path, watch="true")) >= 2, "the watch reopened")
     finally:
         cache.stop()
-    asked = [r.query["resourceVersion"] for r in server.seen("GET", path, watch="true")]
+    asked = [r.query["resourceVersion"] for r in fake_api.seen("GET", path, watch="true")]
     assert asked[:2] == ["100", "150"], asked
-    assert len(server.seen("GET", path, watch="")) == 0
+    assert len(fake_api.seen("GET", path, watch="")) == 0
     assert cache.relists == 1  # no list again: the watch resumed
 
 
 def test_an_empty_watch_is_backed_off_not_reopened_in_a_loop(
-    server: FakeApiServer, clients: KubeClients
+    fake_api: FakeApiServer, fake_api_clients: KubeClients
 ) -> None:
     def route(request: Request) -> Reply:
         if request.query.get("watch") != "true":
             return Reply(body={"metadata": {"resourceVersion": "100"}, "items": []})
         return Reply(events=[], then="end")
 
-    server.route = route
-    cache = PodCache(clients.core, NODE)
+    fake_api.route = route
+    cache = PodCache(fake_api_clients.core, NODE)
     cache.start()
     try:
         wait_for(cache.ready, "the first list")
         time.sleep(2.0)
     finally:
         cache.stop()
-    watches = server.seen("GET", "/api/v1/pods", watch="true")
+    watches = fake_api.seen("GET", "/api/v1/pods", watch="true")
     # client-go: a watch over in under a second with no event is an error, backed off
     # (0.5 s doubling here, with jitter): 1 + 1 s + 2 s... at most 3 in 2 s.
     assert 1 <= len(watches) <= 3, len(watches)
