@@ -99,11 +99,15 @@ class Server(Protocol):
 
 
 class UnixDoor:
-    """A door on a unix socket in a private temporary dir (root-only, like the agent's own): the
-    socket's path for the server, connections for the peer, and removal of both."""
+    """A door on a unix socket in a private temporary dir (root-only, like the agent's own),
+    as a fuzz target: `serve(path)` starts the server on it; each input is sent on a fresh
+    connection and judged, then `probe` must still be answered 200."""
 
-    def __init__(self, prefix: str, name: str) -> None:
-        self.path = os.path.join(tempfile.mkdtemp(prefix=prefix), name)
+    def __init__(
+        self, prefix: str, name: str, serve: Callable[[str], Server], probe: bytes
+    ) -> None:
+        self.prefix, self.name, self.serve, self.probe = prefix, name, serve, probe
+        self.path = ""
         self.server: Server | None = None
 
     def connect(self) -> socket.socket:
@@ -112,8 +116,17 @@ class UnixDoor:
         sock.connect(self.path)
         return sock
 
-    def close(self) -> None:
+    def setup(self) -> None:
+        self.path = os.path.join(tempfile.mkdtemp(prefix=self.prefix), self.name)
+        self.server = self.serve(self.path)
+
+    def teardown(self) -> None:
         server, self.server = self.server, None
         if server is not None:
             server.stop()
-        shutil.rmtree(os.path.dirname(self.path), ignore_errors=True)
+        if self.path:
+            shutil.rmtree(os.path.dirname(self.path), ignore_errors=True)
+
+    def one_input(self, data: bytes) -> None:
+        judge(converse(self.connect, chunks_of(data)))
+        probe(self.connect, self.probe, b"HTTP/1.1 200")

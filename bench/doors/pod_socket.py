@@ -93,13 +93,10 @@ class _Recorder:
         return True
 
 
-_door: http_peer.UnixDoor | None = None
 DICTIONARY = http_peer.DICTIONARY
 
 
-def setup() -> None:
-    global _door
-    _door = http_peer.UnixDoor("fuzz-pod-socket-", "pod.sock")
+def _serve(path: str) -> PodServer:
     handlers = PodHandlers(
         pods=_Pods(),
         redirector=_Recorder(),
@@ -107,20 +104,15 @@ def setup() -> None:
         readiness=lambda: None,
         metrics=PluginMetrics(CollectorRegistry()),
     )
-    server = PodServer(_door.path, handlers)
+    server = PodServer(path, handlers)
     server.start()
-    _door.server = server
+    return server
 
 
-def teardown() -> None:
-    global _door
-    door, _door = _door, None
-    if door is not None:
-        door.close()
-
-
-def one_input(data: bytes) -> None:
-    assert _door is not None
-    http_peer.judge(http_peer.converse(_door.connect, http_peer.chunks_of(data)))
-    status = b"GET " + wire.PATH_STATUS.encode() + b" HTTP/1.1\r\n\r\n"
-    http_peer.probe(_door.connect, status, b"HTTP/1.1 200")
+_DOOR = http_peer.UnixDoor(
+    "fuzz-pod-socket-",
+    "pod.sock",
+    _serve,
+    b"GET " + wire.PATH_STATUS.encode() + b" HTTP/1.1\r\n\r\n",
+)
+setup, teardown, one_input = _DOOR.setup, _DOOR.teardown, _DOOR.one_input

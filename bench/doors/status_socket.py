@@ -23,7 +23,6 @@ SEEDS = [
         b"GET /v1/pods HTTP/1.1\r\nContent-Length: " + b"5" * 4400 + b"\r\n\r\n",
     ]
 ]
-_door: http_peer.UnixDoor | None = None
 DICTIONARY = http_peer.DICTIONARY
 
 
@@ -44,9 +43,7 @@ def _no_netns(pods: Sequence[Mapping[str, Any]]) -> Mapping[str, str]:
     return {}
 
 
-def setup() -> None:
-    global _door
-    _door = http_peer.UnixDoor("fuzz-status-", "status.sock")
+def _serve(path: str) -> StatusServer:
     report = StatusReport(
         node_name="node",
         pods=_Lister(),
@@ -55,19 +52,10 @@ def setup() -> None:
         find_netns=_no_netns,
         compare=lambda pod, netns, ambient: None,  # type: ignore[arg-type,return-value]
     )
-    server = StatusServer(_door.path, report)
+    server = StatusServer(path, report)
     server.start()
-    _door.server = server
+    return server
 
 
-def teardown() -> None:
-    global _door
-    door, _door = _door, None
-    if door is not None:
-        door.close()
-
-
-def one_input(data: bytes) -> None:
-    assert _door is not None
-    http_peer.judge(http_peer.converse(_door.connect, http_peer.chunks_of(data)))
-    http_peer.probe(_door.connect, b"GET /v1/pods HTTP/1.1\r\n\r\n", b"HTTP/1.1 200")
+_DOOR = http_peer.UnixDoor("fuzz-status-", "status.sock", _serve, b"GET /v1/pods HTTP/1.1\r\n\r\n")
+setup, teardown, one_input = _DOOR.setup, _DOOR.teardown, _DOOR.one_input
