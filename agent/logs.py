@@ -17,6 +17,7 @@ import sys
 import time
 
 from agent.log_levels import AGENT_SCOPES, LogLevels, parse_log_levels
+from plugin.logfmt import json_line_breaks_escaped, quote
 
 NONE = logging.CRITICAL + 10
 """The level of `none`: above every record's level, so nothing is written."""
@@ -66,11 +67,11 @@ class KeyValueFormatter(logging.Formatter):
             f"time={_stamp(record)}",
             f"level={_level_name(record)}",
             f"logger={record.name}",
-            f"msg={_quote(record.getMessage())}",
+            f"msg={quote(record.getMessage())}",
         ]
-        parts.extend(f"{_key(k)}={_quote(str(v))}" for k, v in _fields(record).items())
+        parts.extend(f"{_key(k)}={quote(str(v))}" for k, v in _fields(record).items())
         if record.exc_info:
-            parts.append(f"error={_quote(self.formatException(record.exc_info))}")
+            parts.append(f"error={quote(self.formatException(record.exc_info))}")
         return " ".join(parts)
 
 
@@ -92,9 +93,7 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             obj["stack"] = self.formatException(record.exc_info)
         line = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-        for char, escaped in _LINE_BREAKS_IN_JSON.items():
-            line = line.replace(char, escaped)
-        return line
+        return json_line_breaks_escaped(line)
 
 
 def _json_value(value: object) -> object:
@@ -103,34 +102,12 @@ def _json_value(value: object) -> object:
     return str(value)
 
 
-_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 _KEY_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
-_LINE_BREAKS_IN_JSON = {"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
-"""What json.dumps leaves raw (ensure_ascii off) that a reader's splitlines() takes as a line
-break; inside a JSON string its escape means the same character."""
 
 
 def _key(key: object) -> str:
     """A field's name as one logfmt key: letters, digits, `_`, `.`, `-` (others become `_`)."""
     return _KEY_UNSAFE.sub("_", str(key)) or "_"
-
-
-def _quote(value: str) -> str:
-    """A logfmt value: bare when it is printable with no space, quote, `=` or backslash; else
-    quoted, with quotes, backslashes and every character that is not printable escaped (control
-    characters, terminal escapes, NUL, U+2028/U+2029, bidirectional marks): a value cannot end
-    the line or start a field of its own."""
-    if value and value.isprintable() and not any(c in value for c in ' "=\\'):
-        return value
-    return '"' + "".join(_escape(c) for c in value) + '"'
-
-
-def _escape(char: str) -> str:
-    if char in _ESCAPES:
-        return _ESCAPES[char]
-    if char.isprintable():
-        return char
-    return ascii(char)[1:-1]  # \x1b, \x00, \u2028, \U000e0001
 
 
 def setup_logging(levels: LogLevels | str = "info", *, as_json: bool = False) -> None:

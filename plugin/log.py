@@ -20,6 +20,7 @@ import os
 import time
 
 from plugin import fastjson, wire
+from plugin.logfmt import json_line_breaks_escaped, quote
 
 TYPE_CHECKING = False  # not typing's: importing typing costs ~10 ms of start-up
 if TYPE_CHECKING:
@@ -106,8 +107,8 @@ class PluginLog:
 
 def kv_line(stamp: str, level: str, msg: str, fields: dict[str, str]) -> str:
     """`time=... level=... logger=istio-cni msg="..." k=v`, newline-terminated."""
-    parts = [f"time={stamp}", f"level={level}", f"logger={SCOPE}", f"msg={_quote(msg)}"]
-    parts += [f"{k}={_quote(v)}" for k, v in fields.items()]
+    parts = [f"time={stamp}", f"level={level}", f"logger={SCOPE}", f"msg={quote(msg)}"]
+    parts += [f"{k}={quote(v)}" for k, v in fields.items()]
     return " ".join(parts) + "\n"
 
 
@@ -117,7 +118,7 @@ def json_line(stamp: str, level: str, msg: str, fields: dict[str, str]) -> str:
     obj = {"time": stamp, "level": level, "scope": SCOPE, "msg": msg}
     for k, v in fields.items():
         obj["field." + k if k in obj else k] = v
-    return fastjson.dumps_compact(obj) + "\n"
+    return json_line_breaks_escaped(fastjson.dumps_compact(obj)) + "\n"
 
 
 def log_file_path(run_dir: str) -> str:
@@ -160,10 +161,3 @@ def _rotate(path: str, mine: os.stat_result) -> None:
 
 def _cut(value: str) -> str:
     return value if len(value) <= MAX_FILE_VALUE else value[:MAX_FILE_VALUE] + "...(cut)"
-
-
-def _quote(value: str) -> str:
-    if value and not any(c in value for c in ' "=\n\t'):
-        return value
-    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-    return f'"{escaped}"'

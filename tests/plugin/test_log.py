@@ -7,6 +7,7 @@ import io
 import json
 import multiprocessing
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ from plugin import log, wire
 from plugin.log import PluginLog, append_line
 from tests.plugin.helpers import AgentTestDouble, Answer, cni_env, net_conf, run_plugin
 
+KV_FIELD = re.compile(r'([A-Za-z_][\w.-]*)=("(?:[^"\\]|\\.)*"|[^ "]*)')
+"""One logfmt field: a key, then a bare value or a quoted one with backslash escapes."""
 KV_KEYS = ("time=", "level=", "logger=istio-cni", "msg=")
 
 
@@ -34,6 +37,36 @@ def test_key_value_line() -> None:
     assert [p.split("=")[0] for p in parts[:4]] == ["time", "level", "logger", "msg"]
     assert "level=info" in line and 'msg="hello there"' in line
     assert "pod=ns/p" in line and "n=3" in line and "empty=" not in line
+
+
+HOSTILE_VALUES = [
+    "web\rlevel=error msg=forged",
+    "web\nlevel=error",
+    "\x1b[2Jcleared",
+    "nul\x00byte",
+    "line\u2028separator",
+    "next\x85line",
+    "rtl\u202eevil",
+    'quote" injected=1',
+    "back\\slash",
+]
+
+
+@pytest.mark.parametrize("value", HOSTILE_VALUES)
+@pytest.mark.parametrize("as_json", [False, True], ids=["kv", "json"])
+def test_a_pod_owners_value_stays_one_field_of_one_line(value: str, as_json: bool) -> None:
+    err = io.StringIO()
+    PluginLog("info", stderr=err, fields={"pod": f"app/{value}"}, as_json=as_json).info(value)
+    line = err.getvalue()
+    assert len(line.splitlines()) == 1, repr(line)
+    if as_json:
+        parsed = json.loads(line)
+        assert parsed["msg"] == value and parsed["pod"] == f"app/{value}"
+        return
+    assert line[:-1].isprintable(), repr(line)  # no terminal escape, NUL or bidi mark raw
+    fields = KV_FIELD.findall(line[:-1])
+    assert " ".join(f"{k}={v}" for k, v in fields) == line[:-1], "the line is only its fields"
+    assert [k for k, _ in fields] == ["time", "level", "logger", "msg", "pod"]
 
 
 def test_json_line_has_the_agents_keys() -> None:
