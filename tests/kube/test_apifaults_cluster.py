@@ -33,7 +33,7 @@ def reader(
     kube_core: Any, control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Identity]:
     """A ServiceAccount that may get, list and watch namespaces, nothing else."""
-    rbac = k8s.RbacAuthorizationV1Api(kube_core.api_client)
+    rbac: Any = k8s.RbacAuthorizationV1Api(kube_core.api_client)
     kube_core.create_namespaced_service_account("default", {"metadata": {"name": READER}})
     rbac.create_cluster_role(
         {
