@@ -6,9 +6,10 @@ thread whatever the number of connections, at most `limits.HTTP.max_connections`
 and HEAD only, no request bodies, a request complete within 5 s and a head within 8 KiB.
 
 /healthz is kubelet's liveness probe: 503 naming each of the agent's loops that ended without
-being stopped (agent.liveness) and each liveness check that fails (a mounted CNI dir deleted on
-the node), so a dead pod server or watcher gets the agent restarted; the loop serving /healthz
-itself answers nothing once dead, which fails the probe as surely.
+being stopped or hangs past its heartbeat's bound (agent.liveness) and each liveness check that
+fails (a mounted CNI dir deleted on the node), so a dead or stuck pod server or watcher gets the
+agent restarted; the loop serving /healthz itself answers nothing once dead, which fails the
+probe as surely.
 /healthz and /readyz are answered on the loop's thread; /metrics on a worker thread of its own,
 from a page built at most once per `METRICS_PERIOD` (`MetricsPage`): a flood of scrapes costs
 one build a second and never holds a probe's answer.

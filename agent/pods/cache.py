@@ -49,6 +49,7 @@ from agent.errors import (
     WatchError,
 )
 from agent.kube import api
+from agent.liveness import LIVENESS, Liveness
 from agent.pods import list_body, watch_stream
 from agent.pods.metrics import CacheMetrics, default_cache_metrics
 from agent.pods.slim import PodFields, pod_shape, slim
@@ -92,9 +93,11 @@ class ListWatchCache:
         backoff_max_seconds: float = 30.0,
         metrics: CacheMetrics | None = None,
         timeouts: api.Timeouts = api.DEFAULT_TIMEOUTS,
+        liveness: Liveness = LIVENESS,
     ) -> None:
         """`core` is a kubernetes CoreV1Api; the timing arguments exist so tests can be quick;
-        `timeouts`: the API calls' (from the settings)."""
+        `timeouts`: the API calls' (from the settings); `liveness`: where the loop's end or
+        hang is reported."""
         if not node_name:
             raise ValueError(f"{self.kind} cache: node name is empty (is NODE_NAME set?)")
         self._core = core
@@ -108,7 +111,13 @@ class ListWatchCache:
         self._pods: dict[tuple[str, str], Pod] = {}
         self._changed = threading.Condition()  # guards _pods; notified on every change
         self._synced = threading.Event()
-        self._loop = BackgroundLoop(f"{self.kind}-cache", self._run, wake=self._cut_watch)
+        self._loop = BackgroundLoop(
+            f"{self.kind}-cache",
+            self._run,
+            wake=self._cut_watch,
+            heartbeat=watch_stream.heartbeat_bound(timeouts, backoff_max_seconds),
+            liveness=liveness,
+        )
         self._stopping = self._loop.stopping
         self._next_resync = 0.0
         self._response: Any = None  # the open watch response, so stop() can cut it
@@ -234,6 +243,7 @@ class ListWatchCache:
         version: str | None = None
         failures = 0
         while not self._stopping.is_set():
+            self._loop.beat()
             try:
                 version = self.step(version)
                 failures = 0
@@ -261,17 +271,8 @@ class ListWatchCache:
             return self.watch_once(resource_version)
         except ResourceExpired as e:
             self._consistent_list = True
-            log.info(
-                "%s watch version expired; listing again",
-                self.kind,
-                extra={
-                    "fields": {
-                        "node": self._node,
-                        "resourceVersion": resource_version,
-                        "error": _short(e),
-                    }
-                },
-            )
+            fields = {"node": self._node, "resourceVersion": resource_version, "error": _short(e)}
+            log.info("%s watch version expired; listing again", self.kind, extra={"fields": fields})
             return None
 
     def relist(self) -> str:
@@ -304,6 +305,7 @@ class ListWatchCache:
         if self.list_from_watch_cache and not self._consistent_list:
             options["resource_version"] = "0"
         while True:
+            self._loop.beat()
             answer = api.call(self._list, timeout=self._timeouts.list(), **options)
             try:  # as it streams, item by item (agent.pods.list_body)
                 items, body = list_body.read(list_body.chunks(answer), self._as_obj)
@@ -345,6 +347,7 @@ class ListWatchCache:
         started, version, self._seen_version = time.monotonic(), resource_version, resource_version
         try:
             for line in watch_stream.events(response):
+                self._loop.beat()
                 version = self._seen_version = self.apply_event(json.loads(line), version)
             if version == resource_version:
                 watch_stream.check_not_short(started)

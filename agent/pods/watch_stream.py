@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from agent.errors import WatchError
+from agent.kube import api
 
 SHORT_WATCH_SECONDS = 1.0
 """A watch that ends sooner than this with no event is an error (backed off), as in client-go's
@@ -49,3 +50,14 @@ def check_not_short(started: float) -> None:
     lasted = time.monotonic() - started
     if lasted < SHORT_WATCH_SECONDS:
         raise WatchError(f"very short watch: ended after {lasted:.3f} s with no event")
+
+
+def heartbeat_bound(timeouts: api.Timeouts, backoff_max: float) -> float:
+    """The cache loop's heartbeat bound (agent.liveness): a turn is one call (a list page
+    within the list timeout, a watch silent at most its idle read timeout, 130 s, each after
+    connecting), or a back-off wait (1.2 x its longest); twice the longest of those, since a
+    retried call may run past its first timeout."""
+    call = api.SLOW_CONNECT_SECONDS + max(
+        float(timeouts.settings.listTimeoutSeconds), timeouts.watch_idle_seconds
+    )
+    return 2 * max(call, 1.2 * backoff_max)

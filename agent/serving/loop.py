@@ -14,7 +14,8 @@ connection whose exchange needs more bytes is read from: what a peer sends ahead
 
 Whatever one connection's step raises (the app, the framing, a socket call) ends that connection,
 answered 500 when its reply had not begun, never the loop; only a broken worker pool or the
-selector itself ends the loop, and its BackgroundLoop reports that to agent.liveness.
+selector itself ends the loop, and its BackgroundLoop reports that to agent.liveness; each round
+beats its heartbeat, so a loop blocked in one (a handler that never returns) fails liveness too.
 
 The app runs on the loop's thread (`workers=0`: quick answers such as /healthz) or in a bounded
 pool of worker threads whose replies the loop writes (all requests, or those `offload` picks).
@@ -47,6 +48,9 @@ TICK = 0.1
 ACCEPT_BATCH = 32
 RECV_BYTES = 64 << 10
 LINGER_SECONDS = 1.0
+HEARTBEAT_SECONDS = 60.0
+"""The loop's heartbeat bound (agent.liveness): a round waits TICK at most and answers on the
+loop's thread only what is quick (probes, the status report); hundreds of times its length."""
 STOP_GRACE = 30.0
 """On stop, replies being worked on get this long to be sent."""
 _RESOURCE_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
@@ -94,8 +98,10 @@ class Server:
         offload: Offload | None = None,
         check_peer: PeerCheck | None = None,
         liveness: Liveness = LIVENESS,
+        heartbeat: float = HEARTBEAT_SECONDS,
     ) -> None:
-        """`liveness`: where the loop's end is reported should it end without being stopped."""
+        """`liveness`: where the loop's end is reported should it end without being stopped,
+        and its heartbeat judged (`heartbeat`: the longest silence between two rounds)."""
         self.name = name
         self._listener = listener
         self._app = app
@@ -115,6 +121,7 @@ class Server:
             wake=self._wake,
             join_timeout=STOP_GRACE + JOIN_TIMEOUT_SECONDS,
             liveness=liveness,
+            heartbeat=heartbeat,
         )
         self._stopping = self._loop.stopping
         self._pool: ThreadPoolExecutor | None = None
@@ -160,6 +167,7 @@ class Server:
                     self._begin_stop()
                 if stop_by is not None and (not self._conns or now >= stop_by):
                     return
+                self._loop.beat()
                 self._step()
         finally:  # a bug that ends the loop: BackgroundLoop logs it and reports it to liveness
             self._end()
