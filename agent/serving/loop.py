@@ -37,6 +37,7 @@ from typing import Protocol
 
 from agent.background import JOIN_TIMEOUT_SECONDS, BackgroundLoop
 from agent.liveness import LIVENESS, Liveness
+from agent.serving.budget import Budget
 from agent.serving.connections import REPORT_INTERVAL, Conn, Connections, State
 from agent.serving.http import FramingError, Request, Response
 from agent.serving.limits import Limits
@@ -99,9 +100,11 @@ class Server:
         check_peer: PeerCheck | None = None,
         liveness: Liveness = LIVENESS,
         heartbeat: float = HEARTBEAT_SECONDS,
+        budget: Budget | None = None,
     ) -> None:
         """`liveness`: where the loop's end is reported should it end without being stopped,
-        and its heartbeat judged (`heartbeat`: the longest silence between two rounds)."""
+        and its heartbeat judged (`heartbeat`: the longest silence between two rounds);
+        `budget`: the requests a second its TCP peers are answered (agent.serving.budget)."""
         self.name = name
         self._listener = listener
         self._app = app
@@ -109,6 +112,7 @@ class Server:
         self._workers = workers
         self._offload = offload
         self._check_peer = check_peer
+        self._budget = budget
         self._sel = selectors.DefaultSelector()
         self._conns = Connections(self._sel, limits, name=name)
         self._ready: deque[Conn] = deque()
@@ -265,11 +269,20 @@ class Server:
                 self._conns.count(f"refused: {reason}")
                 sock.close()
                 return
+        try:
+            peer = str(sock.getpeername()[0]) if self._budget is not None else ""
+        except OSError:  # gone already (reset before it was accepted)
+            sock.close()
+            return
+        if self._budget is not None and not self._budget.connection(peer):
+            self._conns.count("refused: its peer's request budget is spent")
+            sock.close()  # before a byte is read: the cheapest answer
+            return
         if not self._conns.make_room():
             self._conns.count("refused: every connection is being answered")
             sock.close()
             return
-        self._conns.add(sock, now)
+        self._conns.add(sock, now).peer = peer
 
     # --- reading
 
@@ -335,6 +348,10 @@ class Server:
     # --- answering
 
     def _dispatch(self, conn: Conn, request: Request, now: float) -> None:
+        if self._budget is not None and not self._budget.request(conn.peer, request.path):
+            self._conns.count("answered 429: over its request budget")
+            self._send_final(conn, self._app.refuse(429, "too many requests"), now)
+            return  # and closed: what it pipelined behind is never read
         conn.state = State.BUSY
         self._conns.watch(conn, 0)
         if self._pool is None or (self._offload is not None and not self._offload(request)):
