@@ -17,10 +17,11 @@ refilled continuously:
   is bounded by the peers tracked (`max_peers`) times `probe_rate`.
 
 A request over budget is answered 429 and its connection closed (what the peer had pipelined
-behind it is never read); a connection from a peer whose budget is spent is closed as it is
-accepted, before a byte of it is read. Peers are tracked in a table of at most `max_peers`,
-least recently seen dropped first: a dropped peer comes back with a full budget, so the table's
-size bounds the memory, and the port's rate still bounds the CPU.
+behind it is never read), and spends a token of its peer's probe allowance; a connection from a
+peer with neither left is closed as it is accepted, before a byte of it is read. Peers are
+tracked in a table of at most `max_peers`, least recently seen dropped first: a dropped peer
+comes back with a full budget, so the table's size bounds the memory, and the port's rate still
+bounds the CPU.
 """
 
 from __future__ import annotations
@@ -127,4 +128,9 @@ class Budget:
         if peer.requests.has(now) and self._port.take(now):
             peer.requests.take(now)
             return True
-        return path in self.rates.probe_paths and peer.probes.take(now)
+        if path in self.rates.probe_paths:
+            return peer.probes.take(now)
+        # A refusal costs its peer's probe allowance too: once both are spent, its connections
+        # are closed unread, so even a flood of refused requests costs little.
+        peer.probes.take(now)
+        return False

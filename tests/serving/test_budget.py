@@ -44,7 +44,7 @@ def answered(budget: Budget, peer: str, path: str, n: int) -> int:
 def test_a_peer_gets_its_burst_then_its_rate() -> None:
     clock = Clock()
     budget = Budget(RATES, clock=clock)
-    assert answered(budget, "10.0.0.5", "/metrics", 10) == 5
+    assert answered(budget, "10.0.0.5", "/metrics", 5) == 5
     assert budget.connection("10.0.0.5")  # a probe could still be answered
     assert answered(budget, "10.0.0.5", "/healthz", 10) == 2  # its probe allowance
     assert not budget.connection("10.0.0.5")  # nothing left: closed before it is read
@@ -73,10 +73,20 @@ def test_probes_past_the_budget_come_from_each_peers_own_allowance() -> None:
     assert answered(budget, "10.0.3.0", "/metrics", 1) == 0
     assert answered(budget, "10.0.3.0", "/healthz", 1) == 0
     kubelet = "192.168.0.7"
-    assert answered(budget, kubelet, "/metrics", 1) == 0  # the port's budget is spent
     assert answered(budget, kubelet, "/healthz", 2) == 2  # its probes are answered
+    assert answered(budget, kubelet, "/metrics", 1) == 0  # the port's budget is spent
     clock.now += 1.0
     assert answered(budget, kubelet, "/healthz", 1) == 1
+
+
+def test_refused_requests_spend_the_peers_allowance_then_its_connections_are_closed() -> None:
+    clock = Clock()
+    budget = Budget(RATES, clock=clock)
+    assert answered(budget, "10.0.5.1", "/metrics", 5) == 5
+    assert budget.connection("10.0.5.1")
+    assert answered(budget, "10.0.5.1", "/metrics", 2) == 0  # each refusal spends a probe token
+    assert not budget.connection("10.0.5.1")  # closed as accepted from now on
+    assert budget.connection("10.0.5.2")
 
 
 def test_the_peer_table_is_bounded() -> None:
