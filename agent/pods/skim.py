@@ -39,6 +39,8 @@ _STRING = re.compile(r'"(?:[^"\\]++|\\.)*+"', re.DOTALL)
 _SCALAR = re.compile(r"[^,\]}\s]+")
 _NOT_BRACKET = re.compile(r'(?:[^"{}\[\]]++|"(?:[^"\\]++|\\.)*+")*+', re.DOTALL)
 """A run of text with no bracket outside a string (strings skipped whole)."""
+_FLAT = re.compile(r'\{(?:[^"{}\[\]]++|"(?:[^"\\]++|\\.)*+")*+\}', re.DOTALL)
+"""An object with no object or array inside."""
 _CLOSER = {"{": "}", "[": "]"}
 SMALL_ITEM = 2048
 """An array's item shorter than this is decoded whole, then pruned to its reading."""
@@ -111,7 +113,8 @@ def _item(text: str, at: int, reading: Reading) -> tuple[Any, int]:
     (an array of thousands of small items is read some ten times as quick so)."""
     if reading is KEEP:
         return _DECODER.raw_decode(text, at)
-    end = skip(text, at)
+    flat = _FLAT.match(text, at)  # most items: an object of scalars, found in one match
+    end = flat.end() if flat is not None else skip(text, at)
     if end - at >= SMALL_ITEM:
         return read(text, reading, at)
     return _prune(_DECODER.raw_decode(text, at)[0], reading), end
