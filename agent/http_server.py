@@ -6,12 +6,17 @@ thread whatever the number of connections, at most `limits.HTTP.max_connections`
 and HEAD only, no request bodies, a request complete within 5 s and a head within 8 KiB.
 
 /healthz is kubelet's liveness probe: 503 naming each of the agent's loops that ended without
-being stopped (agent.liveness) and each liveness check that fails (a mounted CNI dir deleted on
-the node), so a dead pod server or watcher gets the agent restarted; the loop serving /healthz
-itself answers nothing once dead, which fails the probe as surely.
+being stopped or hangs past its heartbeat's bound (agent.liveness) and each liveness check that
+fails (a mounted CNI dir deleted on the node), so a dead or stuck pod server or watcher gets the
+agent restarted; the loop serving /healthz itself answers nothing once dead, which fails the
+probe as surely.
 /healthz and /readyz are answered on the loop's thread; /metrics on a worker thread of its own,
 from a page built at most once per `METRICS_PERIOD` (`MetricsPage`): a flood of scrapes costs
 one build a second and never holds a probe's answer.
+Every pod on the node can reach this port, so what it answers has a budget (agent.serving.budget:
+requests a second for the port and for each peer address, 429 past it), with an allowance of
+probes per peer address kept apart: a flood from pods costs a bounded share of the agent's CPU
+and leaves kubelet's probes, from the node's own address, answered.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from collections.abc import Callable, Sequence
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from agent.liveness import LIVENESS
-from agent.serving import limits
+from agent.serving import budget, limits
 from agent.serving.http import Request, Response
 from agent.serving.loop import Server
 
@@ -144,15 +149,18 @@ class HttpServer:
         liveness: Failing = lambda: (),
         loops: Failing = LIVENESS.failing,
         metrics: MetricsPage | None = None,
+        rates: budget.Rates | None = budget.HTTP,
     ) -> None:
         """`liveness`: what fails that only a new container mends, checked when probed;
-        `loops`: the loops that ended without being stopped (agent.liveness)."""
+        `loops`: the loops that ended without being stopped (agent.liveness); `rates`: the
+        port's request budget (None: none, for a test of something else)."""
         self.host = host
         self.port = port
         self.readiness = readiness
         self.liveness = liveness
         self.loops = loops
         self.metrics = metrics or MetricsPage()
+        self.rates = rates
         self._server: Server | None = None
         self._port = 0
 
@@ -161,8 +169,15 @@ class HttpServer:
         self._port = int(listener.getsockname()[1])
         endpoints = _Endpoints(self.readiness, self.liveness, self.loops, self.metrics)
         # One worker builds /metrics: the loop's thread answers the probes meanwhile.
+        # Any pod reaches this port: its requests have a budget, probes apart (serving.budget).
         self._server = Server(
-            listener, endpoints, limits.HTTP, name="http", workers=1, offload=_offload
+            listener,
+            endpoints,
+            limits.HTTP,
+            name="http",
+            workers=1,
+            offload=_offload,
+            budget=None if self.rates is None else budget.Budget(self.rates),
         )
         self._server.start()
         log.info(

@@ -30,6 +30,7 @@ from agent.install.installer import Installer
 from agent.install.watcher import InstallWatcher
 from agent.kube import KubeClients, api, build_clients
 from agent.logs import setup_logging
+from agent.memory import map_large_buffers
 from agent.pods.own_daemonset import OwnDaemonSetWatch
 from agent.serving.limits import raise_descriptor_limit
 from agent.wiring import Service, Uninstalls, build_services
@@ -68,6 +69,7 @@ def run(settings: Settings, *, config_path: str, decide_on_stop: StopDecider | N
         signal.signal(sig, on_signal)
     # The servers' caps decide who is refused, never the descriptor limit (1024 by default).
     raise_descriptor_limit()
+    map_large_buffers()  # a fat pod's text goes back to the system once read (agent.memory)
     pod = AgentPod.from_env()
     try:
         node_name = pod.require_node()

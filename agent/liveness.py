@@ -8,12 +8,23 @@ its own) is recorded once with why, logged as an error naming it and counted in
 liveness probe restarts the agent. Nothing restarts a loop inside the process: a loop that
 ended on a bug would likely end again, and a restarted process starts from a clean state (its
 start-up reconciles every pod). A record stays until the process restarts.
+
+A loop can also hang without ending: blocked on a lock, a syscall or a call with no timeout.
+Each long-running loop has a heartbeat (`heart`), stamped on every turn, idle turns included
+(a loop that waits on a queue, a condition or a selector wakes at a bounded interval to stamp),
+with a bound of its own: well above its longest normal turn, which its own timeouts set (a watch
+read may stay silent 130 s, so the caches' bound is above that). A heart not stamped within its
+bound fails /healthz as an ended loop does, naming the loop and how long it has been silent;
+it is logged and counted in `istio_cni_loop_hangs_total{loop}` once per silence, and clears
+if the loop turns again. A loop being stopped, or ended, has no heartbeat to judge.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Callable
 
 from prometheus_client import Counter
 
@@ -26,13 +37,55 @@ LOOP_FAILURES = Counter(
     ["loop"],
 )
 
+LOOP_HANGS = Counter(
+    "istio_cni_loop_hangs",
+    "Long-running loops of the agent found silent past their heartbeat's bound (blocked, not "
+    "ended), by loop, once per silence: the agent's /healthz fails while one is.",
+    ["loop"],
+)
+
+
+class Heart:
+    """One loop's heartbeat: `beat()` each turn; `quiet()` once the loop stops or ends."""
+
+    def __init__(self, owner: Liveness, loop: str, bound: float) -> None:
+        self.loop = loop
+        self.bound = bound
+        """Seconds without a beat after which the loop counts as hung."""
+        self._owner = owner
+        self.last = owner.clock()
+        self.hung = False
+        """Already reported for the current silence."""
+
+    def beat(self) -> None:
+        self.last = self._owner.clock()
+
+    def quiet(self) -> None:
+        """No longer judged (stopped or ended: an unexpected end is `ended`'s)."""
+        self._owner.forget(self)
+
 
 class Liveness:
-    """The loops that ended unexpectedly, in the order they ended."""
+    """The loops that ended unexpectedly, in the order they ended, and the heartbeats of those
+    that run."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
         self._lock = threading.Lock()
         self._ended: dict[str, str] = {}
+        self._hearts: list[Heart] = []
+
+    def heart(self, loop: str, bound: float) -> Heart:
+        """A heartbeat for `loop`, judged from now on (stamped now)."""
+        heart = Heart(self, loop, bound)
+        with self._lock:
+            self._hearts.append(heart)
+        return heart
+
+    def forget(self, heart: Heart) -> None:
+        with self._lock:
+            if heart in self._hearts:
+                self._hearts.remove(heart)
 
     def ended(self, loop: str, why: str) -> None:
         """Record that `loop` ended without being stopped, and why; logs and counts it."""
@@ -45,9 +98,36 @@ class Liveness:
         )
 
     def failing(self) -> list[tuple[str, str]]:
-        """(loop, why) of each loop that ended unexpectedly; empty while all run."""
+        """(loop, why) of each loop that ended unexpectedly, then of each whose heartbeat is
+        older than its bound; empty while all run and turn."""
+        now = self.clock()
         with self._lock:
-            return list(self._ended.items())
+            failing = list(self._ended.items())
+            hearts = list(self._hearts)
+        for heart in hearts:
+            silent = now - heart.last
+            if silent <= heart.bound:
+                heart.hung = False
+                continue
+            failing.append((heart.loop, f"no turn for {silent:.0f} s (bound {heart.bound:g} s)"))
+            if not heart.hung:
+                heart.hung = True
+                self._hung(heart, silent)
+        return failing
+
+    @staticmethod
+    def _hung(heart: Heart, silent: float) -> None:
+        LOOP_HANGS.labels(loop=heart.loop).inc()
+        log.error(
+            "essential loop hung: no turn within its bound; the agent is no longer live",
+            extra={
+                "fields": {
+                    "loop": heart.loop,
+                    "silentSeconds": round(silent, 1),
+                    "boundSeconds": heart.bound,
+                }
+            },
+        )
 
 
 LIVENESS = Liveness()

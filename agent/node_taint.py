@@ -121,7 +121,14 @@ class NodeTaintRemover:
         self._is_ready = is_ready
         self.key = key
         self.timing = timing or TaintTiming()
-        self._loop = BackgroundLoop("node-taint", self._run)
+        # A turn is a readiness poll, a back-off wait (at most 1.2 x the longest) or one
+        # attempt: the node read and patched, each within the node timeout (retries inside).
+        attempt = 4 * (api.SLOW_CONNECT_SECONDS + timeouts.settings.nodeTimeoutSeconds)
+        self._loop = BackgroundLoop(
+            "node-taint",
+            self._run,
+            heartbeat=1.2 * self.timing.max_backoff_seconds + attempt + 30.0,
+        )
         self.attempts = 0
         """API rounds made (read + patch), for tests and debugging."""
         self.done = threading.Event()
@@ -144,13 +151,13 @@ class NodeTaintRemover:
         stop = self._loop.stopping
         while not stop.is_set():
             while not self._ready() and not stop.wait(poll):
-                pass
+                self._loop.beat()
             if stop.is_set():
                 return
             if self._remove_until_done(stop):
                 self.done.set()
             while self._ready() and not stop.wait(poll):
-                pass
+                self._loop.beat()
             self.done.clear()  # not ready any more: check again once ready again
 
     def _ready(self) -> bool:
@@ -165,6 +172,7 @@ class NodeTaintRemover:
         backoff = self.timing.initial_backoff_seconds
         changed_in_a_row = 0
         while not stop.is_set():
+            self._loop.beat()
             self.attempts += 1
             try:
                 effects = remove_taint(self._core, self.node_name, self.key, self._timeouts)

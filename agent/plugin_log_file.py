@@ -165,6 +165,7 @@ class Forwarding:
             # one bad file must not end forwarding for good
             failed="forwarding the plugin's log file failed",
             at_start=True,
+            step_bound=60.0,  # a settle of SETTLE_SECONDS and one bounded file read
         )
 
     def start(self) -> None:

@@ -5,7 +5,8 @@ test double on its ZDS socket, and CNI ADDs sent through its pod socket as the p
 For tests and benchmarks that load the agent from outside (tests/hostile, bench/flood.py). The
 node netns keeps what ambient programs on the "host" (probe rules, address set) off the
 machine's own; the HTTP port listens on the node's veth address, which the root namespace
-reaches, as kubelet and Prometheus reach a node's. Pod sockets are files, reached from anywhere.
+reaches, as a pod or Prometheus reaches a node's; kubelet's probes come from inside the node netns
+(the node's own address), as on a node. Pod sockets are files, reached from anywhere.
 
     bed = NetnsAgentBed(workdir); bed.start(); bed.add(); ...; bed.stop()  (always stop)
 """
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.netns import run_in_netns
 from plugin import wire
 from plugin.client import AgentClient
 from plugin.errors import CniError
@@ -129,7 +131,7 @@ class NetnsAgentBed:
         except CniError:
             return False
         try:  # every service, ambient's ZDS server too
-            return self.http_get("/readyz")[0] == 200
+            return self.probe("/readyz")[0] == 200
         except OSError:
             return False
 
@@ -142,6 +144,12 @@ class NetnsAgentBed:
             return response.status, response.read().decode()
         finally:
             conn.close()
+
+    def probe(self, path: str, timeout: float = 2.0) -> tuple[int, str]:
+        """GET on the agent's HTTP port as kubelet probes it: from the node's own address (a
+        thread in the node netns), which no pod and no neighbour on the machine's side has, so
+        the port's request budget keeps its probes apart from theirs (agent.serving.budget)."""
+        return run_in_netns(self.network.netns_path, lambda: self.http_get(path, timeout))
 
     # --- what tests and benchmarks use
 
@@ -283,7 +291,7 @@ def measure(bed: NetnsAgentBed, adds: int) -> Phase:
             phase.threads, phase.fds = max(phase.threads, threads), max(phase.fds, fds)
             began = time.perf_counter()
             try:
-                status, _ = bed.http_get("/healthz", timeout=PROBE_TIMEOUT)
+                status, _ = bed.probe("/healthz", timeout=PROBE_TIMEOUT)
                 if status != 200:
                     phase.probe_failures.append(f"status {status}")
             except OSError as e:

@@ -44,6 +44,11 @@ from agent.label_selectors import EnablementSelector
 
 log = logging.getLogger(__name__)
 
+HEARTBEAT_SECONDS = 120.0
+"""The worker's heartbeat bound (agent.liveness): a turn waits 0.5 s for an item and handles one
+pod (a ZDS request acked within 5 s, the pod's annotation patched within the API's 12 s and its
+netns programmed), some 20 s at the longest; a namespace's change only queues its pods."""
+
 Obj = dict[str, Any]
 Key = tuple[str, str]
 """("pod", uid) or ("namespace", name): what one pending item stands for."""
@@ -126,7 +131,9 @@ class AmbientWatch:
         self._system_ns = system_namespace
         self._on_event = on_event
         self._queue: KeyedQueue[Key, Event] = KeyedQueue(merge)
-        self._loop = BackgroundLoop("ambient-watch", self._run, wake=self._queue.wake)
+        self._loop = BackgroundLoop(
+            "ambient-watch", self._run, wake=self._queue.wake, heartbeat=HEARTBEAT_SECONDS
+        )
         self._failing: dict[Key, str] = {}
         """Key -> the failure last logged for it, until its item is handled."""
         self._not_captured: dict[str, str] = {}
@@ -162,6 +169,7 @@ class AmbientWatch:
 
     def _run(self) -> None:
         while not self._loop.stopping.is_set():
+            self._loop.beat()
             taken = self._queue.get(0.5)
             if taken is not None:
                 self.step(taken)

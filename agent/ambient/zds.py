@@ -119,7 +119,8 @@ class ZdsServer:
         self._threads: dict[Connection, threading.Thread] = {}
         self._listener: socket.socket | None = None
         self._inode: int | None = None
-        self._accept = BackgroundLoop("zds-accept", self._accept_loop)
+        # A turn is an accept that times out within ACCEPT_INTERVAL, or one admission.
+        self._accept = BackgroundLoop("zds-accept", self._accept_loop, heartbeat=60.0)
         self._stopping = self._accept.stopping
         self._unreported: dict[str, int] = {}
         self._next_report = 0.0
@@ -278,6 +279,7 @@ class ZdsServer:
         listener = self._listener
         assert listener is not None
         while not self._stopping.is_set():
+            self._accept.beat()
             try:
                 sock, _ = listener.accept()
             except TimeoutError:

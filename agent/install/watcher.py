@@ -109,7 +109,11 @@ class InstallWatcher:
         self.conflicts = ConflictTracker(installer.settings.conflictsPerMinuteWarning)
         self._config_hashes = HashCache()
         self._config_digest = self._config_digest_now()
-        self._loop = BackgroundLoop("install-watcher", self.run)
+        # A turn waits recheck_seconds at most (the watch yields on that timeout; polling waits
+        # less), then reconciles: local file reads and writes, a binary copied at the longest.
+        self._loop = BackgroundLoop(
+            "install-watcher", self.run, heartbeat=4 * self.timing.recheck_seconds + 60.0
+        )
         self._ready = False
         self._last_wait_log = -1e9
         self._last_error = ""
@@ -166,6 +170,7 @@ class InstallWatcher:
         count = 0
         stop = self._loop.stopping
         while not stop.is_set():
+            self._loop.beat()
             dirs = self._watched_dirs()
             identity = dir_identity(dirs)
             if not dirs:
@@ -190,6 +195,7 @@ class InstallWatcher:
                     yield_on_timeout=True,
                     raise_interrupt=False,
                 ):
+                    self._loop.beat()
                     self._watching()
                     self._guarded(functools.partial(self._on_changes, changes))
                     count += 1
@@ -217,6 +223,7 @@ class InstallWatcher:
         stop = self._loop.stopping
         until = time.monotonic() + self.timing.rewatch_seconds
         while time.monotonic() < until and not stop.wait(self.timing.poll_seconds):
+            self._loop.beat()
             self._guarded(self._poll_once)
 
     def _poll_once(self) -> None:

@@ -122,15 +122,21 @@ def _is_answer(error: Exception) -> bool:
     return kind.__name__ == "ApiException" and kind.__module__.startswith("kubernetes.")
 
 
-def get_json(fn: Callable[..., Any], *args: Any, timeout: Timeout, **kw: Any) -> dict[str, Any]:
-    """`call`, and the answer's JSON object."""
-    return decode(call(fn, *args, timeout=timeout, **kw))
+def get_json(
+    fn: Callable[..., Any],
+    *args: Any,
+    timeout: Timeout,
+    loads: Callable[[bytes], Any] = json.loads,
+    **kw: Any,
+) -> dict[str, Any]:
+    """`call`, and the answer's JSON object (read by `loads`: what the caller builds of it)."""
+    return decode(call(fn, *args, timeout=timeout, **kw), loads)
 
 
-def decode(response: Any) -> dict[str, Any]:
+def decode(response: Any, loads: Callable[[bytes], Any] = json.loads) -> dict[str, Any]:
     """The JSON object of a raw response; KubeApiError when it is not one."""
     try:
-        data: dict[str, Any] = json.loads(response.data)
+        data: dict[str, Any] = loads(response.data)
     except ValueError as e:
         raise KubeApiError(e) from e
     return data

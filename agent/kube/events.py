@@ -34,6 +34,9 @@ from agent.kube import api
 
 log = logging.getLogger(__name__)
 
+IDLE_TURN_SECONDS = 5.0
+"""The longest the sender waits with nothing due before its heartbeat's turn (agent.liveness)."""
+
 MAX_MESSAGE = 1024
 MAX_NAME = 253
 """An Event's name is a DNS-1123 subdomain: at most 253 characters."""
@@ -113,7 +116,10 @@ class EventRecorder:
         self._tokens_at = clock()
         self._entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
         self._cond = threading.Condition()
-        self._loop = BackgroundLoop("events", self._run, wake=self._wake)
+        # A turn waits at most IDLE_TURN_SECONDS, then sends one Event: a create, or a patch
+        # and a create, each within the API's update timeout (retries inside it).
+        send = 2 * (api.CONNECT_SECONDS + timeouts.settings.updateTimeoutSeconds)
+        self._loop = BackgroundLoop("events", self._run, wake=self._wake, heartbeat=2 * send + 30.0)
 
     def record(self, pod: Mapping[str, Any], *, reason: str, message: str) -> None:
         meta = pod.get("metadata") or {}
@@ -163,7 +169,10 @@ class EventRecorder:
             with self._cond:
                 entry, wait = self._next()
                 while entry is None and not stopping.is_set():
-                    self._cond.wait(wait)
+                    self._loop.beat()
+                    self._cond.wait(
+                        IDLE_TURN_SECONDS if wait is None else min(wait, IDLE_TURN_SECONDS)
+                    )
                     entry, wait = self._next()
                 if stopping.is_set() or entry is None:
                     return

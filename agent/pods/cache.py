@@ -17,20 +17,17 @@ client-go's reflector draws it: the agents of a cluster started together (a Daem
 an API server restart) do not all re-watch in the same second ever after. T is 240 s, so a watch
 ends (and the staleness gauge moves) within 480 s, under IstioCniPodCacheStale's 600 s.
 
-Objects are kept as slim records of the API's JSON (camelCase dicts, only the fields the agent
-reads: agent.pods.slim), the form the redirect decision reads. The pod list comes from the API
-server's watch cache in one answer (a node's pods); the namespace list, consistent, in pages of
-LIST_PAGE_SIZE objects, so neither the cache nor one list's answer grows with the cluster beyond
-what is kept. Both list and watch read the raw JSON (the client's models are never built), a
-list one item at a time (agent.pods.list_body) and a watch one event at a time, so only one
-object's full form is ever alive beside the slim records, however large its owner made it. A pod
-not in the cache yet (its sandbox can be created before the watch delivers it) is fetched with a
-GET, retried a few times over about two seconds.
+Objects are kept as slim records of the API's JSON (only the fields the agent reads:
+agent.pods.slim). The pod list comes from the API server's watch cache in one answer (a node's
+pods); the namespace list, consistent, in pages of LIST_PAGE_SIZE objects. List, watch and GET
+read the raw JSON's text, a list item by item (agent.pods.list_body), and of each object build
+only what its slim record reads (agent.pods.skim): a fat object's other fields are skipped in
+its text, never built, however large its owner made them. A pod not in the cache yet is fetched
+with a GET, retried a few times over about two seconds.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import random
@@ -49,9 +46,10 @@ from agent.errors import (
     WatchError,
 )
 from agent.kube import api
-from agent.pods import list_body, watch_stream
+from agent.liveness import LIVENESS, Liveness
+from agent.pods import list_body, skim, watch_stream
 from agent.pods.metrics import CacheMetrics, default_cache_metrics
-from agent.pods.slim import PodFields, pod_shape, slim
+from agent.pods.slim import PodFields, pod_shape, reading_of, slim
 
 log = logging.getLogger(__name__)
 
@@ -92,9 +90,11 @@ class ListWatchCache:
         backoff_max_seconds: float = 30.0,
         metrics: CacheMetrics | None = None,
         timeouts: api.Timeouts = api.DEFAULT_TIMEOUTS,
+        liveness: Liveness = LIVENESS,
     ) -> None:
         """`core` is a kubernetes CoreV1Api; the timing arguments exist so tests can be quick;
-        `timeouts`: the API calls' (from the settings)."""
+        `timeouts`: the API calls' (from the settings); `liveness`: where the loop's end or
+        hang is reported."""
         if not node_name:
             raise ValueError(f"{self.kind} cache: node name is empty (is NODE_NAME set?)")
         self._core = core
@@ -108,7 +108,9 @@ class ListWatchCache:
         self._pods: dict[tuple[str, str], Pod] = {}
         self._changed = threading.Condition()  # guards _pods; notified on every change
         self._synced = threading.Event()
-        self._loop = BackgroundLoop(f"{self.kind}-cache", self._run, wake=self._cut_watch)
+        beat = watch_stream.heartbeat_bound(timeouts, backoff_max_seconds)
+        name, cut = f"{self.kind}-cache", self._cut_watch
+        self._loop = BackgroundLoop(name, self._run, wake=cut, heartbeat=beat, liveness=liveness)
         self._stopping = self._loop.stopping
         self._next_resync = 0.0
         self._response: Any = None  # the open watch response, so stop() can cut it
@@ -123,6 +125,8 @@ class ListWatchCache:
         is resumed from there, as client-go's reflector does, not from where it started."""
         self._metrics = metrics or default_cache_metrics()
         self._metrics.created(self.kind)
+        self.reading: skim.Reading = skim.KEEP
+        """What is built of each object read (agent.pods.skim): what `_as_obj` keeps of it."""
 
     def add_listener(self, listener: Listener) -> None:
         """Be told of every change from now on (add before start() to see the first list)."""
@@ -144,6 +148,9 @@ class ListWatchCache:
 
     def _as_obj(self, obj: Obj) -> Obj:
         return obj
+
+    def _loads(self, data: bytes) -> Any:
+        return skim.loads(data, self.reading)
 
     # -- service -----------------------------------------------------------------------------
 
@@ -234,6 +241,7 @@ class ListWatchCache:
         version: str | None = None
         failures = 0
         while not self._stopping.is_set():
+            self._loop.beat()
             try:
                 version = self.step(version)
                 failures = 0
@@ -261,17 +269,8 @@ class ListWatchCache:
             return self.watch_once(resource_version)
         except ResourceExpired as e:
             self._consistent_list = True
-            log.info(
-                "%s watch version expired; listing again",
-                self.kind,
-                extra={
-                    "fields": {
-                        "node": self._node,
-                        "resourceVersion": resource_version,
-                        "error": _short(e),
-                    }
-                },
-            )
+            fields = {"node": self._node, "resourceVersion": resource_version, "error": _short(e)}
+            log.info("%s watch version expired; listing again", self.kind, extra={"fields": fields})
             return None
 
     def relist(self) -> str:
@@ -304,9 +303,10 @@ class ListWatchCache:
         if self.list_from_watch_cache and not self._consistent_list:
             options["resource_version"] = "0"
         while True:
+            self._loop.beat()
             answer = api.call(self._list, timeout=self._timeouts.list(), **options)
             try:  # as it streams, item by item (agent.pods.list_body)
-                items, body = list_body.read(list_body.chunks(answer), self._as_obj)
+                items, body = list_body.read(list_body.chunks(answer), self._as_obj, self.reading)
             except ValueError as e:
                 raise KubeApiError(e) from e
             finally:
@@ -345,7 +345,9 @@ class ListWatchCache:
         started, version, self._seen_version = time.monotonic(), resource_version, resource_version
         try:
             for line in watch_stream.events(response):
-                version = self._seen_version = self.apply_event(json.loads(line), version)
+                self._loop.beat()
+                event = watch_stream.decode(line, self.reading)
+                version = self._seen_version = self.apply_event(event, version)
             if version == resource_version:
                 watch_stream.check_not_short(started)
             self._metrics.heard(self.kind)  # the server ended the watch: still in touch
@@ -401,6 +403,7 @@ class PodCache(ListWatchCache):
         other arguments are ListWatchCache's."""
         super().__init__(core, node_name, **kw)
         self._shape = pod_shape(fields or PodFields())
+        self.reading = reading_of(self._shape)
 
     def _list(self, **options: Any) -> Any:
         return self._core.list_pod_for_all_namespaces(
@@ -418,6 +421,7 @@ class PodCache(ListWatchCache):
                     name,
                     namespace,
                     timeout=self._timeouts.lookup(within),
+                    loads=self._loads,
                 )
             )
         except ApiNotFound:

@@ -5,7 +5,8 @@ of fat pods (1.4 MB of container args each costs some 16 MB as Python objects) w
 sum of them all at once, and the answer's text the sum of their JSON. `read` decodes the
 top-level object key by key as the answer streams in and hands each item of `items` to `each`
 as soon as it is decoded: what is alive at once is the text of one item (and of the chunk that
-ends it) and that item parsed. The answer must be one JSON object, as `json.loads` accepts it.
+ends it) and that item parsed; with a reading (agent.pods.skim), of each item only what is read.
+The answer must be one JSON object, as `json.loads` accepts it.
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
+from agent.pods import skim
+
 T = TypeVar("T")
 Obj = dict[str, Any]
 
 CHUNK_BYTES = 1 << 16
 """Bytes asked of the answer at a time."""
 
-_DECODER = json.JSONDecoder()
 _SPACE = re.compile(r"[ \t\n\r]*")
 
 
@@ -73,12 +75,12 @@ class _Text:
             raise ValueError(f"{char!r} expected in the answer")
         self.at += 1
 
-    def value(self) -> Any:
-        """The next JSON value, consumed."""
+    def value(self, reading: skim.Reading = skim.KEEP) -> Any:
+        """The next JSON value, consumed: what `reading` reads of it (agent.pods.skim)."""
         self.char()
         while True:
             try:
-                value, end = _DECODER.raw_decode(self.text, self.at)
+                value, end = skim.read(self.text, reading, self.at, whole_below=skim.WHOLE_BELOW)
             except json.JSONDecodeError:
                 if self.more():
                     continue  # cut by the chunk: decode it again with more text
@@ -89,9 +91,14 @@ class _Text:
             return value
 
 
-def read(data: Iterable[bytes] | bytes | str, each: Callable[[Any], T]) -> tuple[list[T], Obj]:
+def read(
+    data: Iterable[bytes] | bytes | str,
+    each: Callable[[Any], T],
+    reading: skim.Reading = skim.KEEP,
+) -> tuple[list[T], Obj]:
     """`each` of every item of the object's `items`, and the object's other keys. `data`: the
-    answer's chunks, or its whole text.
+    answer's chunks, or its whole text; `reading`: what is built of each item (the rest of it
+    is skipped in the text: agent.pods.skim).
 
     Raises ValueError when the answer is not one JSON object."""
     if isinstance(data, str | bytes):
@@ -111,7 +118,7 @@ def read(data: Iterable[bytes] | bytes | str, each: Callable[[Any], T]) -> tuple
             rest.pop(key, None)
         if key == "items" and text.char() == "[":
             text.at += 1
-            _items(text, each, items)
+            _items(text, each, items, reading)
         else:
             rest[key] = text.value()
         ended = text.char() != ","
@@ -122,13 +129,13 @@ def read(data: Iterable[bytes] | bytes | str, each: Callable[[Any], T]) -> tuple
     return items, rest
 
 
-def _items(text: _Text, each: Callable[[Any], T], items: list[T]) -> None:
+def _items(text: _Text, each: Callable[[Any], T], items: list[T], reading: skim.Reading) -> None:
     """The array's items, each handed to `each` before the next is decoded (after its "[")."""
     if text.char() == "]":
         text.at += 1
         return
     while True:
-        item = text.value()
+        item = text.value(reading)
         items.append(each(item))
         del item  # the item's full form goes before the next one is decoded
         if text.char() == "]":

@@ -9,7 +9,7 @@ from typing import Any
 from agent.errors import ApiLookupError, ApiNotFound, KubeApiError
 from agent.kube import api
 from agent.pods.cache import ListWatchCache, Obj
-from agent.pods.slim import NAMESPACE, slim
+from agent.pods.slim import NAMESPACE, reading_of, slim
 
 Namespace = dict[str, Any]
 
@@ -21,6 +21,10 @@ class NamespaceCache(ListWatchCache):
 
     def _list(self, **options: Any) -> Any:
         return self._core.list_namespace(**options)
+
+    def __init__(self, core: Any, node_name: str, **kw: Any) -> None:
+        super().__init__(core, node_name, **kw)
+        self.reading = reading_of(NAMESPACE)
 
     def _as_obj(self, obj: Obj) -> Obj:
         slimmed: Obj = slim(obj, NAMESPACE)
@@ -45,7 +49,10 @@ class NamespaceCache(ListWatchCache):
     def _read(self, namespace: str, name: str, *, within: float | None = None) -> Obj | None:
         timeout = self._timeouts.lookup(within)
         try:
-            return self._as_obj(api.get_json(self._core.read_namespace, name, timeout=timeout))
+            answer = api.get_json(
+                self._core.read_namespace, name, timeout=timeout, loads=self._loads
+            )
+            return self._as_obj(answer)
         except ApiNotFound:
             return None
         except KubeApiError as e:

@@ -19,6 +19,10 @@ whatever the pod's: what a pod controls is still checked by its one parser (agen
 
 A field is kept by naming it in a shape: `KEEP` keeps a scalar; a dict shape keeps those keys of
 a mapping, and of each mapping in a list; a function keeps what it returns of the value.
+
+`reading_of(shape)` is what must be read of the API's JSON for the shape (agent.pods.skim), so
+that a fat pod's unread fields are skipped in its text, never built: each function of a shape is
+a `Kept` that says what it reads.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from agent.label_selectors import (
 )
 from agent.podinput import pod as podinput
 from agent.podinput.pod import Cut
+from agent.pods import skim
 
 KEEP = True
 Shape = dict[str, "Shape | bool | Callable[[Any], Any]"]
@@ -99,6 +104,37 @@ def text(value: Any) -> Any:
     return Cut(f"<{kind}>", f"a {kind}, not a single value")  # equals no constant read
 
 
+@dataclass(frozen=True)
+class Kept:
+    """A field kept by a function (`keep`), and what the function reads of it (`reading`)."""
+
+    keep: Callable[[Any], Any]
+    reading: skim.Reading
+
+    def __call__(self, value: Any) -> Any:
+        return self.keep(value)
+
+
+def reading_of(shape: Shape) -> dict[str, skim.Reading]:
+    """What `slim(obj, shape)` reads of an object: the rest need not be built (agent.pods.skim)."""
+    return {key: _reading(sub) for key, sub in shape.items()}
+
+
+def _reading(sub: Shape | bool | Callable[[Any], Any]) -> skim.Reading:
+    if isinstance(sub, dict):
+        return reading_of(sub)
+    return sub.reading if isinstance(sub, Kept) else skim.KEEP
+
+
+def _named(*names: str) -> Callable[[Any], bool]:
+    """An item with one of those names (a tuple: a name of another type compares unequal)."""
+    return lambda item: isinstance(item, Mapping) and item.get("name") in names
+
+
+def _name(item: Any) -> Any:
+    return item["name"]
+
+
 def slim(obj: Any, shape: Shape) -> Any:
     """The fields of `obj` that `shape` names (a new object; `obj` is left as it was)."""
     if isinstance(obj, dict):
@@ -114,7 +150,7 @@ def _field(value: Any, shape: Shape | bool | Callable[[Any], Any]) -> Any:
     return shape(value) if callable(shape) else text(value)
 
 
-def _keys(keys: frozenset[str]) -> Callable[[Any], Any]:
+def _keys(keys: frozenset[str]) -> Kept:
     """Those keys of a mapping (a label's or annotation's value is a string)."""
 
     def kept(value: Any) -> Any:
@@ -122,10 +158,10 @@ def _keys(keys: frozenset[str]) -> Callable[[Any], Any]:
             return {}
         return {key: text(value[key]) for key in keys if key in value}
 
-    return kept
+    return Kept(kept, dict.fromkeys(keys, skim.KEEP))
 
 
-def _containers(value: Any) -> list[dict[str, Any]]:
+def _all_containers(value: Any) -> list[dict[str, Any]]:
     """The first istio-proxy (its read fields) and the first istio-init (its name)."""
     kept: dict[str, dict[str, Any]] = {}
     for container in value if isinstance(value, list) else ():
@@ -137,6 +173,24 @@ def _containers(value: Any) -> list[dict[str, Any]]:
         elif name == INIT_CONTAINER and name not in kept:
             kept[name] = {"name": name}
     return list(kept.values())
+
+
+_containers = Kept(
+    _all_containers,
+    skim.Items(
+        {
+            "name": KEEP,
+            "args": skim.Items(KEEP, first=2),
+            "env": skim.Items(
+                {"name": KEEP, "value": KEEP}, where=_named(*podinput.PROXY_ENV), unique=_name
+            ),
+            "securityContext": {"runAsUser": KEEP, "runAsGroup": KEEP},
+        },
+        where=_named(podinput.PROXY_CONTAINER, INIT_CONTAINER),
+        unique=_name,
+        last=False,
+    ),
+)
 
 
 def _proxy(container: Mapping[str, Any]) -> dict[str, Any]:
@@ -169,16 +223,18 @@ _INIT_STATUS: Shape = {
 }
 
 
-def _init_statuses(name: str) -> Callable[[Any], Any]:
+def _init_statuses(name: str) -> Kept:
     """Repair reads the statuses of its validation init container only (of all, when "")."""
+
+    def wanted(status: Any) -> bool:
+        return isinstance(status, Mapping) and (not name or status.get("name") == name)
 
     def kept(value: Any) -> Any:
         if not isinstance(value, list):
             return text(value)
-        read = [s for s in value if isinstance(s, Mapping) and (not name or s.get("name") == name)]
-        return slim(read, _INIT_STATUS)
+        return slim([s for s in value if wanted(s)], _INIT_STATUS)
 
-    return kept
+    return Kept(kept, skim.Items(reading_of(_INIT_STATUS), where=wanted, first=LIST_LIMIT))
 
 
 def pod_shape(fields: PodFields) -> Shape:
@@ -215,8 +271,7 @@ POD: Shape = pod_shape(PodFields())
 """A pod as an agent with the default settings reads it."""
 
 
-def _whole(value: Any) -> Any:
-    return value
+_whole = Kept(lambda value: value, KEEP)
 
 
 NAMESPACE: Shape = {

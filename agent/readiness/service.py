@@ -67,8 +67,10 @@ class Readiness:
         self._lock = threading.Lock()
         self._results: dict[str, str | None] = {c.name: NOT_CHECKED for c in self.checks}
         self._due: dict[str, float] = {c.name: 0.0 for c in self.checks}
+        # A round runs the due checks, each within its own timeout (the API's 3 s, a scratch
+        # netns's few seconds): a minute is well past the longest.
         self._loop = BackgroundLoop.every(
-            "readiness", tick, self.run_due, failed="readiness round failed"
+            "readiness", tick, self.run_due, failed="readiness round failed", step_bound=60.0
         )
         self._was_ready: bool | None = None
 

@@ -114,8 +114,10 @@ class RepairService:
         self._reported: dict[str, str] = {}
         """UID -> the last problem logged for the pod (a refusal, a failed check): a problem is
         reported when it first shows, not every round."""
+        # The round beats before each pod it repairs: a step is the scan (the node's /proc) or
+        # one pod (its netns programmed, or its deletion and Event within the API's 12 s).
         self._loop = BackgroundLoop.every(
-            "repair", interval, self._round, failed="repair round failed"
+            "repair", interval, self._round, failed="repair round failed", step_bound=120.0
         )
 
     def start(self) -> None:
@@ -148,7 +150,9 @@ class RepairService:
             elif chosen:
                 todo.append(pod)
         found = self._find_netns(todo) if todo else {}
-        looked += [(pod, self._handle_one(pod, found.get(_uid(pod)))) for pod in todo]
+        for pod in todo:
+            self._loop.beat()
+            looked.append((pod, self._handle_one(pod, found.get(_uid(pod)))))
         for pod, outcome in looked:
             self._note(pod, outcome)
         return [outcome for _, outcome in looked]

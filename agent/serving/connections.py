@@ -46,6 +46,7 @@ class Conn:
         "exchange",
         "fd",
         "out",
+        "peer",
         "sent",
         "sock",
         "state",
@@ -54,6 +55,8 @@ class Conn:
     def __init__(self, sock: socket.socket, exchange: Exchange, deadline: float) -> None:
         self.sock = sock
         self.fd = sock.fileno()
+        self.peer = ""
+        """The peer's address, where a budget is kept by it (agent.serving.budget)."""
         self.exchange = exchange
         self.out = b""
         """The reply being sent, `sent` bytes of it so far."""

@@ -14,7 +14,8 @@ connection whose exchange needs more bytes is read from: what a peer sends ahead
 
 Whatever one connection's step raises (the app, the framing, a socket call) ends that connection,
 answered 500 when its reply had not begun, never the loop; only a broken worker pool or the
-selector itself ends the loop, and its BackgroundLoop reports that to agent.liveness.
+selector itself ends the loop, and its BackgroundLoop reports that to agent.liveness; each round
+beats its heartbeat, so a loop blocked in one (a handler that never returns) fails liveness too.
 
 The app runs on the loop's thread (`workers=0`: quick answers such as /healthz) or in a bounded
 pool of worker threads whose replies the loop writes (all requests, or those `offload` picks).
@@ -36,6 +37,7 @@ from typing import Protocol
 
 from agent.background import JOIN_TIMEOUT_SECONDS, BackgroundLoop
 from agent.liveness import LIVENESS, Liveness
+from agent.serving.budget import Budget
 from agent.serving.connections import REPORT_INTERVAL, Conn, Connections, State
 from agent.serving.http import FramingError, Request, Response
 from agent.serving.limits import Limits
@@ -47,6 +49,9 @@ TICK = 0.1
 ACCEPT_BATCH = 32
 RECV_BYTES = 64 << 10
 LINGER_SECONDS = 1.0
+HEARTBEAT_SECONDS = 60.0
+"""The loop's heartbeat bound (agent.liveness): a round waits TICK at most and answers on the
+loop's thread only what is quick (probes, the status report); hundreds of times its length."""
 STOP_GRACE = 30.0
 """On stop, replies being worked on get this long to be sent."""
 _RESOURCE_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
@@ -94,8 +99,12 @@ class Server:
         offload: Offload | None = None,
         check_peer: PeerCheck | None = None,
         liveness: Liveness = LIVENESS,
+        heartbeat: float = HEARTBEAT_SECONDS,
+        budget: Budget | None = None,
     ) -> None:
-        """`liveness`: where the loop's end is reported should it end without being stopped."""
+        """`liveness`: where the loop's end is reported should it end without being stopped,
+        and its heartbeat judged (`heartbeat`: the longest silence between two rounds);
+        `budget`: the requests a second its TCP peers are answered (agent.serving.budget)."""
         self.name = name
         self._listener = listener
         self._app = app
@@ -103,6 +112,7 @@ class Server:
         self._workers = workers
         self._offload = offload
         self._check_peer = check_peer
+        self._budget = budget
         self._sel = selectors.DefaultSelector()
         self._conns = Connections(self._sel, limits, name=name)
         self._ready: deque[Conn] = deque()
@@ -115,6 +125,7 @@ class Server:
             wake=self._wake,
             join_timeout=STOP_GRACE + JOIN_TIMEOUT_SECONDS,
             liveness=liveness,
+            heartbeat=heartbeat,
         )
         self._stopping = self._loop.stopping
         self._pool: ThreadPoolExecutor | None = None
@@ -160,6 +171,7 @@ class Server:
                     self._begin_stop()
                 if stop_by is not None and (not self._conns or now >= stop_by):
                     return
+                self._loop.beat()
                 self._step()
         finally:  # a bug that ends the loop: BackgroundLoop logs it and reports it to liveness
             self._end()
@@ -257,11 +269,20 @@ class Server:
                 self._conns.count(f"refused: {reason}")
                 sock.close()
                 return
+        try:
+            peer = str(sock.getpeername()[0]) if self._budget is not None else ""
+        except OSError:  # gone already (reset before it was accepted)
+            sock.close()
+            return
+        if self._budget is not None and not self._budget.connection(peer):
+            self._conns.count("refused: its peer's request budget is spent")
+            sock.close()  # before a byte is read: the cheapest answer
+            return
         if not self._conns.make_room():
             self._conns.count("refused: every connection is being answered")
             sock.close()
             return
-        self._conns.add(sock, now)
+        self._conns.add(sock, now).peer = peer
 
     # --- reading
 
@@ -327,6 +348,10 @@ class Server:
     # --- answering
 
     def _dispatch(self, conn: Conn, request: Request, now: float) -> None:
+        if self._budget is not None and not self._budget.request(conn.peer, request.path):
+            self._conns.count("answered 429: over its request budget")
+            self._send_final(conn, self._app.refuse(429, "too many requests"), now)
+            return  # and closed: what it pipelined behind is never read
         conn.state = State.BUSY
         self._conns.watch(conn, 0)
         if self._pool is None or (self._offload is not None and not self._offload(request)):

@@ -42,14 +42,15 @@ def attack(bed: NetnsAgentBed, *how: str) -> dict[str, dict[str, int]]:
 
 
 def test_pipelined_requests_in_one_write(bed: NetnsAgentBed) -> None:
-    # Once a second: the attack as a neighbour repeats it. A sustained flood of requests costs
-    # the agent CPU per request (bench/README "single-request attacks").
+    # Once a second: the attack as a neighbour repeats it. A sustained flood of requests is
+    # bench/request_flood.py's (bench/README "a sustained request flood").
     report = attack(bed, "--pipelined", str(PIPELINED), "--pause", "1")
     for name, count in report.items():
-        assert count["rounds"] > 0 and count["replies"] == PIPELINED * count["rounds"], (
-            name,
-            count,
-        )
+        assert count["rounds"] > 0, (name, count)
+        if name.startswith("pipelined unix:"):  # the pod socket answers every one, in order
+            assert count["replies"] == PIPELINED * count["rounds"], (name, count)
+        else:  # the HTTP port up to its request budget, then 429 and closed (serving.budget)
+            assert 0 < count["replies"] < PIPELINED * count["rounds"], (name, count)
 
 
 def test_a_content_length_past_the_integer_limit(bed: NetnsAgentBed) -> None:

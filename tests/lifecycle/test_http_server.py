@@ -38,7 +38,10 @@ def server() -> Iterator[tuple[HttpServer, Flag, Flag]]:
     def failing() -> list[tuple[str, str]]:
         return [(name, f.value) for name, f in (("install", a), ("pods", b)) if f.value]
 
-    srv = HttpServer(port=0, host="127.0.0.1", readiness=failing, loops=Liveness().failing)
+    # No request budget: the pipelined batches here test the reading (tests/serving/test_budget).
+    srv = HttpServer(
+        port=0, host="127.0.0.1", readiness=failing, loops=Liveness().failing, rates=None
+    )
     srv.start()
     try:
         yield srv, a, b
@@ -224,6 +227,7 @@ def test_a_metrics_flood_builds_the_page_at_most_once_per_period() -> None:
         host="127.0.0.1",
         loops=Liveness().failing,
         metrics=MetricsPage(gate.build, period=period),
+        rates=None,  # the page's rate under a flood, not the port's budget
     )
     srv.start()
     answered = [0] * 8
