@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import time
+from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
@@ -95,6 +96,7 @@ class PluginMetrics:
         self, registry: CollectorRegistry, *, recent_adds: RecentDurations | None = None
     ) -> None:
         self.recent_adds = recent_adds or RecentDurations()
+        self._children: dict[tuple[int | str, ...], Any] = {}
         self.add_latency = Histogram(
             "istio_cni_add_duration_seconds",
             "Time the agent took to answer a CNI ADD (lookup, decision, rules or ambient "
@@ -136,9 +138,18 @@ class PluginMetrics:
         for reason in REFUSAL_REASONS:  # every reason visible at 0, so rate() sees the first
             self.refusals.labels(reason=reason)
 
+    def _child(self, metric: Counter | Histogram, *values: str) -> Any:
+        """`metric.labels(*values)`, kept: a lookup there costs microseconds on every request,
+        one here a dict get. The values are from closed sets, so the dict is bounded too."""
+        key: tuple[int | str, ...] = (id(metric), *values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children.setdefault(key, metric.labels(*values))
+        return child
+
     def observe(self, command: str, result: str, seconds: float) -> None:
-        self.requests.labels(command=command, result=result).inc()
-        self.latency.labels(command=command).observe(seconds)
+        self._child(self.requests, command, result).inc()
+        self._child(self.latency, command).observe(seconds)
 
     def answered(
         self, command: str, reply: Reply, reason: str, trace: Trace, seconds: float, *, now: float
@@ -164,12 +175,12 @@ class PluginMetrics:
     def add_done(self, mode: str, status: int, seconds: float) -> None:
         """An ADD answered with HTTP `status` after `seconds`; an unknown mode is undecided."""
         mode = mode if mode in ADD_MODES else "undecided"
-        self.add_latency.labels(mode=mode, result=add_result(status)).observe(seconds)
+        self._child(self.add_latency, mode, add_result(status)).observe(seconds)
         self.recent_adds.add(seconds)
 
     def exec_done(self, command: str, seconds: float) -> None:
         if command in EXEC_COMMANDS:
-            self.plugin_exec.labels(command=command).observe(seconds)
+            self._child(self.plugin_exec, command).observe(seconds)
 
     def refused(self, reason: str) -> None:
         """Count a refused ADD; an unknown reason counts as internal_error (bounded labels)."""
