@@ -3,6 +3,7 @@ kernel's record of the fork, on CLOCK_BOOTTIME, half a clock tick at most from t
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -10,7 +11,9 @@ import time
 
 import pytest
 
+from agent.podserver.metrics import exec_seconds
 from plugin import commands
+from tests.plugin.helpers import AgentTestDouble, Answer, cni_env, net_conf
 
 TICK = 1 / os.sysconf("SC_CLK_TCK")
 
@@ -31,6 +34,34 @@ def test_a_new_process_reports_its_own_start_within_half_a_tick() -> None:
     # The interpreter's start-up and imports came before the print: a time taken in the
     # child's own code would be later than the fork by that much.
     assert started < after
+
+
+def test_the_exec_the_agent_measures_is_the_one_the_runtime_waited_for(
+    agent: AgentTestDouble,
+) -> None:
+    """A real plugin process against an agent that takes 0.2 s to answer: the exec the agent
+    computes from the reported start to its answer holds the interpreter's start-up and the
+    answer, and is no longer than what the runtime measured from spawn to exit (give or take
+    half a tick)."""
+    agent.answers["/v1/cni/add"] = Answer(
+        200, {"result": "redirected", "reason": "sidecar"}, delay=0.2
+    )
+    env = {**cni_env("ADD"), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    conf = json.dumps(net_conf(run_dir=str(agent.run_dir))).encode()
+    spawned = time.clock_gettime(time.CLOCK_BOOTTIME)
+    done = subprocess.run(
+        [sys.executable, "-m", "plugin"], env=env, input=conf, capture_output=True, check=False
+    )
+    exited = time.clock_gettime(time.CLOCK_BOOTTIME)
+    assert done.returncode == 0, done.stderr
+    [(_, path, body)] = [r for r in agent.requests if r[1] == "/v1/cni/add"]
+    [arrived] = [t for t, r in zip(agent.arrivals, agent.requests, strict=True) if r[1] == path]
+    started = body["startedAt"]
+    assert spawned - TICK / 2 <= started < arrived
+    assert arrived - started > 0.005  # the interpreter's start-up and imports are in it
+    measured = exec_seconds(started, arrived + 0.2)  # the agent's answer, 0.2 s after
+    assert measured is not None
+    assert 0.2 < measured <= exited - spawned + TICK / 2
 
 
 def test_the_start_is_never_later_than_now() -> None:
