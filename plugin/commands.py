@@ -106,7 +106,7 @@ def process_start() -> float | None:
         ticks = int(stat[stat.rindex(b")") + 2 :].split()[_STARTTIME_FIELD])
         hz = os.sysconf("SC_CLK_TCK")
         now = time.clock_gettime(time.CLOCK_BOOTTIME)
-    except (OSError, ValueError, IndexError):
+    except (OSError, ValueError, IndexError, AttributeError):  # AttributeError: no such clock
         return None
     return min((ticks + 0.5) / hz, now)
 
