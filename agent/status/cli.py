@@ -115,7 +115,7 @@ def recent_adds_line(latency: Mapping[str, Any]) -> str:
     """`CNI ADD, last 5 min: 42 answered, p50 12.3 ms, p99 87.0 ms`."""
     window = latency.get("windowSeconds")
     span = (
-        f"last {window / 60:g} min"
+        f"last {show(f'{window / 60:g}', 20)} min"
         if isinstance(window, int | float) and not isinstance(window, bool)
         else "recently"
     )
@@ -123,7 +123,7 @@ def recent_adds_line(latency: Mapping[str, Any]) -> str:
     if not isinstance(count, int) or isinstance(count, bool) or count <= 0:
         return f"CNI ADD, {span}: none answered"
     p50, p99 = _ms(latency.get("p50Seconds")), _ms(latency.get("p99Seconds"))
-    return f"CNI ADD, {span}: {count} answered, p50 {p50}, p99 {p99}"
+    return f"CNI ADD, {span}: {show(count, 20)} answered, p50 {p50}, p99 {p99}"
 
 
 def print_detail(status: int, data: Mapping[str, Any], out: TextIO) -> int:

@@ -188,9 +188,11 @@ def test_the_listing_shows_the_recent_adds_p50_and_p99(tmp_path: Path) -> None:
         {"windowSeconds": "x", "count": "many", "p50Seconds": "\x1b[2J", "p99Seconds": None},
         {"windowSeconds": 300, "count": 3, "p50Seconds": True, "p99Seconds": []},
         {},
+        {"windowSeconds": 1e300, "count": 10**400, "p50Seconds": float("nan"), "p99Seconds": 1},
     ],
-    ids=["strings", "wrong-types", "empty"],
+    ids=["strings", "wrong-types", "empty", "huge"],
 )
 def test_a_strange_latency_answer_prints_no_escape_and_no_error(latency: dict[str, Any]) -> None:
     line = cli.recent_adds_line(latency)
     assert "\x1b" not in line and line.startswith("CNI ADD, ")
+    assert len(line) < 120, line
