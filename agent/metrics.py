@@ -3,7 +3,13 @@ Istio has one."""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+
+from prometheus_client import Counter, Gauge, Histogram
 
 INSTALL_READY = Gauge(
     "istio_cni_install_ready",
@@ -41,3 +47,74 @@ RECONCILE_EVENTS = Counter(
     ["type"],
 )
 # ztunnel_connected is the ZDS server's (agent.ambient.zds.ZdsMetrics).
+
+# Latency. Fixed buckets per kind of wait, in seconds: what an operator reads as p50 and p99.
+ADD_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+"""The agent's answer to CNI ADD: a pod lookup and a rule apply, ms normally, seconds when the
+API server or the rule backend is slow."""
+EXEC_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+"""The plugin's exec as the runtime sees it: the interpreter's start (tens of ms) comes first."""
+REPAIR_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+"""Repair runs in rounds (every 5 s): seconds to minutes."""
+ENROLLMENT_BUCKETS = (
+    *(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+    *(2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0),
+)
+"""Ambient enrollment: ms while ztunnel answers at once, minutes while it is away."""
+
+REPAIR_DURATION = Histogram(
+    "istio_cni_repair_duration_seconds",
+    "Time from the repair loop first finding a pod without redirect to having repaired, "
+    "deleted or labelled it, by type.",
+    ["type"],
+    buckets=REPAIR_BUCKETS,
+)
+AMBIENT_ENROLLMENT_DURATION = Histogram(
+    "istio_cni_ambient_enrollment_duration_seconds",
+    "Time from the agent's first attempt to enroll a pod in ambient (a CNI ADD, or the watch "
+    "for a running pod) to ztunnel acknowledging it, by source (cni, watch).",
+    ["source"],
+    buckets=ENROLLMENT_BUCKETS,
+)
+
+
+class RecentDurations:
+    """The durations of the last `size` events within the last `window` seconds, for
+    `istio-cni-agent status` (its p50 and p99). Memory is bounded by `size` whatever the rate;
+    thread-safe (the pod server's threads add, the status socket reads)."""
+
+    def __init__(
+        self,
+        *,
+        size: int = 2048,
+        window: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.window = window
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._samples: deque[tuple[float, float]] = deque(maxlen=size)
+
+    def add(self, seconds: float) -> None:
+        with self._lock:
+            self._samples.append((self._clock(), seconds))
+
+    def summary(self) -> dict[str, float | int | None]:
+        """{windowSeconds, count, p50Seconds, p99Seconds}; the quantiles None without events.
+        Nearest rank: the value of the sample at rank ceil(q * count)."""
+        since = self._clock() - self.window
+        with self._lock:
+            values = sorted(s for at, s in self._samples if at >= since)
+        return {
+            "windowSeconds": self.window,
+            "count": len(values),
+            "p50Seconds": nearest_rank(values, 0.5),
+            "p99Seconds": nearest_rank(values, 0.99),
+        }
+
+
+def nearest_rank(ordered: Sequence[float], q: float) -> float | None:
+    """The q-quantile of `ordered` (sorted) by nearest rank; None when empty."""
+    if not ordered:
+        return None
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]

@@ -258,6 +258,7 @@ def _status_server(
         find_netns=find_netns,
         compare=compare,
         ambient_state=(lambda uid: str(ambient.mesh.state(uid))) if ambient else None,
+        add_latency=pods.metrics.recent_adds.summary,
     )
     return StatusServer(socket_path(settings.cniAgentRunDir), report)
 

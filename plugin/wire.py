@@ -35,6 +35,7 @@ if TYPE_CHECKING:
         podUid: str
         cniVersion: str
         prevResult: dict[str, Any] | None
+        startedAt: NotRequired[float]
 
     class Attachment(TypedDict):
         containerId: str
@@ -142,9 +143,12 @@ def cni_request(
     pod_uid: str,
     cni_version: str,
     prev_result: dict[str, Any] | None,
+    started_at: float | None = None,
 ) -> CniRequest:
-    """The body of POST /v1/cni/{add,check,del}."""
-    return {
+    """The body of POST /v1/cni/{add,check,del}. `started_at`: when the plugin process started,
+    in seconds of CLOCK_BOOTTIME (the agent, on the same node and clock, measures the whole exec
+    up to its answer from it; an agent of an earlier version ignores the field)."""
+    body: CniRequest = {
         "command": command,
         "containerId": container_id,
         "netns": netns,
@@ -155,6 +159,9 @@ def cni_request(
         "cniVersion": cni_version,
         "prevResult": prev_result,
     }
+    if started_at is not None:
+        body["startedAt"] = started_at
+    return body
 
 
 def parse_cni_request(body: bytes, *, command: str | None = None) -> CniRequest:

@@ -43,9 +43,11 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from agent import metrics
 from agent.ambient.annotator import Annotator, StatusAnnotator
 from agent.ambient.dataplane import AmbientPod, HostProbeRules, PodRules, ZtunnelLink
 from agent.ambient.enrollment import RedirectionState, annotation_patch, pod_ips
@@ -101,7 +103,13 @@ class MeshDataplane(StartupReconcile):
         annotator: Annotator,
         find_netns: NetnsFinder,
         options_for: OptionsFor,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`clock` times enrollments (istio_cni_ambient_enrollment_duration_seconds)."""
+        self._clock = clock
+        self._first_try: dict[str, tuple[float, str]] = {}
+        """uid -> (when its enrollment was first tried, by `cni` or `watch`), until ztunnel
+        acknowledges it or it leaves the enrolled set: retries are in the duration."""
         self._rules = pod_rules
         self._host = host_rules
         self._ztunnel = ztunnel
@@ -149,6 +157,7 @@ class MeshDataplane(StartupReconcile):
 
     def _take(self, uid: str) -> AmbientPod | None:
         with self._lock:
+            self._first_try.pop(uid, None)
             self._pending.discard(uid)
             self._unfinished.discard(uid)
             return self._enrolled.pop(uid, None)
@@ -204,10 +213,40 @@ class MeshDataplane(StartupReconcile):
     def _add(
         self, pod: Mapping[str, Any], netns_path: str, sandbox: str, ips: tuple[str, ...]
     ) -> AmbientPod:
-        ref, uid = _ref(pod), str(_meta(pod).get("uid", ""))
+        uid = str(_meta(pod).get("uid", ""))
         known = self.enrolled(uid)
         if known is not None and not netns_path and self._only_finishing(uid):
             return self._finish(pod, known, None)
+        with self._lock:
+            self._first_try.setdefault(uid, (self._clock(), "cni" if netns_path else "watch"))
+        try:
+            return self._enroll(pod, netns_path, sandbox, ips, known)
+        except ZtunnelPending:
+            raise  # pending: the retry's acknowledgement ends the duration
+        except BaseException:
+            with self._lock:
+                self._first_try.pop(uid, None)
+            raise
+
+    def _acknowledged(self, uid: str) -> None:
+        """ztunnel took the pod: its enrollment's duration, from the first try."""
+        with self._lock:
+            first = self._first_try.pop(uid, None)
+        if first is not None:
+            started, source = first
+            metrics.AMBIENT_ENROLLMENT_DURATION.labels(source=source).observe(
+                max(0.0, self._clock() - started)
+            )
+
+    def _enroll(
+        self,
+        pod: Mapping[str, Any],
+        netns_path: str,
+        sandbox: str,
+        ips: tuple[str, ...],
+        known: AmbientPod | None,
+    ) -> AmbientPod:
+        ref, uid = _ref(pod), str(_meta(pod).get("uid", ""))
         try:  # the pod's own values first: at an ADD a refused one programs nothing
             options = self._options(pod, running=not netns_path)
             podinput.pod_ips(pod)
@@ -237,6 +276,7 @@ class MeshDataplane(StartupReconcile):
             self._annotate(pod, "pending")
             raise ZtunnelPending(f"pod {ref}: ztunnel did not take the pod: {e}") from e
         self._set_pending(uid, False)
+        self._acknowledged(uid)
         self._finish(pod, enrolled, known)
         log.info("pod enrolled", extra={"fields": {"pod": ref, "netns": netns, "backend": backend}})
         return enrolled

@@ -20,7 +20,7 @@ from agent.logs import LEVELS, PLUGIN_LOGGER
 from agent.netns.look import ident as netns_ident
 from agent.pods import states
 from agent.pods.states import PodStates
-from agent.podserver.metrics import PluginMetrics
+from agent.podserver.metrics import PluginMetrics, Trace, boottime
 from agent.podserver.requests import (
     FAILURE_REPLY,
     CniRequest,
@@ -146,11 +146,14 @@ class PodHandlers:
         on_add_netns: Callable[[str], None] | None = None,
         states: PodStates | None = None,
         events: EventSink | None = None,
+        clock: Callable[[], float] = boottime,
     ) -> None:
         """`readiness` returns None when the agent is ready, else the reason it is not;
         `ambient` is set when ambient mode is on; `on_add_netns` sees the netns path of every
         ADD (readiness learns from it where the runtime keeps namespaces); `states` keeps each
-        ADD's outcome (`istio-cni-agent status`); `events` gets a Warning on a refused pod."""
+        ADD's outcome (`istio-cni-agent status`); `events` gets a Warning on a refused pod;
+        `clock` is CLOCK_BOOTTIME, on which the plugin reports its start."""
+        self._clock = clock
         self._states = states
         self._events = events
         self._on_add_netns = on_add_netns
@@ -173,11 +176,12 @@ class PodHandlers:
     def gc(self, body: bytes) -> Reply:
         return self._run("gc", self._gc, body)
 
-    def _run(self, command: str, handler: Callable[[bytes], Reply], body: bytes) -> Reply:
+    def _run(self, command: str, handler: Callable[[bytes, Trace], Reply], body: bytes) -> Reply:
         started = time.monotonic()
         reason = "internal_error"
+        trace = Trace()
         try:
-            reply = handler(body)
+            reply = handler(body, trace)
         except Refused as refused:
             reply, reason = refused.reply, refused.reason
         except Exception as e:  # a bug must still fail the sandbox, not pass it
@@ -185,16 +189,17 @@ class PodHandlers:
             status, code = FAILURE_REPLY[False]
             reply = failure(status, code, f"{command}: internal error in the agent", str(e))
         if self._metrics is not None:
-            self._metrics.observe(command, reply.result, time.monotonic() - started)
-            if command == "add" and reply.status >= 400:
-                self._metrics.refused(reason)
+            seconds = time.monotonic() - started
+            self._metrics.answered(command, reply, reason, trace, seconds, now=self._clock())
         return reply
 
-    def _add(self, body: bytes) -> Reply:
+    def _add(self, body: bytes, trace: Trace) -> Reply:
         req = CniRequest.parse(body, "ADD")
+        trace.started_at = req.started_at
         if self._on_add_netns is not None:
             self._on_add_netns(req.netns)
         if not req.has_pod:
+            trace.mode = "none"
             return ok(wire.RESULT_SKIPPED, "no Kubernetes pod arguments")
         try:
             pod = self._lookup(req)
@@ -202,17 +207,19 @@ class PodHandlers:
             self._note(req, {}, states.REFUSED, str(refused.reply.body.get("msg", "")))
             raise
         try:
-            return self._add_pod(req, pod)
+            return self._add_pod(req, pod, trace)
         except Exception as e:
             self._refused(req, pod, e)
             raise
 
-    def _add_pod(self, req: CniRequest, pod: Mapping[str, Any]) -> Reply:
+    def _add_pod(self, req: CniRequest, pod: Mapping[str, Any], trace: Trace) -> Reply:
         if self._ambient is not None:
             verdict = self._ambient_verdict(req, pod)
             if verdict.enroll:
+                trace.mode = "ambient"
                 return self._ambient_add(req, pod, verdict.reason)
         decision = self._decide(req, pod)
+        trace.mode = "sidecar" if decision.redirect else "none"
         if not decision.redirect:
             self._remember(req, pod, redirected=False)
             self._log_result(req, "skipped", decision.reason)
@@ -287,8 +294,9 @@ class PodHandlers:
         self._note(req, pod, states.CAPTURED, f"{reason}; {done}")
         return ok(wire.RESULT_REDIRECTED, f"{reason}; {done}")
 
-    def _check(self, body: bytes) -> Reply:
+    def _check(self, body: bytes, trace: Trace) -> Reply:
         req = CniRequest.parse(body, "CHECK")
+        trace.started_at = req.started_at
         if not req.has_pod:
             return ok(wire.RESULT_SKIPPED, "no Kubernetes pod arguments")
         pod = self._lookup(req)
@@ -305,8 +313,9 @@ class PodHandlers:
             return failure(*FAILURE_REPLY[False], msg)
         return ok(wire.RESULT_REDIRECTED, "rules present")
 
-    def _delete(self, body: bytes) -> Reply:
+    def _delete(self, body: bytes, trace: Trace) -> Reply:
         req = CniRequest.parse(body, "DEL")
+        trace.started_at = req.started_at
         removed = self._sandboxes.remove(req.container_id)
         reason = "sandbox state removed" if removed else "no state kept for sandbox"
         if removed is not None and removed.ambient and self._ambient is not None:
@@ -322,7 +331,7 @@ class PodHandlers:
         log.debug("del", extra={"fields": {**self._fields(req), "reason": reason}})
         return ok(wire.RESULT_SKIPPED, reason)
 
-    def _gc(self, body: bytes) -> Reply:
+    def _gc(self, body: bytes, trace: Trace) -> Reply:
         try:
             data = wire.parse_gc_request(body)
         except wire.WireError as e:

@@ -83,6 +83,9 @@ class CniRequest:
     pod_uid: str
     ips: tuple[str, ...] = ()
     """Addresses of the prevResult (the pod's IPs before the API server knows them)."""
+    started_at: object = None
+    """The plugin process's start as it reports it (wire `startedAt`), unchecked: only
+    agent.podserver.metrics.exec_seconds reads it, and believes it only within bounds."""
 
     @property
     def pod_ref(self) -> str:
@@ -111,6 +114,7 @@ class CniRequest:
             data["podNamespace"],
             data["podUid"],
             _result_ips(data.get("prevResult")),
+            data.get("startedAt"),
         )
 
 

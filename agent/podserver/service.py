@@ -61,12 +61,14 @@ class PodService:
             redirector = RulesRedirector(
                 exclude_namespaces=settings.excludeNamespaces, backend=settings.ruleBackend
             )
+        self.metrics = metrics or default_metrics()
+        """The requests' metrics, with the recent ADDs' durations `istio-cni-agent status` shows."""
         self.handlers = PodHandlers(
             pods=self.pods,
             redirector=redirector,
             sandboxes=self.sandboxes,
             readiness=self.not_ready_reason,
-            metrics=metrics or default_metrics(),
+            metrics=self.metrics,
             ambient=ambient,
             on_add_netns=on_add_netns,
             states=states,

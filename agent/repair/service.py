@@ -25,12 +25,14 @@ outcome `fail`, logged once per distinct reason), and the other pods proceed.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from prometheus_client import Counter
 
+from agent import metrics
 from agent.background import BackgroundLoop
 from agent.config import Settings
 from agent.errors import InvalidPodInputError
@@ -94,9 +96,16 @@ class RepairService:
         interval: float = 5.0,
         states: pod_states.PodStates | None = None,
         check_inputs: CheckInputs = check_sidecar_inputs,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`states`: where each pod's outcome is noted (`istio-cni-agent status`);
-        `check_inputs` raises InvalidPodInputError for a pod whose values the ADD refuses."""
+        `check_inputs` raises InvalidPodInputError for a pod whose values the ADD refuses;
+        `clock` times repairs (istio_cni_repair_duration_seconds)."""
+        self._clock = clock
+        self._round_started = clock()
+        self._broken_since: dict[str, float] = {}
+        """UID -> the start of the round that first found the pod to act on: a repair's
+        duration runs from there to its success, failed rounds between included."""
         self._states = states
         self._check_inputs = check_inputs
         self._settings = settings
@@ -136,10 +145,12 @@ class RepairService:
     def run_once(self) -> list[Outcome]:
         """One round: each pod is looked at on its own, so a pod that fails or is refused ends
         only its own handling; returns the outcome of each pod acted on, checked or refused."""
+        self._round_started = self._clock()
         pods = self._pods.list_pods()
         live = {_uid(p) for p in pods}
         self._handled &= live  # forget deleted pods so the records cannot grow without bound
         self._failed &= live
+        self._broken_since = {u: t for u, t in self._broken_since.items() if u in live}
         self._reported = {uid: r for uid, r in self._reported.items() if uid in live}
         todo: list[Mapping[str, Any]] = []
         looked: list[tuple[Mapping[str, Any], Outcome]] = []
@@ -303,6 +314,7 @@ class RepairService:
     ) -> Outcome:
         mode = self._settings.repair.mode
         kind = METRIC_TYPE[mode]
+        since = self._broken_since.setdefault(uid, self._round_started)
         try:
             detail = self._act(mode, pod, netns)
         except InvalidPodInputError:
@@ -327,10 +339,12 @@ class RepairService:
             return Outcome(key, kind, "fail", str(e))
         self._handled.add(uid)
         self._reported.pop(uid, None)
+        self._broken_since.pop(uid, None)
         if detail == "skip":
             actions.PODS_REPAIRED.labels(type=kind, result="skip").inc()
             return Outcome(key, kind, "skip", "already labeled")
         actions.PODS_REPAIRED.labels(type=kind, result="success").inc()
+        metrics.REPAIR_DURATION.labels(type=kind).observe(max(0.0, self._clock() - since))
         log.info(
             "pod %s started without traffic redirect: %s",
             key,

@@ -29,6 +29,9 @@ STATE_SKIPPED = states.SKIPPED
 STATE_UNKNOWN = "not-seen"
 STATE_AMBIENT = "ambient-enrolled"
 
+AddLatency = Callable[[], Mapping[str, float | int | None]]
+"""The recent ADDs' {windowSeconds, count, p50Seconds, p99Seconds}
+(agent.metrics.RecentDurations.summary)."""
 AmbientState = Callable[[str], str]
 """uid -> `enabled` (enrolled, ztunnel acknowledged), `pending` (enrolled, ztunnel has not
 acknowledged it), anything else: not enrolled (agent.ambient.enrollment.RedirectionState)."""
@@ -83,7 +86,9 @@ class StatusReport:
         find_netns: FindNetns,
         compare: Compare,
         ambient_state: AmbientState | None = None,
+        add_latency: AddLatency | None = None,
     ) -> None:
+        self._add_latency = add_latency
         self._node = node_name
         self._pods = pods
         self._states = states
@@ -101,7 +106,15 @@ class StatusReport:
             "cacheSynced": self._pods.ready(),
             "pods": [self.entry(p) for p in pods[:MAX_PODS]],
             "omitted": max(0, len(pods) - MAX_PODS),
+            "addLatency": self._recent_adds(),
         }
+
+    def _recent_adds(self) -> dict[str, float | int | None] | None:
+        """The node's recent CNI ADDs as the agent answered them: how many, p50 and p99."""
+        if self._add_latency is None:
+            return None
+        summary = self._add_latency()
+        return {k: summary.get(k) for k in ("windowSeconds", "count", "p50Seconds", "p99Seconds")}
 
     def entry(self, pod: Mapping[str, Any]) -> dict[str, Any]:
         meta = _meta(pod)

@@ -421,3 +421,74 @@ def test_a_new_sandboxs_ips_replace_the_old_ones_in_the_probe_set(
     parts.mesh.add(pod(), str(parts.netns), sandbox="old")
     parts.mesh.add(pod(ips=("10.0.0.6",)), str(new), sandbox="new")
     assert parts.host.entries == {"uid-1": {"10.0.0.6"}}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 200.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def enrollment(source: str) -> tuple[float, float]:
+    """(count, sum) of istio_cni_ambient_enrollment_duration_seconds{source} so far."""
+    from prometheus_client import REGISTRY
+
+    labels = {"source": source}
+    name = "istio_cni_ambient_enrollment_duration_seconds"
+    count = REGISTRY.get_sample_value(f"{name}_count", labels) or 0.0
+    return count, REGISTRY.get_sample_value(f"{name}_sum", labels) or 0.0
+
+
+def timed_parts(tmp_path: Path, clock: Clock) -> Parts:
+    parts = Parts(tmp_path)
+    parts.mesh = MeshDataplane(
+        pod_rules=parts.rules,
+        host_rules=parts.host,
+        ztunnel=parts.ztunnel,
+        annotator=parts.annotator,
+        find_netns=parts.finder,
+        options_for=rule_options_for(PodRuleOptions()),
+        clock=clock,
+    )
+    return parts
+
+
+def test_enrollment_is_timed_from_the_first_add_to_ztunnels_acknowledgement(
+    tmp_path: Path,
+) -> None:
+    """ztunnel away at the first ADD: the runtime's retries are in the duration."""
+    clock = Clock()
+    parts = timed_parts(tmp_path, clock)
+    before = enrollment("cni")
+    parts.ztunnel.connected = False
+    with pytest.raises(ZtunnelPending):
+        parts.mesh.add(pod(), str(parts.netns))
+    clock.now += 3.5
+    parts.ztunnel.connected = True
+    parts.mesh.add(pod(), str(parts.netns))
+    count, total = enrollment("cni")
+    assert count - before[0] == 1
+    assert total - before[1] == pytest.approx(3.5)
+    clock.now += 10
+    parts.mesh.add(pod())  # a watch's re-enrollment of the same pod is timed on its own
+    assert enrollment("cni")[0] == count
+    assert enrollment("watch")[0] >= 1
+
+
+def test_a_failed_enrollment_leaves_no_timer_behind(tmp_path: Path) -> None:
+    clock = Clock()
+    parts = timed_parts(tmp_path, clock)
+    before = enrollment("cni")
+    parts.rules.fail_apply = True
+    with pytest.raises(NonRetryableAdd):
+        parts.mesh.add(pod(), str(parts.netns))
+    assert parts.mesh._first_try == {}
+    parts.ztunnel.connected = False
+    parts.rules.fail_apply = False
+    with pytest.raises(ZtunnelPending):
+        parts.mesh.add(pod(), str(parts.netns))
+    parts.mesh.remove(pod(), deleted=True)  # gone while pending: never acknowledged
+    assert parts.mesh._first_try == {}
+    assert enrollment("cni") == before

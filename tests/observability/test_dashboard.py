@@ -98,3 +98,50 @@ def test_the_dashboard_shows_what_an_operator_needs() -> None:
         assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
         for target in panel["targets"]:
             assert 'instance=~"$instance"' in target["expr"], panel["title"]
+
+
+LATENCY_HISTOGRAMS = (
+    "istio_cni_add_duration_seconds",
+    "istio_cni_plugin_exec_duration_seconds",
+    "istio_cni_repair_duration_seconds",
+    "istio_cni_ambient_enrollment_duration_seconds",
+)
+
+
+@pytest.mark.parametrize("metric", LATENCY_HISTOGRAMS)
+def test_the_dashboard_shows_p50_and_p99_of_each_latency(metric: str, defined: set[str]) -> None:
+    assert f"{metric}_bucket" in defined
+    dashboard = json.loads(DASHBOARD.read_text())
+    quantiles = set()
+    for panel in panels(dashboard):
+        for target in panel["targets"]:
+            expr = " ".join(target["expr"].split())
+            if f"{metric}_bucket" not in expr:
+                continue
+            assert expr.startswith("histogram_quantile("), panel["title"]
+            assert "le)" in expr or "le) " in expr, f"{panel['title']}: `le` aggregated away"
+            assert panel["fieldConfig"]["defaults"]["unit"] == "s", panel["title"]
+            quantiles.add(expr.split("(", 1)[1].split(",", 1)[0])
+    assert {"0.5", "0.99"} <= quantiles, f"{metric}: p50 and p99 panels, found {quantiles}"
+
+
+def test_the_slow_add_alert_has_its_per_node_panel() -> None:
+    """The panel the alert's runbook points at: the exec's p99 per node, the alert named."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    rule = next(
+        r
+        for g in yaml.safe_load(ALERTS.read_text())["groups"]
+        for r in g["rules"]
+        if r["alert"] == "IstioCniAddSlow"
+    )
+    [panel] = [
+        p
+        for p in panels(dashboard)
+        if any(
+            "istio_cni_plugin_exec_duration_seconds_bucket" in t["expr"]
+            and "by (instance, le)" in t["expr"]
+            for t in p["targets"]
+        )
+    ]
+    assert "IstioCniAddSlow" in panel["description"]
+    assert rule["expr"].strip().endswith("> 1") and "above 1s" in panel["description"]

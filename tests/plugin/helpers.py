@@ -123,6 +123,8 @@ class AgentTestDouble:
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
         self.requests: list[tuple[str, str, Any]] = []
+        self.arrivals: list[float] = []
+        """CLOCK_BOOTTIME when each request's body was read."""
         self.answers: dict[str, Answer] = {
             "/v1/cni/add": Answer(200, {"result": "redirected", "reason": "sidecar"}),
             "/v1/cni/check": Answer(200, {"result": "redirected", "reason": "rules present"}),
@@ -139,6 +141,7 @@ class AgentTestDouble:
             def _answer(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
+                double.arrivals.append(time.clock_gettime(time.CLOCK_BOOTTIME))
                 double.requests.append((self.command, self.path, json.loads(raw) if raw else None))
                 answer = double.answers.get(self.path, Answer(404, {"code": 999, "msg": "?"}))
                 time.sleep(answer.delay)  # a slow agent, injected on purpose

@@ -10,6 +10,7 @@ import os
 import shutil
 import stat
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -175,11 +176,17 @@ def test_input_larger_than_the_allocation_arena(build: Path) -> None:
 
 
 def test_add_through_the_agent(build: Path, agent: AgentTestDouble) -> None:
+    spawned = time.clock_gettime(time.CLOCK_BOOTTIME)
     code, out = run_built(
         build / "istio-cni", cni_env("ADD"), net_conf("1.1.0", str(agent.run_dir))
     )
     assert (code, out) == (0, result_for("1.1.0"))
     assert agent.paths() == ["/v1/cni/add"]
+    # The static build reads its own start too (its clock and /proc), for the agent's
+    # istio_cni_plugin_exec_duration_seconds.
+    started = agent.requests[0][2]["startedAt"]
+    half_tick = 0.5 / os.sysconf("SC_CLK_TCK")
+    assert spawned - half_tick <= started <= agent.arrivals[0]
 
 
 def test_add_agent_down_fails_closed(build: Path, tmp_path: Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from plugin import wire
@@ -61,6 +63,9 @@ def test_one_request_to_the_agent(command: str, version: str, agent: AgentTestDo
     assert agent.paths() == [f"/v1/cni/{command.lower()}"]
     method, _, body = agent.requests[0]
     assert method == "POST"
+    started = body.pop("startedAt")  # this process's start (the plugin runs in the test's)
+    assert isinstance(started, float)
+    assert 0 < started <= time.clock_gettime(time.CLOCK_BOOTTIME)
     assert body == {
         "command": command,
         "containerId": "c0ffee",

@@ -4,6 +4,7 @@ test doubles (named so): the end-to-end tests in tests/e2e/test_repair.py run th
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -83,6 +84,8 @@ def service(
     repair: RepairSettings | None = None,
     should_redirect: Callable[[Mapping[str, Any]], bool] = lambda pod: True,
     states: pod_states.PodStates | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    redirect: Callable[[Mapping[str, Any], str], object] = lambda pod, path: "iptables-nft",
 ) -> RepairService:
     """`netns`: uid -> path the (test double) finder finds, none by default; `rules`: what the
     found netns holds: exact (today's rendering), differ (ours, otherwise) or absent (none)."""
@@ -94,7 +97,8 @@ def service(
         core=core,
         should_redirect=should_redirect,
         states=states,
-        redirect=lambda pod, path: "iptables-nft",
+        redirect=redirect,
+        clock=clock,
         rules_in_place=lambda pod, path: rules == "exact",
         ours_present=lambda path: rules != "absent",
         find_netns=lambda todo: {u: p for u, p in (netns or {}).items()},
@@ -314,3 +318,61 @@ def test_a_pod_failing_unexpectedly_ends_only_its_own_handling(
     assert all([o.result for o in r] == ["fail"] for r in again)
     assert len(core.deleted) == 1
     assert len([r for r in caplog.records if r.exc_info]) == 1  # one traceback, not one a round
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def repair_duration(kind: str) -> tuple[float, float]:
+    """(count, sum) of istio_cni_repair_duration_seconds{type=kind} so far."""
+    labels = {"type": kind}
+    count = REGISTRY.get_sample_value("istio_cni_repair_duration_seconds_count", labels) or 0.0
+    total = REGISTRY.get_sample_value("istio_cni_repair_duration_seconds_sum", labels) or 0.0
+    return count, total
+
+
+def test_repair_duration_runs_from_the_round_that_found_the_pod_to_its_repair() -> None:
+    """Rounds that failed to repair it count: the pod ran without redirect all that time."""
+    clock = Clock()
+    netns: dict[str, str] = {}
+
+    def redirect(pod: Mapping[str, Any], path: str) -> str:
+        clock.now += 0.25  # programming the rules takes a while
+        return "iptables-nft"
+
+    repair = service(
+        FakePods([broken_pod()]), FakeCore(), netns=netns, clock=clock, redirect=redirect
+    )
+    before = repair_duration("repair")
+    assert repair.run_once()[0].result == "fail"  # at 1000: no netns found yet
+    clock.now += 5
+    assert repair.run_once()[0].result == "fail"
+    clock.now += 5
+    netns["u1"] = "/var/run/netns/p"
+    assert repair.run_once()[0].result == "success"  # at 1010, done at 1010.25
+    count, total = repair_duration("repair")
+    assert count - before[0] == 1
+    assert total - before[1] == pytest.approx(10.25)
+    assert repair.run_once() == []  # handled: not timed again
+    assert repair_duration("repair")[0] == count
+
+
+def test_a_pod_gone_before_its_repair_is_not_timed() -> None:
+    clock = Clock()
+    pods = FakePods([broken_pod("u9")])
+    repair = service(pods, FakeCore(), clock=clock)
+    before = repair_duration("repair")
+    repair.run_once()  # fails: no netns
+    pods.pods = []
+    clock.now += 60
+    repair.run_once()
+    pods.pods = [broken_pod("u9")]  # the same uid again: timed from when it is seen again
+    clock.now += 60
+    repair.run_once()
+    assert repair._broken_since == {"u9": clock.now}
+    assert repair_duration("repair") == before

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from agent.metrics import RecentDurations
 from agent.pods import states
 from agent.pods.states import PodStates
 from agent.rules.compare import RulesDiff
@@ -141,3 +142,57 @@ def test_states_keep_the_latest_outcome_and_are_bounded() -> None:
     assert record is not None and set(record.outcomes) == {states.ADD}  # not inherited
     noted.forget_except({"u1"})
     assert noted.get("u2") is None and noted.get("u1") is not None
+
+
+def test_the_listing_shows_the_recent_adds_p50_and_p99(tmp_path: Path) -> None:
+    """From known samples: 1..100 ms, and a slow one, in the window; one older is left out."""
+    clock = [1000.0]
+    recent = RecentDurations(window=300.0, clock=lambda: clock[0])
+    recent.add(60.0)  # before the window
+    clock[0] += 301
+    for ms in range(1, 100):
+        recent.add(ms / 1000)
+    recent.add(2.5)
+    report = StatusReport(
+        node_name="node-1",
+        pods=PodsDouble(make("captured", "u1")),
+        states=PodStates(),
+        decide=lambda p: (True, "decided"),
+        find_netns=lambda ps: {},
+        compare=lambda pod, netns, ambient: RulesDiff("nftables"),
+        add_latency=recent.summary,
+    )
+    server = StatusServer(str(tmp_path / "status.sock"), report)
+    server.start()
+    try:
+        code, text = status(server.path)
+        assert code == cli.OK, text
+        assert text.splitlines()[1] == "CNI ADD, last 5 min: 100 answered, p50 50.0 ms, p99 99.0 ms"
+        code, text = status(server.path, "--json")
+        assert json.loads(text)["addLatency"] == {
+            "windowSeconds": 300.0,
+            "count": 100,
+            "p50Seconds": 0.05,
+            "p99Seconds": 0.099,
+        }
+        clock[0] += 301
+        code, text = status(server.path)
+        assert text.splitlines()[1] == "CNI ADD, last 5 min: none answered"
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize(
+    "latency",
+    [
+        {"windowSeconds": "x", "count": "many", "p50Seconds": "\x1b[2J", "p99Seconds": None},
+        {"windowSeconds": 300, "count": 3, "p50Seconds": True, "p99Seconds": []},
+        {},
+        {"windowSeconds": 1e300, "count": 10**400, "p50Seconds": float("nan"), "p99Seconds": 1},
+    ],
+    ids=["strings", "wrong-types", "empty", "huge"],
+)
+def test_a_strange_latency_answer_prints_no_escape_and_no_error(latency: dict[str, Any]) -> None:
+    line = cli.recent_adds_line(latency)
+    assert "\x1b" not in line and line.startswith("CNI ADD, ")
+    assert len(line) < 120, line
