@@ -31,6 +31,11 @@ CONVERTED_FROM_KEY = "istioCniConvertedFrom"
 """Top-level key of a list we made from a .conf: the .conf's name and exact text, so uninstall
 gives the node its .conf back byte for byte. libcni ignores unknown top-level keys of a list,
 and no plugin sees them (each gets only its own object plus name, cniVersion, prevResult)."""
+OWNED_COPY_KEY = "istioCniOwnedCopyOf"
+"""Top-level key of the Istio-owned copy of the primary (istioOwnedCNIConfig): the name of the
+primary it copies. It marks the file as ours whole, whatever name the settings give it now, so a
+copy the settings no longer name (the option turned off, its file name changed) is never taken
+for the primary and is removed. libcni ignores it as it ignores CONVERTED_FROM_KEY."""
 
 Config = dict[str, Any]
 
@@ -270,6 +275,27 @@ def with_converted_from(config: Mapping[str, Any], name: str, text: str) -> Conf
 
 def without_converted_from(config: Mapping[str, Any]) -> Config:
     return {k: v for k, v in config.items() if k != CONVERTED_FROM_KEY}
+
+
+def with_owned_copy_of(config: Mapping[str, Any], primary: str) -> Config:
+    return {**config, OWNED_COPY_KEY: primary}
+
+
+def owned_copy_of(config: Mapping[str, Any]) -> str | None:
+    """The primary this list is the Istio-owned copy of (None: not such a copy)."""
+    value = config.get(OWNED_COPY_KEY)
+    return value if isinstance(value, str) and not is_single(config) else None
+
+
+def is_owned_copy(name: str, data: bytes | None) -> bool:
+    """Whether the file `name` holding `data` is an Istio-owned copy (a .conflist we marked)."""
+    if data is None or not name.endswith(".conflist") or len(data) > MAX_CONFIG_BYTES:
+        return False
+    try:
+        config = parse(data, source=name)
+    except InstallError:
+        return False
+    return owned_copy_of(config) is not None
 
 
 def insert(

@@ -66,7 +66,10 @@ def find_primary(
     exclude = {settings.istioOwnedCNIConfigFileName} if settings.istioOwnedCNIConfig else set()
     candidates = [n for n in names if n not in exclude]
     if settings.cniConfFileName:
-        found = conflist.resolve_named(candidates, settings.cniConfFileName)
+        found = conflist.resolve_named(
+            [n for n in candidates if not conflist.is_owned_copy(n, read(n))],
+            settings.cniConfFileName,
+        )
         if found is None:
             raise TransientInstallError(
                 f"waiting for primary CNI config {settings.cniConfFileName} "
@@ -75,7 +78,10 @@ def find_primary(
             )
         return found
     found = conflist.select_primary(
-        candidates, read, dangling=dangling, directory=settings.mountedCniConfDir
+        candidates,
+        _skip_owned_copies(read),
+        dangling=dangling,
+        directory=settings.mountedCniConfDir,
     )
     if found is None:
         raise TransientInstallError(
@@ -84,6 +90,32 @@ def find_primary(
             f"{preset_words(settings)})"
         )
     return found
+
+
+def _skip_owned_copies(read: Reader) -> Reader:
+    """`read`, with every Istio-owned copy absent: a frozen copy of a primary is never one."""
+
+    def reader(name: str) -> bytes | None:
+        data = read(name)
+        return None if conflist.is_owned_copy(name, data) else data
+
+    return reader
+
+
+def stale_owned_copies(settings: Settings, names: Collection[str], read: Reader) -> list[str]:
+    """Istio-owned copies the settings no longer name: istioOwnedCNIConfig turned off, or its
+    file name changed. The runtime would load such a frozen copy instead of the primary (when it
+    sorts first), and after uninstall it would stay, so they are removed."""
+    keep = settings.istioOwnedCNIConfigFileName if _owned_copy_wanted(settings) else None
+    return [
+        name
+        for name in conflist.candidate_names(names)
+        if name != keep and conflist.is_owned_copy(name, read(name))
+    ]
+
+
+def _owned_copy_wanted(settings: Settings) -> bool:
+    return settings.chained and settings.istioOwnedCNIConfig
 
 
 def plan_config(
@@ -111,7 +143,7 @@ def plan_config(
         owned = settings.istioOwnedCNIConfigFileName
         return ConfigPlan(
             target=owned,
-            config=conflist.without_converted_from(merged),
+            config=conflist.with_owned_copy_of(conflist.without_converted_from(merged), primary),
             primary=primary,
             warnings=tuple(_sorted_before(owned, names, read)),
         )
