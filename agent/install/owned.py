@@ -1,6 +1,7 @@
 """Istio-owned copies of the primary (istioOwnedCNIConfig) that the settings no longer name.
 
-A copy carries conflist.OWNED_COPY_KEY, so it is known as ours whatever its name: after the
+A copy carries conflist.OWNED_COPY_KEY, so it is known as ours whatever its name (one written
+before copies were marked, at the default name, by plan.is_owned_copy): after the
 option is turned off or its file name changed, the copy is never taken for the primary
 (plan.find_primary), install removes it, readiness names it until then, and uninstall removes
 every copy. Each is removed only while it is the very file judged ours (remove_if_unchanged).
@@ -17,7 +18,7 @@ from agent.errors import InstallError, TransientInstallError
 from agent.install import conflist
 from agent.install.atomic import FileId, remove_if_unchanged
 from agent.install.ledger import WriteLedger
-from agent.install.plan import Reader, stale_owned_copies
+from agent.install.plan import Reader, is_owned_copy, stale_owned_copies
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ def all_copies(names: Collection[str], read: Reader) -> list[str]:
     out = []
     for name in conflist.candidate_names(names):
         try:
-            if conflist.is_owned_copy(name, read(name)):
+            if is_owned_copy(name, names, read):
                 out.append(name)
         except InstallError:
             continue

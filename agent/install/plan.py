@@ -67,7 +67,7 @@ def find_primary(
     candidates = [n for n in names if n not in exclude]
     if settings.cniConfFileName:
         found = conflist.resolve_named(
-            [n for n in candidates if not conflist.is_owned_copy(n, read(n))],
+            [n for n in candidates if not is_owned_copy(n, names, read)],
             settings.cniConfFileName,
         )
         if found is None:
@@ -79,7 +79,7 @@ def find_primary(
         return found
     found = conflist.select_primary(
         candidates,
-        _skip_owned_copies(read),
+        _skip_owned_copies(names, read),
         dangling=dangling,
         directory=settings.mountedCniConfDir,
     )
@@ -92,14 +92,40 @@ def find_primary(
     return found
 
 
-def _skip_owned_copies(read: Reader) -> Reader:
+def _skip_owned_copies(names: Collection[str], read: Reader) -> Reader:
     """`read`, with every Istio-owned copy absent: a frozen copy of a primary is never one."""
 
     def reader(name: str) -> bytes | None:
-        data = read(name)
-        return None if conflist.is_owned_copy(name, data) else data
+        return None if is_owned_copy(name, names, read) else read(name)
 
     return reader
+
+
+UNMARKED_COPY_NAME = "02-istio-cni.conflist"
+"""The owned copy's default name (Istio's too), where copies were written before they carried
+conflist.OWNED_COPY_KEY."""
+
+
+def is_owned_copy(name: str, names: Collection[str], read: Reader) -> bool:
+    """Whether `name` is an Istio-owned copy of a primary: marked as one, or an unmarked copy
+    at the default name (an earlier version's, or Istio's): a list ending in an istio-cni entry
+    whose network is the one of the file the runtime would load after it."""
+    data = read(name)
+    if conflist.is_owned_copy(name, data):
+        return True
+    if name != UNMARKED_COPY_NAME or data is None:
+        return False
+    config = _load_or_none(name, read) or {}
+    plugins = config.get("plugins")
+    if not isinstance(plugins, list) or not plugins or not conflist.is_ours(plugins[-1]):
+        return False
+    for other in conflist.candidate_names(names):
+        if other <= name or (other_data := read(other)) is None:
+            continue
+        if conflist.runtime_loadable(other, other_data):
+            following = _load_or_none(other, read)
+            return following is not None and following.get("name") == config.get("name")
+    return False
 
 
 def stale_owned_copies(settings: Settings, names: Collection[str], read: Reader) -> list[str]:
@@ -110,7 +136,7 @@ def stale_owned_copies(settings: Settings, names: Collection[str], read: Reader)
     return [
         name
         for name in conflist.candidate_names(names)
-        if name != keep and conflist.is_owned_copy(name, read(name))
+        if name != keep and is_owned_copy(name, names, read)
     ]
 
 

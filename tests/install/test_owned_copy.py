@@ -157,3 +157,38 @@ def test_a_copy_replaced_after_it_was_judged_stays(node: Node) -> None:
     assert _names(node) == [OWNED]
     assert atomic.remove_if_unchanged(str(path), atomic.current_id(str(path)))
     assert _names(node) == []
+
+
+def _unmarked_copy(node: Node, agent: Installer) -> None:
+    """The owned copy as versions before the mark wrote it (and Istio's agent writes it)."""
+    (node.conf_dir / OWNED).write_bytes(conflist.dumps(conflist.insert(CALICO, agent.entry)))
+
+
+def test_an_unmarked_copy_at_the_default_name_is_known_as_ours(node: Node) -> None:
+    """An upgrade from a version that did not mark its copy, the option turned off; the primary
+    changed since the copy was made."""
+    node.write_primary(CALICO, PRIMARY)
+    new = _agent(node, istioOwnedCNIConfig=False)
+    _unmarked_copy(node, new)
+    changed = _calico_changes(node)
+    assert new.plan().target == PRIMARY
+    new.install()
+    assert _names(node) == [PRIMARY]
+    assert node.conf(PRIMARY) == conflist.insert(changed, new.entry)
+
+
+def test_uninstall_removes_an_unmarked_copy(node: Node) -> None:
+    node.write_primary(CALICO, PRIMARY)
+    agent = _agent(node, istioOwnedCNIConfig=False)
+    _unmarked_copy(node, agent)
+    agent.uninstall()
+    assert _names(node) == [PRIMARY] and node.conf(PRIMARY) == CALICO
+
+
+def test_a_list_at_the_default_name_of_another_network_is_kept(node: Node) -> None:
+    node.write_primary(CALICO, PRIMARY)
+    agent = _agent(node, istioOwnedCNIConfig=False)
+    other = conflist.insert({**CALICO, "name": "other-network"}, agent.entry)
+    (node.conf_dir / OWNED).write_bytes(conflist.dumps(other))
+    assert agent.install().config_path == str(node.conf_dir / OWNED)
+    assert _names(node) == [OWNED, PRIMARY]
