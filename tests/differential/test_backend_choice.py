@@ -58,7 +58,8 @@ def make_netns() -> Iterator[MakeNetns]:
         _sh("ip", "netns", "add", name)
         made.append(name)
         for cmd in (
-            "ip link add d0 type dummy",
+            "ip link add d0 type veth peer name d1",
+            "ip link set d1 up",
             "ip addr add 10.44.0.2/24 dev d0",
             "ip -6 addr add fd00:44::2/64 dev d0 nodad",
             "ip link set d0 up",
