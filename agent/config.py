@@ -180,7 +180,8 @@ class Settings:
     """Address that port listens on: one IPv4 or IPv6 address of the node (127.0.0.1: the node
     itself only); empty = every address (kubelet's probes and Prometheus reach the node IP)."""
     ruleBackend: RuleBackend = "auto"
-    """How rules are applied: auto picks what the node already uses, as Istio does."""
+    """How rules are applied: auto decides as Istio does, per family (agent.rules.backends);
+    ambient's choice is kept for the node's boot (agent.rules.backend_pin)."""
     uninstallOnStop: UninstallOnStop = "auto"
     """On SIGTERM: auto uninstalls only when the DaemonSet is going away."""
     conflictsPerMinuteWarning: int = 5

@@ -45,6 +45,7 @@ from agent.readiness.build import ReadinessParts, build_readiness
 from agent.repair.service import RepairService
 from agent.rules.ambient.options import PodRuleOptions
 from agent.rules.ambient.overrides import rule_options_for
+from agent.rules.backend_pin import node_backend
 from agent.rules.compare import RulesDiff
 from agent.rules.footprint import ours_present
 from agent.rules.sidecar.redirector import RulesRedirector
@@ -293,7 +294,9 @@ class AmbientParts:
             probe_snat=Address(amb.hostProbeSnatAddress),
             probe_snat_v6=Address(amb.hostProbeSnatAddressV6),
         )
-        self.pod_rules = InpodRules(backend=settings.ruleBackend)
+        # Istio's ambient agent decides the variant once, in the node's namespace: pinned per boot.
+        backend = node_backend(settings.ruleBackend, settings.cniAgentRunDir)
+        self.pod_rules = InpodRules(backend=backend)
         self.options_for = rule_options_for(base)
         """A pod's in-pod rule options (also for `istio-cni-agent status POD`)."""
         self.mesh = MeshDataplane(
@@ -303,7 +306,7 @@ class AmbientParts:
                 ipv6=amb.ipv6,
                 probe_snat=amb.hostProbeSnatAddress,
                 probe_snat_v6=amb.hostProbeSnatAddressV6,
-                backend=settings.ruleBackend,
+                backend=backend,
                 proc_dir=settings.hostProcDir,  # nftables: kubelet's UID, from the node's /proc
             ),
             ztunnel=self.ztunnel,

@@ -3,6 +3,7 @@ version pinned in ci/go/<part>/go.mod. A missing part is an error naming the par
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -119,6 +120,15 @@ def etcd() -> Part:
 def cnitool() -> Part:
     version = pinned_version("cnitool", "github.com/containernetworking/cni")
     return Part("cnitool", cache_dir() / "cnitool" / version / "cnitool", SETUP_TESTBED)
+
+
+def libcni_oracle() -> Part:
+    """testbed/libcni_oracle/main.go built on the pinned libcni: prints the conf file a runtime
+    would load from a conf dir. Keyed by its source, as ci/setup-testbed keys it."""
+    version = pinned_version("libcni-oracle", "github.com/containernetworking/cni")
+    digest = hashlib.sha256((REPO_ROOT / "testbed" / "libcni_oracle" / "main.go").read_bytes())
+    path = cache_dir() / "libcni-oracle" / f"{version}-{digest.hexdigest()[:12]}" / "libcni-oracle"
+    return Part("libcni-oracle", path, SETUP_TESTBED)
 
 
 def cni_plugins_dir() -> Path:

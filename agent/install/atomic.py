@@ -215,6 +215,30 @@ def remove_file(path: str) -> bool:
     return True
 
 
+def remove_if_unchanged(path: str, expect: FileId | None) -> bool:
+    """Remove `path` only while it is still the file `expect` names (the one its caller read
+    and judged); False when it is gone or another file took its place, which then stays. The
+    file is first renamed to a temp name (atomic: a writer replacing it meanwhile keeps its new
+    file), then judged; one that is not `expect` is linked back (never over a newer file). The
+    directory's shared lock keeps a temp cleaner away from it in between."""
+    directory = os.path.dirname(path) or "."
+    doomed = temp_path(path)
+    with _dir_lock(directory, fcntl.LOCK_SH):
+        try:
+            os.rename(path, doomed)
+        except FileNotFoundError:
+            return False
+        if expect is not None and current_id(doomed) == expect:
+            os.unlink(doomed)
+            fsync_dir(directory)
+            return True
+        with contextlib.suppress(FileExistsError):
+            os.link(doomed, path)  # put it back, unless a newer file is there already
+        os.unlink(doomed)
+    fsync_dir(directory)
+    return False
+
+
 def remove_tree(path: str) -> None:
     """Remove a directory tree so no reader ever sees part of it: rename it to a temp name (one
     atomic step), then delete that; a kill mid-delete leaves a temp that the next install or

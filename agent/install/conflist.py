@@ -14,6 +14,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 from agent.errors import InstallError
+from agent.install import libcni
 from agent.install.entry import PLUGIN_TYPE
 
 CONFIG_EXTENSIONS = (".conf", ".conflist", ".json")
@@ -31,6 +32,11 @@ CONVERTED_FROM_KEY = "istioCniConvertedFrom"
 """Top-level key of a list we made from a .conf: the .conf's name and exact text, so uninstall
 gives the node its .conf back byte for byte. libcni ignores unknown top-level keys of a list,
 and no plugin sees them (each gets only its own object plus name, cniVersion, prevResult)."""
+OWNED_COPY_KEY = "istioCniOwnedCopyOf"
+"""Top-level key of the Istio-owned copy of the primary (istioOwnedCNIConfig): the name of the
+primary it copies. It marks the file as ours whole, whatever name the settings give it now, so a
+copy the settings no longer name (the option turned off, its file name changed) is never taken
+for the primary and is removed. libcni ignores it as it ignores CONVERTED_FROM_KEY."""
 
 Config = dict[str, Any]
 
@@ -95,28 +101,8 @@ def load(data: bytes, *, source: str) -> Config:
 
 
 def libcni_rejects(name: str, data: bytes) -> str | None:
-    """Why libcni would not load this file (None: it would), judged as libcni judges it: Go's
-    JSON decoder takes bytes that are not UTF-8 and lone surrogate escapes (as U+FFFD) and has no
-    size limit; a .conflist needs a string `name` and a non-empty `plugins` list (a top-level
-    `type` beside them is ignored), a .conf/.json a non-empty `type`."""
-    try:
-        value = json.loads(data.decode("utf-8", errors="replace"), parse_constant=_reject_constant)
-    except ValueError as e:
-        return f"not valid JSON: {e}"
-    if not isinstance(value, dict):
-        return f"a CNI config must be a JSON object, got {_kind(value)}"
-    try:
-        if name.endswith(".conflist"):
-            if not isinstance(value.get("name"), str):
-                return "a list without a string name"
-            validate({k: v for k, v in value.items() if k != "type"}, source=name)
-        elif not isinstance(value.get("type"), str) or not value["type"]:
-            return "network type not found"
-        else:
-            validate(value, source=name)
-    except InstallError as e:
-        return str(e)
-    return None
+    """Why libcni would not load this file (None: it would): agent.install.libcni."""
+    return libcni.rejects(name, data)
 
 
 def runtime_loadable(name: str, data: bytes) -> bool:
@@ -146,9 +132,17 @@ def uneditable(name: str, data: bytes) -> str | None:
     return None
 
 
+def extension(name: str) -> str:
+    """The name's extension as Go's filepath.Ext (libcni's ConfFiles) reads it: from the last
+    dot, also in a name that starts with one (".conflist" is a .conflist to libcni)."""
+    dot = name.rfind(".")
+    return name[dot:] if dot >= 0 else ""
+
+
 def candidate_names(names: Iterable[str]) -> list[str]:
-    """Config files the runtime considers, in the order it considers them."""
-    return sorted(n for n in names if os.path.splitext(n)[1] in CONFIG_EXTENSIONS)
+    """Config files the runtime considers, in the order it considers them (libcni: sorted by
+    the names' bytes)."""
+    return sorted((n for n in names if extension(n) in CONFIG_EXTENSIONS), key=os.fsencode)
 
 
 def select_primary(
@@ -196,7 +190,8 @@ def resolve_named(names: Collection[str], wanted: str) -> str | None:
     """`cniConfFileName` as Istio resolves it: x.conf missing -> x.conflist, and back."""
     if wanted in names:
         return wanted
-    stem, ext = os.path.splitext(wanted)
+    ext = extension(wanted)
+    stem = wanted[: len(wanted) - len(ext)]
     other = {".conf": ".conflist", ".conflist": ".conf"}.get(ext)
     if other is not None and stem + other in names:
         return stem + other
@@ -205,8 +200,8 @@ def resolve_named(names: Collection[str], wanted: str) -> str | None:
 
 def list_file_name(name: str) -> str:
     """Where a config that became a list must live: a .conf/.json list would not load."""
-    stem, ext = os.path.splitext(name)
-    return stem + ".conflist" if ext in (".conf", ".json") else name
+    ext = extension(name)
+    return name[: len(name) - len(ext)] + ".conflist" if ext in (".conf", ".json") else name
 
 
 def is_ours(plugin: object) -> bool:
@@ -270,6 +265,27 @@ def with_converted_from(config: Mapping[str, Any], name: str, text: str) -> Conf
 
 def without_converted_from(config: Mapping[str, Any]) -> Config:
     return {k: v for k, v in config.items() if k != CONVERTED_FROM_KEY}
+
+
+def with_owned_copy_of(config: Mapping[str, Any], primary: str) -> Config:
+    return {**config, OWNED_COPY_KEY: primary}
+
+
+def owned_copy_of(config: Mapping[str, Any]) -> str | None:
+    """The primary this list is the Istio-owned copy of (None: not such a copy)."""
+    value = config.get(OWNED_COPY_KEY)
+    return value if isinstance(value, str) and not is_single(config) else None
+
+
+def is_owned_copy(name: str, data: bytes | None) -> bool:
+    """Whether the file `name` holding `data` is an Istio-owned copy (a .conflist we marked)."""
+    if data is None or not name.endswith(".conflist") or len(data) > MAX_CONFIG_BYTES:
+        return False
+    try:
+        config = parse(data, source=name)
+    except InstallError:
+        return False
+    return owned_copy_of(config) is not None
 
 
 def insert(

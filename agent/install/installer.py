@@ -23,7 +23,7 @@ from typing import Any
 
 from agent.config import Settings
 from agent.errors import ChangedUnderUs, InstallError, TransientInstallError
-from agent.install import conflist, edits
+from agent.install import conflist, edits, owned
 from agent.install.atomic import (
     FileId,
     atomic_rename,
@@ -152,10 +152,11 @@ class Installer:
         )
         self.undo[UndoStep("binaries", self.bin_dir)] = None
         self._clean_conf_dir()
+        removed = owned.remove_stale(self.settings, self._names(), self.read, self._delete_owned)
         plan = self.plan()
         for warning in plan.warnings:
             log.warning(warning, extra={"fields": {"dir": self.conf_dir}})
-        changed = binaries.written + self._apply(plan)
+        changed = binaries.written + removed + self._apply(plan)
         # Only once our entry has replaced Istio's: until then its plugin may still need it.
         changed += remove_istio_leftovers(self.settings.cniAgentRunDir, self.conf_dir)
         kind = "file" if self.deletes_file else "entry"
@@ -172,6 +173,9 @@ class Installer:
         for step in interrupted_conversions(self._names(), self.read):
             self._finish(step)
 
+    def _delete_owned(self, path: str) -> list[str]:
+        return owned.delete(path, self._seen.get(os.path.basename(path)), self.ledger)
+
     def _finish(self, step: Interrupted) -> None:
         """Complete a conversion a kill stopped: every runtime reads the .conf until then."""
         src, dst = self._path(step.conf), self._path(step.conflist)
@@ -182,7 +186,7 @@ class Installer:
         if step.finish == "rename":
             self._guard(atomic_rename, src, dst)
         else:
-            self._guard(_remove, src)
+            self._guard(remove_file, src)
         self.ledger.record_removed(src)
 
     def _refuse_symlink(self, path: str) -> None:
@@ -193,7 +197,7 @@ class Installer:
                 "(set cniConfFileName to the file it points to, or replace the link by a file)"
             )
 
-    def _guard(self, fn: Callable[..., None], path: str, *args: Any) -> None:
+    def _guard(self, fn: Callable[..., object], path: str, *args: Any) -> None:
         try:
             fn(path, *args)
         except OSError as e:
@@ -244,12 +248,12 @@ class Installer:
         if current_id(src) != self._seen.get(name):
             # The .conf changed since we read it: ours would drop that change. Take ours back
             # (runtimes still read the .conf) and merge again.
-            self._guard(_remove, target)
+            self._guard(remove_file, target)
             self.ledger.record_removed(target)
             raise TransientInstallError(
                 f"{src} changed while we turned it into a list; converting again"
             )
-        self._guard(_remove, src)
+        self._guard(remove_file, src)
         self.ledger.record_removed(src)
         log.info("converted CNI config to a list", extra={"fields": {"from": src, "to": target}})
         return [src, target]
@@ -302,6 +306,7 @@ class Installer:
             out.append(f"{self._path(plan.target)}: our entry is missing or not as written")
         elif self.owns_file and (mode := self._mode_of(self._path(plan.target))) != self.file_mode:
             out.append(f"{self._path(plan.target)}: mode {mode:04o}, want {self.file_mode:04o}")
+        out += owned.stale_problems(self.settings, self._names(), self.read)
         return out
 
     def bin_dir_problem(self) -> str | None:
@@ -351,6 +356,7 @@ class Installer:
         except InstallError:
             names = []
         own_files = {self.settings.istioOwnedCNIConfigFileName} if self.deletes_file else set()
+        own_files |= set(owned.all_copies(names, self.read))
         extra = [self.settings.cniConfFileName] if self.settings.cniConfFileName else []
         for name in sorted(set(conflist.candidate_names(names)) | set(extra) | own_files):
             if name not in names:
@@ -391,6 +397,8 @@ class Installer:
         if not _is_ours_anywhere(config):
             return []
         self._refuse_symlink(step.path)
+        if conflist.owned_copy_of(config) is not None:
+            return self._delete_owned(step.path)
         if step.kind == "file" or conflist.only_ours(config):
             return self._delete(step.path)
         self._write(step.path, edits.without_entries(data, config), expect=self._seen.get(name))
@@ -398,7 +406,7 @@ class Installer:
 
     def _delete(self, path: str) -> list[str]:
         with contextlib.suppress(FileNotFoundError):
-            self._guard(_remove, path)
+            self._guard(remove_file, path)
         self.ledger.record_removed(path)
         return [path]
 
@@ -434,10 +442,6 @@ class Installer:
             extra={"fields": {"from": path, "to": conf_path}},
         )
         return [conf_path, *self._delete(path)]
-
-
-def _remove(path: str) -> None:
-    remove_file(path)
 
 
 def _is_ours_anywhere(config: dict[str, Any]) -> bool:

@@ -66,7 +66,10 @@ def find_primary(
     exclude = {settings.istioOwnedCNIConfigFileName} if settings.istioOwnedCNIConfig else set()
     candidates = [n for n in names if n not in exclude]
     if settings.cniConfFileName:
-        found = conflist.resolve_named(candidates, settings.cniConfFileName)
+        found = conflist.resolve_named(
+            [n for n in candidates if not is_owned_copy(n, names, read)],
+            settings.cniConfFileName,
+        )
         if found is None:
             raise TransientInstallError(
                 f"waiting for primary CNI config {settings.cniConfFileName} "
@@ -75,7 +78,10 @@ def find_primary(
             )
         return found
     found = conflist.select_primary(
-        candidates, read, dangling=dangling, directory=settings.mountedCniConfDir
+        candidates,
+        _skip_owned_copies(names, read),
+        dangling=dangling,
+        directory=settings.mountedCniConfDir,
     )
     if found is None:
         raise TransientInstallError(
@@ -84,6 +90,58 @@ def find_primary(
             f"{preset_words(settings)})"
         )
     return found
+
+
+def _skip_owned_copies(names: Collection[str], read: Reader) -> Reader:
+    """`read`, with every Istio-owned copy absent: a frozen copy of a primary is never one."""
+
+    def reader(name: str) -> bytes | None:
+        return None if is_owned_copy(name, names, read) else read(name)
+
+    return reader
+
+
+UNMARKED_COPY_NAME = "02-istio-cni.conflist"
+"""The owned copy's default name (Istio's too), where copies were written before they carried
+conflist.OWNED_COPY_KEY."""
+
+
+def is_owned_copy(name: str, names: Collection[str], read: Reader) -> bool:
+    """Whether `name` is an Istio-owned copy of a primary: marked as one, or an unmarked copy
+    at the default name (an earlier version's, or Istio's): a list ending in an istio-cni entry
+    whose network is the one of the file the runtime would load after it."""
+    data = read(name)
+    if conflist.is_owned_copy(name, data):
+        return True
+    if name != UNMARKED_COPY_NAME or data is None:
+        return False
+    config = _load_or_none(name, read) or {}
+    plugins = config.get("plugins")
+    if not isinstance(plugins, list) or not plugins or not conflist.is_ours(plugins[-1]):
+        return False
+    for other in conflist.candidate_names(names):
+        if other <= name or (other_data := read(other)) is None:
+            continue
+        if conflist.runtime_loadable(other, other_data):
+            following = _load_or_none(other, read)
+            return following is not None and following.get("name") == config.get("name")
+    return False
+
+
+def stale_owned_copies(settings: Settings, names: Collection[str], read: Reader) -> list[str]:
+    """Istio-owned copies the settings no longer name: istioOwnedCNIConfig turned off, or its
+    file name changed. The runtime would load such a frozen copy instead of the primary (when it
+    sorts first), and after uninstall it would stay, so they are removed."""
+    keep = settings.istioOwnedCNIConfigFileName if _owned_copy_wanted(settings) else None
+    return [
+        name
+        for name in conflist.candidate_names(names)
+        if name != keep and is_owned_copy(name, names, read)
+    ]
+
+
+def _owned_copy_wanted(settings: Settings) -> bool:
+    return settings.chained and settings.istioOwnedCNIConfig
 
 
 def plan_config(
@@ -111,7 +169,7 @@ def plan_config(
         owned = settings.istioOwnedCNIConfigFileName
         return ConfigPlan(
             target=owned,
-            config=conflist.without_converted_from(merged),
+            config=conflist.with_owned_copy_of(conflist.without_converted_from(merged), primary),
             primary=primary,
             warnings=tuple(_sorted_before(owned, names, read)),
         )

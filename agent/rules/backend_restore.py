@@ -7,7 +7,7 @@ use are deleted, then COMMIT: each table changes in one step, rules of other sof
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 from agent.errors import RedirectError
 from agent.netns import run_command
@@ -18,6 +18,12 @@ from agent.rules.render_restore import rule_line
 from agent.rules.render_save import parse_save, save_tables
 
 Variant = str  # "legacy" or "nft"
+Variants = Variant | Mapping[Family, Variant]
+"""One variant for both families, or one per family (Istio chooses per family)."""
+
+
+def variant_of(variants: Variants, family: Family) -> Variant:
+    return variants if isinstance(variants, str) else variants[family]
 
 
 def binary(variant: Variant, family: Family, tool: str) -> str:
@@ -50,7 +56,7 @@ def read_state(netns_path: str, variant: Variant, family: Family) -> State:
 def apply(
     netns_path: str,
     ruleset: RuleSet | None,
-    variant: Variant,
+    variant: Variants,
     *,
     empty: Collection[Family] = (),
     owner: Ownership = SIDECAR,
@@ -60,7 +66,14 @@ def apply(
     `owner`: which chains and rules are ours to replace."""
     for family in (4, 6):
         fam: Family = 4 if family == 4 else 6
-        apply_family(netns_path, ruleset, variant, fam, known_empty=fam in empty, owner=owner)
+        apply_family(
+            netns_path,
+            ruleset,
+            variant_of(variant, fam),
+            fam,
+            known_empty=fam in empty,
+            owner=owner,
+        )
 
 
 def apply_family(
@@ -151,7 +164,7 @@ def expected(
 def present(
     netns_path: str,
     ruleset: RuleSet,
-    variant: Variant,
+    variant: Variants,
     *,
     empty: Collection[Family] = (),
     owner: Ownership = SIDECAR,
@@ -162,7 +175,7 @@ def present(
         if fam in empty:
             state: State | None = {}
         else:
-            state = _state_or_none(netns_path, variant, fam, needed=bool(want))
+            state = _state_or_none(netns_path, variant_of(variant, fam), fam, needed=bool(want))
         if (ours(state, owner) if state is not None else {}) != want:
             return False
     return True

@@ -53,27 +53,30 @@ def compare(
     native: NativeListings,
     seen: NetnsLook,
 ) -> RulesDiff:
-    chosen = backends.choose_backend(netns_path, backend, seen=seen)
+    chosen = backends.choose(netns_path, backend, seen=seen)
     if chosen == "nftables":
         have_text, want_text = native()
         return _diff(chosen, _nft_lines(want_text), _nft_lines(have_text))
-    variant = "nft" if chosen == "iptables-nft" else "legacy"
+    if isinstance(chosen, str):  # python-iptables: legacy tables
+        label, variants = chosen, backends.LEGACY_ONLY
+    else:
+        label, variants = chosen.label, chosen.variants()
     ruleset = model()
     want_lines: list[str] = []
     have_lines: list[str] = []
     for fam in _FAMILIES:
         want = backend_restore.expected(ruleset.family(fam), fam, owner)
         want_lines += _iptables_lines(fam, want)
-        if seen.tables_absent(variant, fam, OUR_TABLES):
+        if seen.tables_absent(variants[fam], fam, OUR_TABLES):
             continue
         try:
-            state = backend_restore.read_state(netns_path, variant, fam)
+            state = backend_restore.read_state(netns_path, variants[fam], fam)
         except RedirectError:
             if want:
                 raise
             continue  # IPv6 off in the pod: no tables to read, none wanted
         have_lines += _iptables_lines(fam, backend_restore.ours(state, owner))
-    return _diff(chosen, want_lines, have_lines)
+    return _diff(label, want_lines, have_lines)
 
 
 def _iptables_lines(fam: Family, tables: dict[str, dict[str, list[str]]]) -> list[str]:

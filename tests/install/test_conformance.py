@@ -114,6 +114,11 @@ def test_create_cni_config_file(node: Node, case: dict[str, Any]) -> None:
     if settings.chained and not settings.istioOwnedCNIConfig and sources:
         # Ours: the list made from a .conf keeps its text, so uninstall can give it back.
         expected = conflist.with_converted_from(expected, sources[0], before[sources[0]].decode())
+    if settings.istioOwnedCNIConfig:
+        # Ours: the owned copy names the primary it copies, which marks it as ours whole.
+        primary = node.conf(written).get(conflist.OWNED_COPY_KEY)
+        assert primary in before and primary != written
+        expected = conflist.with_owned_copy_of(expected, primary)
     assert node.conf(written) == expected
     files = {p.name for p in node.conf_dir.iterdir()}
     if settings.istioOwnedCNIConfig:

@@ -142,7 +142,9 @@ def test_owned_file_follows_primary_and_warns(node: Node, caplog: pytest.LogCapt
     assert "01-early.conflist sorts before 02-istio-cni.conflist" in caplog.text
     assert node.conf("10-net.conflist") == LIST, "primary untouched"
     owned = node.conf("02-istio-cni.conflist")
-    assert owned == conflist.insert(LIST, installer.entry)
+    assert owned == conflist.with_owned_copy_of(
+        conflist.insert(LIST, installer.entry), "10-net.conflist"
+    )
     changed = {**LIST, "plugins": [{"type": "calico"}]}
     (node.conf_dir / "10-net.conflist").write_text(json.dumps(changed))
     assert installer.problems()

@@ -8,7 +8,6 @@ import pytest
 
 from agent.errors import RedirectError
 from agent.netns import run_command, run_in_netns
-from agent.rules import backends
 from agent.rules.backends import choose_backend
 from agent.rules.sidecar.apply import apply_rules, host_facts, rules_present
 from agent.rules.sidecar.capture import CaptureConfig
@@ -29,15 +28,34 @@ def test_host_facts_sees_pod_ipv6_and_injected_resolv_conf(podnet: PodNet, tmp_p
 
 
 def test_auto_picks_legacy_when_the_namespace_uses_it(podnet: PodNet) -> None:
-    host_uses_legacy = backends._legacy_in_use(backends.HOST_NETNS)
-    expected_empty = "iptables-legacy" if host_uses_legacy else "iptables-nft"
-    assert choose_backend(podnet.pod_path, "auto") == expected_empty
+    """As Istio's plugin, in the pod's namespace only (the node's tables play no part)."""
+    assert choose_backend(podnet.pod_path, "auto") == "iptables-nft"
     done = run_command(podnet.pod_path, ["iptables-legacy", "-A", "INPUT", "-j", "ACCEPT"])
     assert done.returncode == 0, done.stderr
-    assert choose_backend(podnet.pod_path, "auto") == "iptables-legacy"
+    assert choose_backend(podnet.pod_path, "auto") == "ipv4=iptables-legacy,ipv6=iptables-nft"
     config = CaptureConfig(inbound_ports_include="*", outbound_ip_ranges_include="*")
-    assert apply_rules(podnet.pod_path, config) == "iptables-legacy"
-    assert rules_present(podnet.pod_path, config, backend="iptables-legacy")
+    assert apply_rules(podnet.pod_path, config) == "ipv4=iptables-legacy,ipv6=iptables-nft"
+    assert rules_present(podnet.pod_path, config, backend="auto")
+    legacy = run_command(podnet.pod_path, ["iptables-legacy-save"]).stdout
+    assert ":ISTIO_OUTPUT" in legacy
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["iptables-legacy", "-t", "nat", "-L", "-n"], "ipv4=iptables-legacy,ipv6=iptables-nft"),
+        (["ip6tables-legacy", "-t", "nat", "-L", "-n"], "ipv4=iptables-nft,ipv6=iptables-legacy"),
+    ],
+    ids=["empty-ipv4-nat", "empty-ipv6-nat"],
+)
+def test_an_empty_legacy_table_counts_per_family(
+    podnet: PodNet, argv: list[str], expected: str
+) -> None:
+    """Listing a table creates it, empty (Istio's probe does the same): Istio then picks legacy
+    for that family, and so does auto."""
+    done = run_command(podnet.pod_path, argv)
+    assert done.returncode == 0, done.stderr
+    assert choose_backend(podnet.pod_path, "auto") == expected
 
 
 def test_forced_backend_is_used_and_unknown_is_refused(podnet: PodNet) -> None:
