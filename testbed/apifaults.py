@@ -12,6 +12,9 @@ Faults (`Fault`, set with `ApiFaultProxy.set_fault`, cleared with `clear`):
   `Retry-After`;
 - `gone_on_resume`: a watch that resumes from a resourceVersion answered 410 Gone, as when the
   version left the watch cache (the client must list again).
+Streams open when a fault is set end as it says (reset, held silent, or closed as by a server
+restart for `status` and `gone_on_resume`, so that the client's resume meets the fault); under
+`latency` they go on.
 The proxy counts the requests it saw (`requests`), so a test can bound a client's rate during a
 fault. TLS: a serving certificate from the cluster's CA for the Service's IP, so the client's
 CA check passes as against the real server; upstream TLS is checked against the same CA.
@@ -271,6 +274,8 @@ class ApiFaultProxy:
                     if fault.kind == "silence":
                         self._hold(self._switch.generation)
                         return False
+                    if fault.kind in ("status", "gone_on_resume"):
+                        return False  # as a restarted server: the stream ends, its resume meets it
                 continue
             if isinstance(event, h11.ConnectionClosed):
                 return False

@@ -11,7 +11,8 @@ stopped): a sidecar pod created just before it and one during it. Checked, each 
 - the agent's request rate through the proxy during the fault stays within its own token bucket
   (the chart's kubeApi.qps and burst: no retry storm);
 - the pods reach Running within a bound after the fault ends;
-- the agent never restarted.
+- the agent never restarted;
+and once the faults are over, `helm uninstall` still removes the entry (a definite answer).
 The figures (requests per minute before and during each fault, time to converge) are printed as
 a table; bench/README.md ("API server faults on the real node") keeps them.
 """
@@ -108,7 +109,8 @@ class EntryWatch:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()
 
 
 @contextlib.contextmanager
@@ -157,6 +159,7 @@ def captured(cluster: RealCluster, core: Any, ns: str, name: str, timeout: float
     assert podnet.has_istio_rules(netns), f"{ns}/{name} runs without Istio's rules"
 
 
+@pytest.mark.timeout(1800)
 def test_api_server_faults_keep_the_plugin_and_capture_every_pod(
     real_cluster: RealCluster,
     node_helm: Any,
@@ -169,7 +172,8 @@ def test_api_server_faults_keep_the_plugin_and_capture_every_pod(
     results: list[FaultResult] = []
     with contextlib.ExitStack() as stack:
         proxy = stack.enter_context(agent_through_proxy(real_cluster, tmp_path / "proxy"))
-        agent = agent_mod.install(node_helm("4"), real_cluster, node_core, agent_image)
+        helm = node_helm("4")
+        agent = agent_mod.install(helm, real_cluster, node_core, agent_image)
         assert proxy.requests, "the agent's requests do not go through the fault proxy"
         entry = stack.enter_context(EntryWatch(real_cluster))
         for index, (name, make_fault, seconds) in enumerate(faults(proxy, real_cluster)):
@@ -199,6 +203,10 @@ def test_api_server_faults_keep_the_plugin_and_capture_every_pod(
             result.converge_seconds = time.monotonic() - ended
             results.append(result)
         agent_now = kubepods.pod_view(node_core, agent_mod.AGENT_NAMESPACE, agent.pod.name)
+        entry.__exit__()
+        # The faults over, a definite answer still uninstalls (through the proxy, as before).
+        agent_mod.uninstall(helm, node_core)
+        assert "istio-cni" not in agent_mod.plugin_types(real_cluster)
     print("\nfault                  req/min before  req/min during  converged (s)  pods")
     for r in results:
         print(
