@@ -14,6 +14,7 @@ import hashlib
 import http.server
 import io
 import json
+import os
 import ssl
 import subprocess
 import tarfile
@@ -99,6 +100,30 @@ def release(
     for kind, value in lines:
         printed[kind] = f"{printed[kind]} {value}" if kind in printed else value
     return printed
+
+
+def test_nothing_is_published_unsigned(tmp_path: Path) -> None:
+    """Without a key or --keyless ci/release stops before building or pushing anything."""
+    env = {k: v for k, v in os.environ.items() if k != "COSIGN_KEY"}
+    done = subprocess.run(
+        [str(REPO_ROOT / "ci" / "release"), "--registry", "registry.invalid/istio-cni"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+        env=env,
+    )
+    assert done.returncode != 0 and not done.stdout, done.stdout
+    assert "nothing to sign with: --cosign-key KEY" in done.stderr, done.stderr
+    both = subprocess.run(
+        [str(REPO_ROOT / "ci" / "release"), "--registry", "registry.invalid/x", "--keyless"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+        env=dict(env, COSIGN_KEY=str(tmp_path / "cosign.key")),
+    )
+    assert both.returncode != 0 and "choose one" in both.stderr, both.stderr
 
 
 @dataclass(frozen=True)
