@@ -42,10 +42,9 @@ class Cosign:
 
     @property
     def env(self) -> dict[str, str]:
-        """cosign's environment: the key's password; TUF and config state in the key's dir, never
-        the user's; the registry's CA trusted."""
-        env = dict(os.environ, COSIGN_PASSWORD=PASSWORD, HOME=str(self.home))
-        env["TUF_ROOT"] = str(self.home / "tuf")
+        """cosign's environment (ci/release's too): the key's password; TUF state in the key's
+        dir, never the user's; the registry's CA trusted."""
+        env = dict(os.environ, COSIGN_PASSWORD=PASSWORD, TUF_ROOT=str(self.home / "tuf"))
         if self.ca_file is not None:
             env["SSL_CERT_FILE"] = str(self.ca_file)
         return env
