@@ -405,7 +405,7 @@ def test_every_artifact_is_signed_and_each_image_carries_its_sbom(
     expected = sorted(f"{repo}@{digest}" for digest in digests.values())
     assert sorted(printed["signed"].split()) == expected, printed
     assert sorted(printed["sbom"].split()) == expected, printed
-    assert printed["signed-list"] == printed["image"]
+    assert printed["signed-list"] == f"{repo}@{printed['image'].split('@')[1]}", printed
 
     started = time.monotonic()
     for ref in [*expected, published.image(published.app_version)]:
