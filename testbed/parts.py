@@ -14,6 +14,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SETUP_TESTBED = "ci/setup-testbed"
 SETUP_HELM = "ci/setup-helm"
 SETUP_APT = "ci/setup-apt"
+SETUP_TOOLS = "ci/setup-tools"
 
 
 class MissingPartError(RuntimeError):
@@ -29,9 +30,11 @@ def cache_dir() -> Path:
 
 
 def pinned_version(gomod_dir: str, module: str) -> str:
-    """The version of `module` that ci/go/<gomod_dir>/go.mod requires."""
+    """The version of `module` that ci/go/<gomod_dir>/go.mod requires: a `require MODULE vX`
+    line, or MODULE's line in a require block (a tidied go.mod), as ci/gobuild.sh reads it."""
     gomod = REPO_ROOT / "ci" / "go" / gomod_dir / "go.mod"
-    match = re.search(rf"^require {re.escape(module)} (v\S+)$", gomod.read_text(), re.MULTILINE)
+    pattern = rf"^(?:require |\s+){re.escape(module)} (v\S+)"
+    match = re.search(pattern, gomod.read_text(), re.MULTILINE)
     if not match:
         raise MissingPartError(f"{gomod}: no 'require {module} vX' line")
     return match.group(1)
@@ -129,6 +132,20 @@ def libcni_oracle() -> Part:
     digest = hashlib.sha256((REPO_ROOT / "testbed" / "libcni_oracle" / "main.go").read_bytes())
     path = cache_dir() / "libcni-oracle" / f"{version}-{digest.hexdigest()[:12]}" / "libcni-oracle"
     return Part("libcni-oracle", path, SETUP_TESTBED)
+
+
+RELEASE_TOOLS = {
+    "actionlint": "github.com/rhysd/actionlint",
+    "cosign": "github.com/sigstore/cosign/v2",
+    "syft": "github.com/anchore/syft",
+}
+"""The tools ci/setup-tools builds, by the module each is pinned by in ci/go/<tool>/go.mod."""
+
+
+def release_tool(name: str) -> Part:
+    """actionlint, cosign or syft, as ci/setup-tools builds it."""
+    version = pinned_version(name, RELEASE_TOOLS[name])
+    return Part(name, cache_dir() / name / version / name, SETUP_TOOLS)
 
 
 def cni_plugins_dir() -> Path:

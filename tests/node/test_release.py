@@ -2,7 +2,9 @@
 TLS, reachable from this machine and the node), then the chart installed as a platform team
 would: from the OCI reference and from the classic chart repository (served on loopback), with
 nothing but the node's dirs set, so the image is the chart's default, pulled by the node's
-containerd from the registry (never imported)."""
+containerd from the registry (never imported). Everything published is signed with a throwaway
+cosign key and verified from the registry as a user would, each image's SBOM with it; an image
+changed after signing is refused."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import hashlib
 import http.server
 import io
 import json
+import os
 import ssl
 import subprocess
 import tarfile
@@ -29,6 +32,7 @@ import yaml
 from testbed import chart as agent_mod
 from testbed import elf, kubepods, podnet
 from testbed.churn import Churn
+from testbed.cosign import Cosign
 from testbed.helm import Helm
 from testbed.parts import REPO_ROOT
 from testbed.realnode import RealCluster
@@ -54,8 +58,15 @@ def served(directory: Path) -> Iterator[str]:
         server.server_close()
 
 
-def release(registry: Registry, repo_dir: Path, repo_url: str, *extra: str) -> dict[str, str]:
-    """Run ci/release; its printed artifacts by kind (image, platforms, chart, repo)."""
+ONCE = ("image", "platforms", "signed-list", "chart", "signed-chart", "repo")
+PER_PLATFORM = ("signed", "sbom")
+
+
+def release(
+    registry: Registry, signer: Cosign, repo_dir: Path, repo_url: str, *extra: str
+) -> dict[str, str]:
+    """Run ci/release, signing with `signer`'s key; its printed artifacts by kind (image,
+    platforms, ...), each platform's `signed` and `sbom` lines joined by spaces."""
     started = time.monotonic()
     done = subprocess.run(
         [
@@ -68,23 +79,57 @@ def release(registry: Registry, repo_dir: Path, repo_url: str, *extra: str) -> d
             str(repo_dir),
             "--repo-url",
             repo_url,
+            "--cosign-key",
+            str(signer.key),
             *extra,
         ],
         capture_output=True,
         text=True,
         check=False,
         timeout=1800,
+        env=signer.env,
     )
     assert done.returncode == 0, f"ci/release failed:\n{done.stderr[-4000:]}"
     print(f"ci/release {' '.join(extra)}: {time.monotonic() - started:.1f} s")
-    printed = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
-    assert set(printed) == {"image", "platforms", "chart", "repo"}, done.stdout
+    print("\n".join(line for line in done.stderr.splitlines() if "SBOM" in line))
+    lines = [line.split(" ", 1) for line in done.stdout.splitlines() if " " in line]
+    kinds = [kind for kind, _ in lines]
+    assert sorted(k for k in kinds if k in ONCE) == sorted(ONCE), done.stdout
+    assert set(kinds) == {*ONCE, *PER_PLATFORM}, done.stdout
+    printed: dict[str, str] = {}
+    for kind, value in lines:
+        printed[kind] = f"{printed[kind]} {value}" if kind in printed else value
     return printed
+
+
+def test_nothing_is_published_unsigned(tmp_path: Path) -> None:
+    """Without a key or --keyless ci/release stops before building or pushing anything."""
+    env = {k: v for k, v in os.environ.items() if k != "COSIGN_KEY"}
+    done = subprocess.run(
+        [str(REPO_ROOT / "ci" / "release"), "--registry", "registry.invalid/istio-cni"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+        env=env,
+    )
+    assert done.returncode != 0 and not done.stdout, done.stdout
+    assert "nothing to sign with: --cosign-key KEY" in done.stderr, done.stderr
+    both = subprocess.run(
+        [str(REPO_ROOT / "ci" / "release"), "--registry", "registry.invalid/x", "--keyless"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+        env=dict(env, COSIGN_KEY=str(tmp_path / "cosign.key")),
+    )
+    assert both.returncode != 0 and "choose one" in both.stderr, both.stderr
 
 
 @dataclass(frozen=True)
 class Published:
     registry: Registry
+    signer: Cosign
     repo_dir: Path
     repo_url: str
     current: dict[str, str]
@@ -116,10 +161,12 @@ def published(
     repo_dir = base / "charts"
     meta = yaml.safe_load((REPO_ROOT / "charts/istio-cni/Chart.yaml").read_text())
     with running_registry(real_cluster, base / "registry") as registry, served(base) as url:
+        signer = Cosign.with_new_key(base / "key", ca_file=registry.ca_file)
         repo_url = f"{url}/charts"
-        current = release(registry, repo_dir, repo_url)
+        current = release(registry, signer, repo_dir, repo_url)
         previous = release(
             registry,
+            signer,
             repo_dir,
             repo_url,
             "--version",
@@ -130,6 +177,7 @@ def published(
         )
         yield Published(
             registry,
+            signer,
             repo_dir,
             repo_url,
             current,
@@ -163,6 +211,25 @@ class RegistryReader:
 
     def manifest(self, reference: str) -> dict[str, Any]:
         return dict(json.loads(self._get(f"manifests/{reference}", self.ACCEPT)))
+
+    def raw_manifest(self, reference: str) -> tuple[bytes, str]:
+        """The manifest's exact bytes and media type, as pushed."""
+        request = urllib.request.Request(
+            f"{self.base}/manifests/{reference}", headers={"Accept": self.ACCEPT}
+        )
+        with urllib.request.urlopen(request, context=self.context, timeout=60) as response:
+            return bytes(response.read()), str(response.headers["Content-Type"])
+
+    def put_manifest(self, reference: str, body: bytes, media_type: str) -> str:
+        """Push a manifest under a tag (the registry takes anonymous pushes); its digest."""
+        request = urllib.request.Request(
+            f"{self.base}/manifests/{reference}",
+            data=body,
+            method="PUT",
+            headers={"Content-Type": media_type},
+        )
+        with urllib.request.urlopen(request, context=self.context, timeout=60) as response:
+            return str(response.headers["Docker-Content-Digest"])
 
     def blob(self, digest: str) -> bytes:
         data = self._get(f"blobs/{digest}")
@@ -310,6 +377,119 @@ def test_the_image_is_published_for_amd64_and_arm64(
         assert done.returncode == 0, done.stderr
         answers[arch] = json.loads(done.stdout)
     assert answers["arm64"] == answers["amd64"] and "supportedVersions" in answers["arm64"]
+
+
+def pinned(package: str) -> str:
+    """The version requirements.lock pins `package` at (what the image's venv installs)."""
+    for line in (REPO_ROOT / "requirements.lock").read_text().splitlines():
+        if line.startswith(f"{package}=="):
+            return line.split("==", 1)[1].split()[0]
+    raise AssertionError(f"{package} not in requirements.lock")
+
+
+def platform_digests(published: Published) -> dict[str, str]:
+    reader = RegistryReader(published.registry, f"{REGISTRY_PATH}/istio-cni")
+    index = reader.manifest(published.current["image"].split("@")[1])
+    return {m["platform"]["architecture"]: m["digest"] for m in index["manifests"]}
+
+
+def test_every_artifact_is_signed_and_each_image_carries_its_sbom(
+    published: Published, tmp_path: Path, record_property: Any
+) -> None:
+    """What ci/release printed is what the registry holds, and a user with the public key
+    verifies it there: each platform's image and the list (by tag, as `helm install` users
+    name it), the chart, and each image's SBOM, which lists what the image ships."""
+    printed, signer = published.current, published.signer
+    repo = f"{published.registry.address}/{REGISTRY_PATH}/istio-cni"
+    digests = platform_digests(published)
+    expected = sorted(f"{repo}@{digest}" for digest in digests.values())
+    assert sorted(printed["signed"].split()) == expected, printed
+    assert sorted(printed["sbom"].split()) == expected, printed
+    assert printed["signed-list"] == f"{repo}@{printed['image'].split('@')[1]}", printed
+
+    started = time.monotonic()
+    for ref in [*expected, published.image(published.app_version)]:
+        done = signer.verify(ref)
+        assert done.returncode == 0, f"cosign verify {ref}:\n{done.stderr}"
+        (claim,) = json.loads(done.stdout)
+        assert claim["critical"]["image"]["docker-manifest-digest"] in {
+            *digests.values(),
+            printed["image"].split("@")[1],
+        }
+        print(f"cosign verify {ref}: {verified_line(done.stderr)}")
+    chart = f"{published.registry.address}/{REGISTRY_PATH}/charts/istio-cni"
+    chart_ref = f"{chart}:{published.chart_version}"
+    done = signer.verify(chart_ref)
+    assert done.returncode == 0, f"cosign verify {chart_ref}:\n{done.stderr}"
+    chart_digest = printed["chart"].rsplit("@", 1)[1]
+    assert printed["signed-chart"] == f"{chart}@{chart_digest}"
+    assert json.loads(done.stdout)[0]["critical"]["image"]["docker-manifest-digest"] == chart_digest
+
+    # Another key verifies nothing.
+    stranger = Cosign.with_new_key(tmp_path / "stranger", ca_file=published.registry.ca_file)
+    refused = signer.verify(expected[0], public_key=stranger.public_key)
+    assert refused.returncode != 0, refused.stdout
+    print(f"a stranger's key: {refused.stderr.strip().splitlines()[-1]}")
+
+    for arch, digest in digests.items():
+        sbom = signer.sbom(f"{repo}@{digest}")
+        packages = {(p["name"].lower(), p.get("versionInfo")) for p in sbom["packages"]}
+        record_property(f"sbom_packages_{arch}", len(packages))
+        print(f"linux/{arch} SBOM: {sbom['spdxVersion']}, {len(packages)} packages")
+        for name in ("pyroute2", "kubernetes", "pyyaml"):
+            found = sorted(str(v) for n, v in packages if n == name)
+            assert (name, pinned(name)) in packages, f"{name}=={pinned(name)} not listed: {found}"
+        assert any(name == "libc6" for name, _ in packages), "the Debian packages are listed"
+    print(f"verified in {time.monotonic() - started:.1f} s")
+
+
+def test_an_image_changed_after_signing_is_refused(published: Published) -> None:
+    """The tag moved to an image with one layer swapped after signing: cosign refuses it,
+    by tag and by digest; so it does when the original's signature is copied onto it. The tag is
+    put back as published afterwards."""
+    signer = published.signer
+    reader = RegistryReader(published.registry, f"{REGISTRY_PATH}/istio-cni")
+    repo = f"{published.registry.address}/{REGISTRY_PATH}/istio-cni"
+    tag = published.app_version
+    original, original_type = reader.raw_manifest(tag)
+    digests = platform_digests(published)
+    amd64_raw, amd64_type = reader.raw_manifest(digests["amd64"])
+    amd64, arm64 = json.loads(amd64_raw), reader.manifest(digests["arm64"])
+    # The topmost layer the two images do not share, swapped for the other's.
+    theirs = [layer for layer in arm64["layers"] if layer not in amd64["layers"]]
+    i = max(i for i, layer in enumerate(amd64["layers"]) if layer not in arm64["layers"])
+    layers = list(amd64["layers"])
+    layers[i] = theirs[-1]
+    tampered = dict(amd64, layers=layers)
+    try:
+        tampered_digest = reader.put_manifest(tag, json.dumps(tampered).encode(), amd64_type)
+        for ref in (published.image(tag), f"{repo}@{tampered_digest}"):
+            done = signer.verify(ref)
+            assert done.returncode != 0, f"cosign verified the tampered {ref}:\n{done.stdout}"
+            print(f"cosign verify {ref} (tampered): {done.stderr.strip().splitlines()[-1]}")
+            assert "no signatures found" in done.stderr or "no matching signatures" in done.stderr
+
+        # The valid signature of the original, copied onto the tampered image's signature tag.
+        signature, signature_type = reader.raw_manifest(sig_tag(digests["amd64"]))
+        reader.put_manifest(sig_tag(tampered_digest), signature, signature_type)
+        done = signer.verify(f"{repo}@{tampered_digest}")
+        assert done.returncode != 0, f"a copied signature verified:\n{done.stdout}"
+        print(f"copied signature: {done.stderr.strip().splitlines()[-1]}")
+        assert "no matching signatures" in done.stderr, done.stderr
+    finally:
+        reader.put_manifest(tag, original, original_type)
+    assert reader.raw_manifest(tag)[0] == original
+    assert signer.verify(published.image(tag)).returncode == 0
+
+
+def verified_line(stderr: str) -> str:
+    """cosign's summary line of a verification (its warnings aside)."""
+    return next((line for line in stderr.splitlines() if "Verification for" in line), stderr)
+
+
+def sig_tag(digest: str) -> str:
+    """Where cosign keeps an image's signatures: the tag sha256-<hex>.sig."""
+    return digest.replace(":", "-") + ".sig"
 
 
 def test_an_umbrella_chart_depends_on_it_by_repository_url(
