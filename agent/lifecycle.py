@@ -48,13 +48,13 @@ def main(command: str, argv: list[str]) -> int:
         sys.stderr.write(f"istio-cni-agent {command}: {e}\n")
         return 1
     setup_logging(settings.log_levels, as_json=settings.logAsJson)
-    return run(settings, config_path=args.config)
+    return run(settings)
 
 
 StopDecider = Callable[[Settings], stop_policy.StopDecision]
 
 
-def run(settings: Settings, *, config_path: str, decide_on_stop: StopDecider | None = None) -> int:
+def run(settings: Settings, *, decide_on_stop: StopDecider | None = None) -> int:
     """Install, serve until SIGTERM/SIGINT, then uninstall or keep; the process's exit code.
 
     `decide_on_stop` defaults to asking the API server about our DaemonSet.
@@ -83,7 +83,6 @@ def run(settings: Settings, *, config_path: str, decide_on_stop: StopDecider | N
     try:
         return _serve(
             settings,
-            config_path=config_path,
             pod=pod,
             node_name=node_name,
             clients=clients,
@@ -99,7 +98,6 @@ def run(settings: Settings, *, config_path: str, decide_on_stop: StopDecider | N
 def _serve(
     settings: Settings,
     *,
-    config_path: str,
     pod: AgentPod,
     node_name: str,
     clients: KubeClients,
@@ -107,7 +105,7 @@ def _serve(
     decide_on_stop: StopDecider,
 ) -> int:
     installer = make_installer(settings, pod)
-    # No config_path: the watcher keeps the plugin and its entry in place, never re-reads config.
+    # Config is read once at start (a change rolls the DaemonSet): the watcher never re-reads it.
     watcher = InstallWatcher(installer)
     first = watcher.reconcile("start")  # the watcher's own handler, run once before serving
     if first.outcome == "failed" and not first.retry:
@@ -120,7 +118,6 @@ def _serve(
     built = build_services(
         settings,
         installer,
-        config_path=config_path,
         node_name=node_name,
         clients=clients,
         watcher=watcher,

@@ -79,14 +79,13 @@ def build_services(
     settings: Settings,
     installer: Installer,
     *,
-    config_path: str,
     node_name: str,
     clients: KubeClients,
     watcher: InstallWatcher | None = None,
 ) -> Services:
     """The services of the agent: the install watcher (built here unless given), then the node
     services."""
-    watcher = watcher or InstallWatcher(installer, config_path=config_path)
+    watcher = watcher or InstallWatcher(installer)
     node = node_services(settings, watcher, node_name=node_name, clients=clients)
     return Services([watcher, *node.services], node.uninstallers)
 

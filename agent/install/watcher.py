@@ -1,17 +1,15 @@
-"""Keep the plugin and our entry in place: watch the bin dir, the conf dir and the agent's config
-file, and re-install when something else removes or changes what we put there.
+"""Keep the plugin and our entry in place: watch the bin dir and the conf dir, and re-install when
+something else removes or changes what we put there.
 
 Start-up runs through the same handler as a change (`reconcile`, the one place that maps an
 install's outcome to metrics); `istio-cni-agent run` calls it once before starting the other
-services, so a permanent failure at start ends the process. A changed config file reconfigures
-the installer and is handed to `on_settings`: the lifecycle restarts every other service with
-it, so the plugin's entry and the agent never disagree for long. Events on paths still exactly
-as we left them
-(same content hash) are our own writes and ignored; bursts are grouped (watchfiles debounce);
-the watch is re-armed when a watched directory is replaced, and everything is re-checked at a
-steady interval in case an event was missed. A node out of inotify instances or watches gets
-checked every second instead (polling). The verdict `ready()` reports ages out: a loop that
-stopped checking is not trusted.
+services, so a permanent failure at start ends the process. The agent's own config is read once at
+start (a change rolls the DaemonSet), so it is not watched here. Events on paths still exactly as
+we left them (same content hash) are our own writes and ignored; bursts are grouped (watchfiles
+debounce); the watch is re-armed when a watched directory is replaced, and everything is re-checked
+at a steady interval in case an event was missed. A node out of inotify instances or watches gets
+checked every second instead (polling). The verdict `ready()` reports ages out: a loop that stopped
+checking is not trusted.
 """
 
 from __future__ import annotations
@@ -28,8 +26,7 @@ import watchfiles
 
 from agent import metrics
 from agent.background import BackgroundLoop
-from agent.config import Settings, load_settings
-from agent.errors import AgentError, InstallError, TransientInstallError
+from agent.errors import InstallError, TransientInstallError
 from agent.install.atomic import is_temp_name
 from agent.install.binaries import is_support_dir
 from agent.install.conflicts import (
@@ -39,7 +36,6 @@ from agent.install.conflicts import (
     plugin_types,
 )
 from agent.install.installer import Installer
-from agent.install.ledger import HashCache
 from agent.install.mounts import detached_dir, node_io_failed
 from agent.install.waiting import POLL_SECONDS, WATCH_ERRORS, dir_identity
 
@@ -92,23 +88,17 @@ class InstallWatcher:
         self,
         installer: Installer,
         *,
-        config_path: str | None = None,
         timing: WatchTiming | None = None,
-        on_settings: Callable[[Settings], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`on_settings` is called (on the watch thread) with each changed, valid config;
-        `on_conflict(path, culprit, fights)` (set by the node services: an Event on the agent's
-        pod) when another writer keeps removing our entry, at most once a minute per file."""
+        """`on_conflict(path, culprit, fights)` (set by the node services: an Event on the
+        agent's pod) is called when another writer keeps removing our entry, at most once a
+        minute per file."""
         self.installer = installer
-        self.config_path = config_path
-        self.on_settings = on_settings
         self.on_conflict: Callable[[str, str, int], None] | None = None
         self._reconciled = False
         self.timing = timing or WatchTiming()
         self.conflicts = ConflictTracker(installer.settings.conflictsPerMinuteWarning)
-        self._config_hashes = HashCache()
-        self._config_digest = self._config_digest_now()
         # A turn waits recheck_seconds at most (the watch yields on that timeout; polling waits
         # less), then reconciles: local file reads and writes, a binary copied at the longest.
         self._loop = BackgroundLoop(
@@ -227,8 +217,6 @@ class InstallWatcher:
             self._guarded(self._poll_once)
 
     def _poll_once(self) -> None:
-        if self.config_path:
-            self._config_changed()
         self.reconcile("poll")
 
     def _watching(self) -> None:
@@ -253,16 +241,11 @@ class InstallWatcher:
     def _watched_dirs(self) -> list[str]:
         s = self.installer.settings
         dirs = [s.mountedCniBinDir, s.mountedCniConfDir]
-        if self.config_path:
-            dirs.append(os.path.dirname(os.path.abspath(self.config_path)))
         return [d for d in dict.fromkeys(dirs) if os.path.isdir(d)]
 
     def _watched_dirs_abs(self) -> set[str]:
         s = self.installer.settings
-        dirs = {os.path.abspath(s.mountedCniBinDir), os.path.abspath(s.mountedCniConfDir)}
-        if self.config_path:
-            dirs.add(os.path.dirname(os.path.abspath(self.config_path)))
-        return dirs
+        return {os.path.abspath(s.mountedCniBinDir), os.path.abspath(s.mountedCniConfDir)}
 
     def _wanted(self, change: watchfiles.Change, path: str) -> bool:
         """watchfiles filter: only names that can matter to us wake the loop."""
@@ -274,59 +257,21 @@ class InstallWatcher:
             return False
         if directory == os.path.abspath(s.mountedCniBinDir):
             return name == "istio-cni" or is_support_dir(name) or self._is_source_name(name)
-        if directory == os.path.abspath(s.mountedCniConfDir):
-            return True
-        if self.config_path:
-            # A ConfigMap volume swaps a "..data" symlink; a plain file is written in place.
-            return name == os.path.basename(self.config_path) or name.startswith("..")
-        return False
+        return directory == os.path.abspath(s.mountedCniConfDir)
 
     def _relevant(self, paths: Iterable[str]) -> list[str]:
-        """Paths whose change was not our own write (or the config file changed)."""
+        """Paths in the watched dirs whose change was not our own write."""
         conf_dir = os.path.abspath(self.installer.settings.mountedCniConfDir)
         bin_dir = os.path.abspath(self.installer.settings.mountedCniBinDir)
         out = []
         for path in paths:
             directory = os.path.dirname(os.path.abspath(path))
-            if directory in (conf_dir, bin_dir):
-                if not self.installer.ledger.is_own_state(path):
-                    out.append(path)
-            elif self.config_path and self._config_changed():
+            if directory in (conf_dir, bin_dir) and not self.installer.ledger.is_own_state(path):
                 out.append(path)
         return out
 
     def _is_source_name(self, name: str) -> bool:
         return os.path.exists(os.path.join(self.installer.settings.pluginSourceDir, name))
-
-    def _config_digest_now(self) -> str:
-        if not self.config_path:
-            return ""
-        # A ConfigMap volume serves the file through symlinks: hash what they point to.
-        return self._config_hashes.digest(self.config_path, follow_symlinks=True)
-
-    def _config_changed(self) -> bool:
-        assert self.config_path is not None
-        digest = self._config_digest_now()
-        if digest == self._config_digest:
-            return False
-        self._config_digest = digest
-        try:
-            settings = load_settings(self.config_path)
-        except AgentError as e:
-            log.error(
-                "config file changed but is invalid; keeping the previous settings",
-                extra={"fields": {"path": self.config_path, "error": str(e)}},
-            )
-            return False
-        if settings != self.installer.settings:
-            log.info(
-                "config file changed; installing with the new settings",
-                extra={"fields": {"path": self.config_path}},
-            )
-            self.installer.reconfigure(settings)
-            if self.on_settings is not None:
-                self.on_settings(settings)
-        return True
 
     # -- one reconcile ----------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ def main() -> int:
         )
         return stop_policy.decide(s.uninstallOnStop, state)
 
-    return run(settings, config_path=config_path, decide_on_stop=given)
+    return run(settings, decide_on_stop=given)
 
 
 if __name__ == "__main__":

@@ -13,10 +13,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import watchfiles
-import yaml
 from prometheus_client import REGISTRY
 
-from agent.config import load_settings
 from agent.errors import InstallError
 from agent.install import conflist
 from agent.install.atomic import atomic_write
@@ -31,11 +29,9 @@ LIST = {"cniVersion": "0.4.0", "name": "net", "plugins": [{"type": "ptp"}, {"typ
 
 
 class Running:
-    def __init__(self, node: Node, recheck: float, config_path: str | None = None) -> None:
+    def __init__(self, node: Node, recheck: float) -> None:
         self.installer = Installer(node.settings, pod_name="agent-1", pod_namespace="istio-system")
-        self.watcher = InstallWatcher(
-            self.installer, config_path=config_path, timing=WatchTiming(recheck_seconds=recheck)
-        )
+        self.watcher = InstallWatcher(self.installer, timing=WatchTiming(recheck_seconds=recheck))
         self.node = node
 
     def has_entry(self, name: str) -> bool:
@@ -49,8 +45,8 @@ class Running:
 def running(node: Node) -> Iterator[Callable[..., Running]]:
     started: list[Running] = []
 
-    def start(recheck: float = 60.0, config_path: str | None = None) -> Running:
-        r = Running(node, recheck, config_path)
+    def start(recheck: float = 60.0) -> Running:
+        r = Running(node, recheck)
         r.watcher.start()
         started.append(r)
         return r
@@ -235,19 +231,6 @@ def test_hold_off_past_the_threshold_and_none_after_a_quiet_minute() -> None:
     assert tracker.hold_off() == 0.0
 
 
-def test_config_file_change_rewrites_entry(node: Node, running: Callable[..., Running]) -> None:
-    (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
-    config_path = node.write_config_yaml()
-    node.settings = load_settings(str(config_path))
-    r = running(config_path=str(config_path))
-    assert wait_for(r.watcher.ready)
-    data = yaml.safe_load(config_path.read_text())
-    config_path.write_text(yaml.safe_dump({**data, "excludeNamespaces": ["only-this"]}))
-    assert wait_for(
-        lambda: node.conf("10-net.conflist")["plugins"][-1]["exclude_namespaces"] == ["only-this"]
-    )
-
-
 def test_rearms_when_conf_dir_replaced(node: Node, running: Callable[..., Running]) -> None:
     (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
     # The periodic recheck is far away: only a re-armed watch can heal within the timeout.
@@ -291,30 +274,6 @@ def test_waiting_is_logged_at_a_steady_interval(
     assert 2 <= len(lines) <= 4
     assert str(node.conf_dir) in lines[0].getMessage()
     assert not watcher.ready()
-
-
-def test_configmap_style_config_change_rewrites_entry(
-    node: Node, running: Callable[..., Running]
-) -> None:
-    """A ConfigMap volume: config.yaml -> ..data/config.yaml, ..data -> ..<timestamp> swapped."""
-    (node.conf_dir / "10-net.conflist").write_text(json.dumps(LIST))
-    plain = node.write_config_yaml()
-    mount = node.root / "etc-istio-cni"
-    (mount / "..v1").mkdir(parents=True)
-    (mount / "..v1" / "config.yaml").write_text(plain.read_text())
-    (mount / "..data").symlink_to("..v1")
-    (mount / "config.yaml").symlink_to("..data/config.yaml")
-    node.settings = load_settings(str(mount / "config.yaml"))
-    r = running(config_path=str(mount / "config.yaml"))
-    assert wait_for(r.watcher.ready)
-    data = yaml.safe_load(plain.read_text())
-    (mount / "..v2").mkdir()
-    (mount / "..v2" / "config.yaml").write_text(yaml.safe_dump({**data, "logLevel": "debug"}))
-    (mount / "..data_tmp").symlink_to("..v2")
-    os.rename(mount / "..data_tmp", mount / "..data")
-    assert wait_for(
-        lambda: node.conf("10-net.conflist")["plugins"][-1]["plugin_log_level"] == "debug"
-    )
 
 
 def _no_inotify(*args: object, **kwargs: object) -> Iterator[set[tuple[object, str]]]:

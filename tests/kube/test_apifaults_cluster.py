@@ -4,6 +4,7 @@ events as they happen); each fault does on the wire what it says."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import socket
@@ -95,9 +96,17 @@ def proxy(control_plane: ControlPlane, tmp_path: Path) -> Iterator[ApiFaultProxy
         yield made
 
 
-def connect(proxy: ApiFaultProxy, control_plane: ControlPlane, timeout: float = 5.0) -> Any:
+@contextlib.contextmanager
+def connected(
+    proxy: ApiFaultProxy, control_plane: ControlPlane, timeout: float = 5.0
+) -> Iterator[Any]:
+    """One connection to the proxy, closed whatever the test does with it."""
     tls = ssl.create_default_context(cafile=str(control_plane.ca_file))
-    return http.client.HTTPSConnection(proxy.address, proxy.port, timeout=timeout, context=tls)
+    conn = http.client.HTTPSConnection(proxy.address, proxy.port, timeout=timeout, context=tls)
+    try:
+        yield conn
+    finally:
+        conn.close()
 
 
 def get(conn: Any, path: str, token: str) -> tuple[int, dict[str, str], Any]:
@@ -109,8 +118,7 @@ def get(conn: Any, path: str, token: str) -> tuple[int, dict[str, str], Any]:
 def test_transparent_without_a_fault(
     proxy: ApiFaultProxy, control_plane: ControlPlane, reader: Identity, kube_core: Any
 ) -> None:
-    conn = connect(proxy, control_plane)
-    try:
+    with connected(proxy, control_plane) as conn:
         status, _, body = get(conn, "/api/v1/namespaces", reader.token)
         assert status == 200 and body["kind"] == "NamespaceList", body["message"]
         # The same connection again (keep-alive), as the caller: its RBAC, not the proxy's.
@@ -118,8 +126,6 @@ def test_transparent_without_a_fault(
         assert status == 403 and READER in body["message"], body
         status, _, _ = get(conn, "/api/v1/namespaces", "not-a-token")
         assert status == 401
-    finally:
-        conn.close()
     assert [r.target for r in proxy.requests][:2] == [
         "/api/v1/namespaces",
         "/api/v1/namespaces/default/secrets",
@@ -130,39 +136,39 @@ def test_a_watch_streams_through(
     proxy: ApiFaultProxy, control_plane: ControlPlane, reader: Identity, kube_core: Any
 ) -> None:
     name = f"streamed-{uuid.uuid4().hex[:8]}"
-    conn = connect(proxy, control_plane, timeout=20)
     lines: list[dict[str, Any]] = []
     try:
-        # From the watch cache (resourceVersion 0), as the agent's caches watch: a watch "from
-        # now" waits for this test bed's etcd (no progress notifications) and may time out.
-        conn.request(
-            "GET",
-            "/api/v1/namespaces?watch=true&resourceVersion=0&timeoutSeconds=15",
-            headers={"Authorization": f"Bearer {reader.token}"},
-        )
-        resp = conn.getresponse()
-        assert resp.status == 200
+        with connected(proxy, control_plane, timeout=20) as conn:
+            # From the watch cache (resourceVersion 0), as the agent's caches watch: a watch
+            # "from now" waits for this test bed's etcd (no progress notifications) and may
+            # time out.
+            conn.request(
+                "GET",
+                "/api/v1/namespaces?watch=true&resourceVersion=0&timeoutSeconds=15",
+                headers={"Authorization": f"Bearer {reader.token}"},
+            )
+            resp = conn.getresponse()
+            assert resp.status == 200
 
-        def create_later() -> None:
-            time.sleep(1)
-            kube_core.create_namespace({"metadata": {"name": name}})
+            def create_later() -> None:
+                time.sleep(1)
+                kube_core.create_namespace({"metadata": {"name": name}})
 
-        creator = threading.Thread(target=create_later)
-        creator.start()
-        began = time.monotonic()
-        while time.monotonic() - began < 15:
-            line = resp.readline()
-            if not line:
-                break
-            if line.strip():
-                event = json.loads(line)
-                lines.append(event)
-                assert event["type"] in ("ADDED", "MODIFIED"), event["object"].get("message")
-                if event["object"]["metadata"]["name"] == name:
+            creator = threading.Thread(target=create_later)
+            creator.start()
+            began = time.monotonic()
+            while time.monotonic() - began < 15:
+                line = resp.readline()
+                if not line:
                     break
-        creator.join()
+                if line.strip():
+                    event = json.loads(line)
+                    lines.append(event)
+                    assert event["type"] in ("ADDED", "MODIFIED"), event["object"].get("message")
+                    if event["object"]["metadata"]["name"] == name:
+                        break
+            creator.join()
     finally:
-        conn.close()
         kube_core.delete_namespace(name)
     assert any(e["object"]["metadata"]["name"] == name for e in lines), lines[-3:]
 
@@ -171,67 +177,53 @@ def test_a_status_fault_answers_with_retry_after(
     proxy: ApiFaultProxy, control_plane: ControlPlane, reader: Identity
 ) -> None:
     proxy.set_fault(Fault("status", code=429, retry_after=7))
-    conn = connect(proxy, control_plane)
-    try:
+    with connected(proxy, control_plane) as conn:
         status, headers, body = get(conn, "/api/v1/namespaces", reader.token)
         assert (status, headers.get("Retry-After"), body["reason"]) == (429, "7", "TooManyRequests")
         proxy.clear()
         status, _, _ = get(conn, "/api/v1/namespaces", reader.token)  # same connection
         assert status == 200
-    finally:
-        conn.close()
 
 
 def test_a_reset_fault_resets_open_and_new_connections(
     proxy: ApiFaultProxy, control_plane: ControlPlane, reader: Identity
 ) -> None:
-    conn = connect(proxy, control_plane)
-    try:
+    with connected(proxy, control_plane) as conn:
         assert get(conn, "/api/v1/namespaces", reader.token)[0] == 200
         proxy.set_fault(Fault("reset"))
         with pytest.raises((ConnectionError, OSError)):
             get(conn, "/api/v1/namespaces", reader.token)
-    finally:
-        conn.close()
-    fresh = connect(proxy, control_plane)
-    try:
-        with pytest.raises((ConnectionError, OSError, ssl.SSLError)):
-            get(fresh, "/api/v1/namespaces", reader.token)
-    finally:
-        fresh.close()
+    with (
+        connected(proxy, control_plane) as fresh,
+        pytest.raises((ConnectionError, OSError, ssl.SSLError)),
+    ):
+        get(fresh, "/api/v1/namespaces", reader.token)
 
 
 def test_silence_holds_until_the_callers_timeout(
     proxy: ApiFaultProxy, control_plane: ControlPlane, reader: Identity
 ) -> None:
     proxy.set_fault(Fault("silence"))
-    conn = connect(proxy, control_plane, timeout=1.0)
     began = time.monotonic()
-    try:
-        with pytest.raises((socket.timeout, TimeoutError)):
-            get(conn, "/api/v1/namespaces", reader.token)
-    finally:
-        conn.close()
+    with (
+        connected(proxy, control_plane, timeout=1.0) as conn,
+        pytest.raises((socket.timeout, TimeoutError)),
+    ):
+        get(conn, "/api/v1/namespaces", reader.token)
     assert time.monotonic() - began >= 0.9
     proxy.clear()
-    conn = connect(proxy, control_plane)
-    try:
+    with connected(proxy, control_plane) as conn:
         assert get(conn, "/api/v1/namespaces", reader.token)[0] == 200
-    finally:
-        conn.close()
 
 
 def test_gone_on_resume_answers_only_watches_from_a_version(
     proxy: ApiFaultProxy, control_plane: ControlPlane, reader: Identity
 ) -> None:
     proxy.set_fault(Fault("gone_on_resume"))
-    conn = connect(proxy, control_plane)
-    try:
+    with connected(proxy, control_plane) as conn:
         status, _, body = get(conn, "/api/v1/namespaces", reader.token)
         assert status == 200
         version = body["metadata"]["resourceVersion"]
         path = f"/api/v1/namespaces?watch=true&resourceVersion={version}&timeoutSeconds=1"
         status, _, body = get(conn, path, reader.token)
         assert (status, body["code"]) == (410, 410)
-    finally:
-        conn.close()

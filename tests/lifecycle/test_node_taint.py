@@ -259,7 +259,6 @@ def test_service_exists_only_when_enabled(enabled: bool, tmp_path: Any) -> None:
     services = build_services(
         settings,
         installer,
-        config_path=str(tmp_path / "c.yaml"),
         node_name="node-1",
         clients=_clients(),
     ).services
