@@ -44,7 +44,9 @@ WATCH_IDLE_SECONDS = 130.0
 timeout + slack): the API server sends a bookmark about every 60 s on a watch that asked for
 them, so two missed bookmarks and 10 s of slack mean the server or the path to it is gone,
 noticed in about 2 minutes, not after the watch's 4-8 minutes. A server that sent no bookmark
-costs a watch resumed from its last version every ~2 minutes, which is cheap."""
+costs a watch resumed from its last version every ~2 minutes, which is cheap: a quiet watch is
+how a quiet cluster looks to a server that sends none (kube-apiserver sends them only when its
+watch cache moves on), so that resumption is routine, neither a failure nor backed off."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,11 @@ def call(fn: Callable[..., Any], *args: Any, timeout: Timeout, raw: bool = True,
         status = getattr(e, "status", None)
         kind = _BY_STATUS.get(status or 0, KubeApiError)
         raise kind(e, status, getattr(e, "reason", None), answered=True) from e
+
+
+def is_read_timeout(error: BaseException) -> bool:
+    """The read timeout of a streaming response (a watch): nothing came for that long."""
+    return isinstance(error, urllib3.exceptions.ReadTimeoutError)
 
 
 def _is_answer(error: Exception) -> bool:

@@ -344,10 +344,20 @@ class ListWatchCache:
             self._response = response
         started, version, self._seen_version = time.monotonic(), resource_version, resource_version
         try:
-            for line in watch_stream.events(response):
-                self._loop.beat()
-                event = watch_stream.decode(line, self.reading)
-                version = self._seen_version = self.apply_event(event, version)
+            try:
+                for line in watch_stream.events(response):
+                    self._loop.beat()
+                    event = watch_stream.decode(line, self.reading)
+                    version = self._seen_version = self.apply_event(event, version)
+            except Exception as e:
+                if not api.is_read_timeout(e):
+                    raise
+                # Silent past its idle read timeout: resumed at once from where it was, since
+                # a quiet cluster's watch looks the same (api.WATCH_IDLE_SECONDS). A server
+                # that is gone fails the next watch's connect or request, which backs off.
+                fields = {"node": self._node, "version": version}
+                log.debug("%s watch quiet; resuming", self.kind, extra={"fields": fields})
+                return version
             if version == resource_version:
                 watch_stream.check_not_short(started)
             self._metrics.heard(self.kind)  # the server ended the watch: still in touch

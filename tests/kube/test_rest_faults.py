@@ -124,6 +124,35 @@ def test_a_silent_watch_is_noticed_and_resumed(
         cache.stop()
 
 
+def test_a_quiet_watch_is_resumed_at_once_without_a_warning(
+    fake_api: FakeApiServer, fake_api_clients: KubeClients, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server that sends no bookmark on a quiet watch (kube-apiserver while its watch cache
+    does not move on): each watch goes silent until its idle read timeout. That is a quiet
+    cluster, not a fault: the watch resumes from the same version, with no warning, no back-off
+    and no list."""
+
+    def route(request: Request) -> Reply:
+        if request.query.get("watch") != "true":
+            return Reply(body={"metadata": {"resourceVersion": "100"}, "items": []})
+        return Reply(events=[], then="silent")
+
+    fake_api.route = route
+    cache = PodCache(fake_api_clients.core, "node-1", timeouts=api.Timeouts(watch_idle_seconds=0.5))
+    with caplog.at_level(logging.DEBUG, logger="agent.pods.cache"):
+        cache.start()
+        try:
+            wait_for(lambda: len(fake_api.seen(watch="true")) >= 4, "four watches", timeout=10)
+        finally:
+            cache.stop()
+    asked = [r.query["resourceVersion"] for r in fake_api.seen(watch="true")]
+    assert set(asked) == {"100"}, asked
+    assert cache.relists == 1
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not warned, warned
+    assert any("watch quiet; resuming" in r.getMessage() for r in caplog.records)
+
+
 def test_sockets_send_keepalives(fake_api: FakeApiServer, fake_api_clients: KubeClients) -> None:
     fake_api.route = lambda request: Reply(body=a_pod())
     api.get_json(fake_api_clients.core.read_namespaced_pod, "web", "app", timeout=5.0)
