@@ -94,9 +94,7 @@ def one_run(
     node_dir = workdir / f"agent-{secrets.token_hex(3)}"
     node_dir.mkdir()
     node = make_node(node_dir)
-    (node.conf_dir / "10-net.conflist").write_text(
-        json.dumps({"cniVersion": "0.4.0", "name": "net", "plugins": [{"type": "ptp"}]})
-    )
+    node.write_primary({"cniVersion": "0.4.0", "name": "net", "plugins": [{"type": "ptp"}]})
     run_dir = Path("/tmp") / f"agentstart-{secrets.token_hex(4)}"  # socket paths stay short
     config = node.write_config_yaml(
         metricsAddress=network.node_ip,
