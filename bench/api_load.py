@@ -1,6 +1,7 @@
 """What a cluster of N nodes' agents costs the API server, by simulation: N agents' own pod and
-namespace caches (agent/pods: the real list + watch code, one per simulated node, in one process
-over one shared client) against the test bed's kube-apiserver, the cluster's pods and namespaces
+namespace caches (agent/pods: the real list + watch code, one per simulated node, in one process;
+each node its own agent.kube client, as each agent has its own connection pool and rate limit)
+against the test bed's kube-apiserver, the cluster's pods and namespaces
 created through the API (testbed/apiload.py; no kubelet runs them).
 
 For each N (cumulative: the cluster grows between steps):
@@ -191,14 +192,18 @@ class AuditCounter:
         return counts
 
 
-def start_caches(core: Any, nodes: int, speedup: float, rate: float) -> list[Any]:
-    """Every node's pod and namespace caches, `rate` nodes a second (0: all at once)."""
+def start_caches(
+    kubeconfig: Path, clients: list[Any], nodes: int, speedup: float, rate: float
+) -> list[Any]:
+    """Every node's pod and namespace caches, `rate` nodes a second (0: all at once), each
+    node's two over a client of its own (made here, kept in `clients` to be closed)."""
     caches: list[Any] = []
     for i in range(nodes):
+        clients.append(build_clients({"KUBECONFIG": str(kubeconfig)}))
         for kind in (PodCache, NamespaceCache):
             caches.append(
                 kind(
-                    core,
+                    clients[-1].core,
                     node_name(i),
                     resync_seconds=None if RESYNC_SECONDS is None else RESYNC_SECONDS / speedup,
                     watch_timeout_seconds=max(1, int(WATCH_TIMEOUT_SECONDS / speedup)),
@@ -243,7 +248,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         etcd_fsync=False,
     )
     caches: list[Any] = []
-    clients = None
+    clients: list[Any] = []
     threading.stack_size(512 * 1024)  # thousands of cache threads: their stacks stay small
     failures = FailureCount()
     logging.getLogger("agent.pods.cache").addHandler(failures)
@@ -256,12 +261,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for i in range(POD_HOLDERS):
             apiload.wait_service_account(plane, apiload.namespace_name(i))
         print(f"{args.namespaces} namespaces in {time.monotonic() - began:.1f} s", file=sys.stderr)
-        clients = build_clients({"KUBECONFIG": str(plane.kubeconfig)})
         loaded_nodes = 0
         for nodes in args.nodes:
             for cache in caches:  # each step starts its N nodes' agents afresh, all at once
                 cache.stop()
-            caches = []
+            for client in clients:
+                client.close()
+            caches, clients = [], []
             seconds = load_pods(plane, loaded_nodes, nodes, args.pods_per_node)
             print(f"{nodes} nodes: pods loaded in {seconds:.1f} s", file=sys.stderr)
             loaded_nodes = nodes
@@ -271,7 +277,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             cpu0, list0 = apiserver.cpu_seconds(), apiserver.list_bytes()
             failures.counts.clear()
             started = time.monotonic()
-            caches = start_caches(clients.core, nodes, args.speedup, args.start_rate)
+            caches = start_caches(plane.kubeconfig, clients, nodes, args.speedup, args.start_rate)
             wait_ready(caches, 1200)
             start_seconds = time.monotonic() - started
             start_failures = dict(failures.counts)
@@ -311,8 +317,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         for cache in caches:
             cache.stop()
-        if clients is not None:
-            clients.close()
+        for client in clients:
+            client.close()
         plane.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     return {"steps": [asdict(s) for s in steps], **extrapolate(steps, args.extrapolate)}
