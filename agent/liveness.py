@@ -50,8 +50,9 @@ LOOP_FAILURES = Counter(
 
 LOOP_HANGS = Counter(
     "istio_cni_loop_hangs",
-    "Long-running loops of the agent found silent past their heartbeat's bound (blocked, not "
-    "ended), by loop, once per silence: the agent's /healthz fails while one is.",
+    "Long-running loops of the agent found silent past their heartbeat's bound, or worker pools "
+    "with a request running past theirs (blocked, not ended), by loop, once per silence: the "
+    "agent's /healthz fails while one is.",
     ["loop"],
 )
 
