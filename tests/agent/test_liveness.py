@@ -67,7 +67,12 @@ def test_a_pool_is_judged_by_its_oldest_item_in_flight_never_by_idleness() -> No
     clock.now += 100.0  # idle for ten bounds: no item, nothing stuck
     assert liveness.failing() == []
     pool.begin()  # this thread's item
-    other = threading.Thread(target=lambda: (clock.__setattr__("now", clock.now + 6), pool.begin()))
+
+    def later_item() -> None:
+        clock.now += 6.0
+        pool.begin()
+
+    other = threading.Thread(target=later_item)
     other.start()
     other.join()  # another worker's item, begun 6 s later and left running
     clock.now += 3.0
