@@ -17,6 +17,13 @@ read may stay silent 130 s, so the caches' bound is above that). A heart not sta
 bound fails /healthz as an ended loop does, naming the loop and how long it has been silent;
 it is logged and counted in `istio_cni_loop_hangs_total{loop}` once per silence, and clears
 if the loop turns again. A loop being stopped, or ended, has no heartbeat to judge.
+
+A pool of workers has no turns to stamp: an idle worker waits on the pool's queue, which is no
+hang, and a busy pool takes items all the time even while one of its workers is stuck. Its
+`Pool` is judged by the items in flight instead: each worker notes when its item began and that
+it ended (one clock read and a dict store, no lock: the pool's hot path stays as cheap); one item
+running past the pool's bound (the timeouts of what an item does) fails /healthz as a silent
+heart does, naming the pool, and is logged and counted the same way; an idle pool never is.
 """
 
 from __future__ import annotations
@@ -25,10 +32,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 from prometheus_client import Counter
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 LOOP_FAILURES = Counter(
     "istio_cni_loop_failures",
@@ -39,30 +50,83 @@ LOOP_FAILURES = Counter(
 
 LOOP_HANGS = Counter(
     "istio_cni_loop_hangs",
-    "Long-running loops of the agent found silent past their heartbeat's bound (blocked, not "
-    "ended), by loop, once per silence: the agent's /healthz fails while one is.",
+    "Long-running loops of the agent found silent past their heartbeat's bound, or worker pools "
+    "with a request running past theirs (blocked, not ended), by loop, once per silence: the "
+    "agent's /healthz fails while one is.",
     ["loop"],
 )
 
 
-class Heart:
-    """One loop's heartbeat: `beat()` each turn; `quiet()` once the loop stops or ends."""
+class _Judged:
+    """What Liveness judges: a loop (or pool) named `loop` and how long it has been stuck."""
 
     def __init__(self, owner: Liveness, loop: str, bound: float) -> None:
         self.loop = loop
         self.bound = bound
-        """Seconds without a beat after which the loop counts as hung."""
+        """Seconds stuck after which the loop counts as hung."""
         self._owner = owner
-        self.last = owner.clock()
         self.hung = False
         """Already reported for the current silence."""
 
-    def beat(self) -> None:
-        self.last = self._owner.clock()
+    def stuck_for(self, now: float) -> float:
+        """Seconds the loop has made no progress (0 or less: it has just now)."""
+        raise NotImplementedError
+
+    def why(self, silent: float) -> str:
+        raise NotImplementedError
 
     def quiet(self) -> None:
         """No longer judged (stopped or ended: an unexpected end is `ended`'s)."""
         self._owner.forget(self)
+
+
+class Heart(_Judged):
+    """One loop's heartbeat: `beat()` each turn; `quiet()` once the loop stops or ends."""
+
+    def __init__(self, owner: Liveness, loop: str, bound: float) -> None:
+        super().__init__(owner, loop, bound)
+        self.last = owner.clock()
+
+    def beat(self) -> None:
+        self.last = self._owner.clock()
+
+    def stuck_for(self, now: float) -> float:
+        return now - self.last
+
+    def why(self, silent: float) -> str:
+        return f"no turn for {silent:.0f} s (bound {self.bound:g} s)"
+
+
+class Pool(_Judged):
+    """A worker pool's items in flight: each worker calls `begin()` as it takes an item and
+    `end()` once done with it (in a `finally`); judged by its oldest item, never by idleness."""
+
+    def __init__(self, owner: Liveness, loop: str, bound: float) -> None:
+        super().__init__(owner, loop, bound)
+        self._clock = owner.clock
+        # Worker thread -> when its item began. Each worker writes only its own key, and a
+        # dict's store, pop and copy are atomic (the GIL): no lock on the workers' path.
+        self._began: dict[int, float] = {}
+
+    def begin(self) -> None:
+        self._began[threading.get_ident()] = self._clock()
+
+    def end(self) -> None:
+        self._began.pop(threading.get_ident(), None)
+
+    def timed(self, work: Callable[[T], R], item: T) -> R:
+        """`work(item)` as one item of the pool: begun, and ended however it ends."""
+        self.begin()
+        try:
+            return work(item)
+        finally:
+            self.end()
+
+    def stuck_for(self, now: float) -> float:
+        return now - min(self._began.copy().values(), default=now)
+
+    def why(self, silent: float) -> str:
+        return f"one item running for {silent:.0f} s (bound {self.bound:g} s)"
 
 
 class Liveness:
@@ -73,7 +137,7 @@ class Liveness:
         self.clock = clock
         self._lock = threading.Lock()
         self._ended: dict[str, str] = {}
-        self._hearts: list[Heart] = []
+        self._hearts: list[_Judged] = []
 
     def heart(self, loop: str, bound: float) -> Heart:
         """A heartbeat for `loop`, judged from now on (stamped now)."""
@@ -82,7 +146,15 @@ class Liveness:
             self._hearts.append(heart)
         return heart
 
-    def forget(self, heart: Heart) -> None:
+    def pool(self, loop: str, bound: float) -> Pool:
+        """The items in flight of the worker pool `loop`, judged from now on; `bound`: the
+        longest one item may run."""
+        pool = Pool(self, loop, bound)
+        with self._lock:
+            self._hearts.append(pool)
+        return pool
+
+    def forget(self, heart: _Judged) -> None:
         with self._lock:
             if heart in self._hearts:
                 self._hearts.remove(heart)
@@ -99,30 +171,32 @@ class Liveness:
 
     def failing(self) -> list[tuple[str, str]]:
         """(loop, why) of each loop that ended unexpectedly, then of each whose heartbeat is
-        older than its bound; empty while all run and turn."""
+        older than its bound, or whose pool has an item running past it; empty while all run
+        and turn."""
         now = self.clock()
         with self._lock:
             failing = list(self._ended.items())
             hearts = list(self._hearts)
         for heart in hearts:
-            silent = now - heart.last
+            silent = heart.stuck_for(now)
             if silent <= heart.bound:
                 heart.hung = False
                 continue
-            failing.append((heart.loop, f"no turn for {silent:.0f} s (bound {heart.bound:g} s)"))
+            failing.append((heart.loop, heart.why(silent)))
             if not heart.hung:
                 heart.hung = True
                 self._hung(heart, silent)
         return failing
 
     @staticmethod
-    def _hung(heart: Heart, silent: float) -> None:
+    def _hung(heart: _Judged, silent: float) -> None:
         LOOP_HANGS.labels(loop=heart.loop).inc()
         log.error(
-            "essential loop hung: no turn within its bound; the agent is no longer live",
+            "essential loop hung: stuck past its bound; the agent is no longer live",
             extra={
                 "fields": {
                     "loop": heart.loop,
+                    "why": heart.why(silent),
                     "silentSeconds": round(silent, 1),
                     "boundSeconds": heart.bound,
                 }

@@ -141,9 +141,8 @@ def node_services(
         settings, watcher, redirector, node_name=node_name, core=clients.core
     )
     states = PodStates()  # what each ADD and repair did, for `istio-cni-agent status`
-    events = EventRecorder(
-        clients.core, node_name=node_name, timeouts=api.Timeouts(settings.kubeApi)
-    )
+    timeouts = api.Timeouts(settings.kubeApi)
+    events = EventRecorder(clients.core, node_name=node_name, timeouts=timeouts)
     watcher.on_conflict = conflict_events(events, AgentPod.from_env())
     pods = PodService(
         settings,
@@ -156,6 +155,7 @@ def node_services(
         on_add_netns=readiness.netns_dir.saw_add,
         states=states,
         events=events,
+        ztunnel_seconds=ambient.ztunnel.request_timeout if ambient else 0.0,
     )
     built = Services([events, pods])
     readiness.watch_pods(pods)

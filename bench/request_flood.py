@@ -18,6 +18,10 @@ from /proc) per second of the phase, and what the flood was answered.
 
     .venv/bin/python -m bench.request_flood --loopback [--seconds 10]
 
+With `--go [--senders K]` either flood comes from testbed/attacks_go (built by ci/setup-testbed),
+the same rounds from K concurrent senders of one Go process: a faster flood than one Python
+process sends on a small machine.
+
 No root, no test bed: the agent's HTTP server alone (agent.http_server, as the agent builds it)
 in a child process on loopback, with its request budget and without (`rates=None`), flooded the
 same way from 127.0.0.1 while a prober GETs /healthz every 0.2 s from 127.0.0.2 (the node's own
@@ -38,6 +42,7 @@ import threading
 import time
 from pathlib import Path
 
+from testbed import parts
 from testbed.flood import Flood
 from testbed.netns_agent import NetnsAgentBed, Phase
 
@@ -93,6 +98,15 @@ def probe_loop(port: int, stop: threading.Event, took: list[float], failed: list
         stop.wait(0.2)
 
 
+def flood(targets: list[str], opts: argparse.Namespace) -> Flood:
+    """testbed/attacks.py's pipelined flood on `targets`, or testbed/attacks_go's (`--go`)."""
+    how = [*targets, "--pipelined", str(opts.pipelined), "--pause", str(opts.pause)]
+    if opts.go:
+        program = parts.attacks_go().require()
+        return Flood([*how, "--senders", str(opts.senders)], program=program)
+    return Flood(how, module="testbed.attacks")
+
+
 def loopback(case: str, opts: argparse.Namespace) -> str:
     child = subprocess.Popen(
         [sys.executable, "-c", SERVE, case], stdin=subprocess.PIPE, stdout=subprocess.PIPE
@@ -101,9 +115,8 @@ def loopback(case: str, opts: argparse.Namespace) -> str:
     port = int(child.stdout.readline())
     stop, took, failed = threading.Event(), [], []  # type: ignore[var-annotated]
     prober = threading.Thread(target=probe_loop, args=(port, stop, took, failed))
-    how = ["--pipelined", str(opts.pipelined), "--pause", str(opts.pause)]
     try:
-        with Flood(["--target", f"tcp:127.0.0.1:{port}", *how], module="testbed.attacks") as f:
+        with flood(["--target", f"tcp:127.0.0.1:{port}"], opts) as f:
             prober.start()
             cpu, began = cpu_seconds(child.pid), time.monotonic()
             time.sleep(opts.seconds)
@@ -131,6 +144,8 @@ def main() -> int:
     parser.add_argument("--pipelined", type=int, default=400)
     parser.add_argument("--pause", type=float, default=0.05)
     parser.add_argument("--pod-socket", action="store_true")
+    parser.add_argument("--go", action="store_true")
+    parser.add_argument("--senders", type=int, default=2)
     opts = parser.parse_args()
     if opts.loopback:
         print(
@@ -157,8 +172,7 @@ def main() -> int:
         if opts.pod_socket:
             targets += ["--target", f"unix:{bed.pod_socket}"]
         print(row("quiet", *timed(bed, opts.adds), ""), flush=True)
-        how = ["--pipelined", str(opts.pipelined), "--pause", str(opts.pause)]
-        with Flood([*targets, *how], module="testbed.attacks") as attacker:
+        with flood(targets, opts) as attacker:
             began = time.monotonic()
             phase, cpu = timed(bed, opts.adds)
             report = attacker.stop()

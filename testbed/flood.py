@@ -229,17 +229,24 @@ class Flood:
     tried; stop() ends it and returns its report."""
 
     def __init__(
-        self, args: list[str], *, duration: float = 120.0, module: str = "testbed.flood"
+        self,
+        args: list[str],
+        *,
+        duration: float = 120.0,
+        module: str = "testbed.flood",
+        program: Path | None = None,
     ) -> None:
+        """`program`: a binary speaking the same way (testbed/attacks_go), run instead."""
         self.args = [*args, "--duration", str(duration)]
-        self.module = module
+        self.module = module if program is None else program.name
+        self._argv = [sys.executable, "-m", module] if program is None else [str(program)]
         self.ready: dict[str, object] = {}
         self._proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> Flood:
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", self.module, *self.args],
+            [*self._argv, *self.args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,

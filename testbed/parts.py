@@ -134,6 +134,14 @@ def libcni_oracle() -> Part:
     return Part("libcni-oracle", path, SETUP_TESTBED)
 
 
+def attacks_go() -> Part:
+    """testbed/attacks_go/main.go: testbed/attacks.py's pipelined flood from a Go process
+    (bench/request_flood.py --go). Keyed by its source, as ci/setup-testbed keys it."""
+    digest = hashlib.sha256((REPO_ROOT / "testbed" / "attacks_go" / "main.go").read_bytes())
+    path = cache_dir() / "attacks-go" / digest.hexdigest()[:12] / "attacks-go"
+    return Part("attacks-go", path, SETUP_TESTBED)
+
+
 RELEASE_TOOLS = {
     "actionlint": "github.com/rhysd/actionlint",
     "cosign": "github.com/sigstore/cosign/v2",

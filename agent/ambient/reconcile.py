@@ -13,7 +13,7 @@ ztunnel already had.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -95,18 +95,27 @@ class StartupReconcile:
         raise NotImplementedError
 
     def reconcile(
-        self, pods: Sequence[Mapping[str, Any]], *, reapply_rules: bool
+        self,
+        pods: Sequence[Mapping[str, Any]],
+        *,
+        reapply_rules: bool,
+        beat: Callable[[], None] = lambda: None,
     ) -> ReconcileReport:
         """Istio's ConstructInitialSnapshot, from what the node shows: each candidate's netns is
         found by its identity, and a pod is enrolled (in ztunnel's first snapshot, its IPs in the
         host probe set) when that netns holds our in-pod rules; with `reapply_rules`
         (reconcileIptablesOnStartup) rules that differ are written again. Candidates are the pods
-        claimed enrolled and those the selectors enroll: a claim alone enrolls nothing."""
+        claimed enrolled and those the selectors enroll: a claim alone enrolls nothing.
+        `beat` is called before each step (the caller's liveness heartbeat): the host rules, the
+        netns scan, each pod, the host probe set."""
         report = ReconcileReport()
+        beat()
         self._host.ensure()
+        beat()
         found = self._find_netns(pods) if pods else {}
         enrolled: list[Mapping[str, Any]] = []
         for pod in pods:  # each on its own: one pod's failure leaves the others' start-up alone
+            beat()
             uid = str(meta_of(pod).get("uid", ""))
             try:
                 if self._reconcile_one(pod, found.get(uid), report):
@@ -120,6 +129,7 @@ class StartupReconcile:
                     exc_info=e,
                     extra={"fields": {"pod": ref_of(pod)}},
                 )
+        beat()
         self._sync_host(enrolled)
         log.info(
             "ambient reconcile on start-up",

@@ -8,7 +8,10 @@ Server.Start / Stop):
     uninstall: also the node-side probe rules and address set (Istio's Stop without skipCleanup)
 
 Start-up runs in its own thread: the caches may take a while, and the other services (the CNI
-server among them) must not wait for it; readiness waits for it instead.
+server among them) must not wait for it; readiness waits for it instead. It has a heartbeat
+(agent.liveness, `ambient-start`): beaten at each wait for the caches and at each step of the
+reconcile (one pod, the netns scan, the host rules), so a start-up busy with many pods stays
+live while one stuck in a step past START_HEARTBEAT fails /healthz naming it.
 """
 
 from __future__ import annotations
@@ -32,8 +35,18 @@ from agent.ambient.mesh import (
 from agent.ambient.watch import AmbientWatch
 from agent.background import BackgroundLoop
 from agent.config import AmbientSettings
+from agent.liveness import LIVENESS, Liveness
+from agent.netns import COMMAND_TIMEOUT_SECONDS
 
 log = logging.getLogger(__name__)
+
+STEP_PROGRAMS = 16
+"""The most programs one reconcile step runs one after another: a pod's rules read (the rule
+tables and `ip rule`/`ip route` for each family) and, with reconcileIptablesOnStartup, read again
+and written (agent.ambient.reconcile); the host rules' steps run fewer."""
+START_HEARTBEAT = STEP_PROGRAMS * COMMAND_TIMEOUT_SECONDS + 60.0
+"""The start-up task's heartbeat bound: one step's programs, each within its timeout, and a
+minute for the rest (a netns scan of the node's processes, the caches' reads)."""
 
 
 class AmbientService:
@@ -50,9 +63,12 @@ class AmbientService:
         watch: AmbientWatch,
         start_pod_cache: bool = False,
         exclude_namespaces: Collection[str] = (),
+        liveness: Liveness = LIVENESS,
+        heartbeat: float = START_HEARTBEAT,
     ) -> None:
         """`pods` is the node's pod cache (started by the pod service unless
-        `start_pod_cache`); `namespaces` the namespace cache, started here."""
+        `start_pod_cache`); `namespaces` the namespace cache, started here; `liveness`: where
+        the start-up task is judged, `heartbeat` its bound."""
         self._settings = settings
         self._pods = pods
         self._namespaces = namespaces
@@ -62,7 +78,13 @@ class AmbientService:
         self._start_pod_cache = start_pod_cache
         self._exclude = tuple(exclude_namespaces)
         self._started = threading.Event()
-        self._loop = BackgroundLoop("ambient-start", self._start_up, one_shot=True)
+        self._loop = BackgroundLoop(
+            "ambient-start",
+            self._start_up,
+            one_shot=True,
+            liveness=liveness,
+            heartbeat=heartbeat,
+        )
         self.reconciled: ReconcileReport | None = None
         pods.add_listener(watch.on_pod)
         namespaces.add_listener(watch.on_namespace)
@@ -82,7 +104,9 @@ class AmbientService:
         candidates = [p for p in self._pods.list_pods() if self._checked_candidate(p)]
         try:
             self.reconciled = self.mesh.reconcile(
-                candidates, reapply_rules=self._settings.reconcileIptablesOnStartup
+                candidates,
+                reapply_rules=self._settings.reconcileIptablesOnStartup,
+                beat=self._loop.beat,
             )
         except Exception:  # Istio goes on: pods are re-examined by the watch
             log.exception("ambient reconcile on start-up failed")
@@ -126,8 +150,10 @@ class AmbientService:
 
     def _wait_for(self, ready: Callable[[], bool]) -> bool:
         while not ready():
+            self._loop.beat()
             if self._loop.stopping.wait(0.1):
                 return False
+        self._loop.beat()
         return True
 
     def stop(self) -> None:

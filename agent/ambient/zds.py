@@ -19,6 +19,11 @@ snapshot, then each new pod (AddWorkload, netns as SCM_RIGHTS) and each removal 
   connection that has not is not a working ztunnel), and when every one has, the newcomer is.
   Accepts are not paced, so the backlog stays free for ztunnel. A peer that is neither root nor
   the agent's user (SO_PEERCRED) is refused at accept.
+- Liveness: each connection's thread has a heartbeat (agent.liveness, `zds-connection`), beaten
+  at each turn: the hello read, each snapshot pod, each request served or keepalive probe (an
+  idle connection turns every keepalive interval). A thread stuck in one past
+  `connection_heartbeat` (a snapshot source that never returns, a lock never released) fails
+  /healthz naming it.
 
 The socket is created as the pod server's is (agent.podserver.server): bound under a temporary
 name, mode 0600, renamed over a stale one, then listening. 0600 is enough for ztunnel: it runs as
@@ -36,6 +41,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import CancelledError
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -58,6 +64,7 @@ from agent.ambient.zds_conn import (
 )
 from agent.background import BackgroundLoop
 from agent.errors import SocketPathError, ZdsServerError, ZtunnelError, ZtunnelNotConnected
+from agent.liveness import LIVENESS, Liveness
 from agent.serving.peer import untrusted_peer
 
 log = logging.getLogger(__name__)
@@ -70,6 +77,15 @@ MAX_CONNECTIONS = 16
 """A node runs one ztunnel; a rollout briefly two. Each connection holds a thread."""
 LISTEN_BACKLOG = 64
 REPORT_INTERVAL = 10.0
+CONNECTION_NAME = "zds-connection"
+"""The connection threads' name in agent.liveness (and istio_cni_loop_hangs_total's label)."""
+
+
+def connection_heartbeat(io_timeout: float, keepalive_interval: float) -> float:
+    """A connection thread's heartbeat bound: its longest turn is an idle wait of the keepalive
+    interval, then a request written and its ack read (each within `io_timeout`); that, and
+    30 s for a loaded node (45 s with Istio's timeouts)."""
+    return keepalive_interval + 2 * io_timeout + 30.0
 
 
 class ZdsMetrics:
@@ -105,13 +121,17 @@ class ZdsServer:
         io_timeout: float = IO_TIMEOUT,
         keepalive_interval: float = KEEPALIVE_INTERVAL,
         request_timeout: float | None = None,
+        liveness: Liveness = LIVENESS,
     ) -> None:
+        """`liveness`: where the connection threads' heartbeats are judged."""
         self.socket_path = socket_path
+        self._liveness = liveness
         self._metrics = metrics or default_metrics()
         self._io_timeout = io_timeout
         self._keepalive = keepalive_interval
         # Queued behind at most a snapshot's worth of requests, then a write and an ack.
-        self._request_timeout = request_timeout or 3 * io_timeout
+        self.request_timeout = request_timeout or 3 * io_timeout
+        """How long add and remove wait for ztunnel's ack."""
         self._source: SnapshotSource | None = None
         self._lock = threading.Lock()
         self._pods: dict[str, _Pod] = {}
@@ -252,11 +272,11 @@ class ZdsServer:
 
     def _wait(self, request: Request, what: str) -> zds_pb2.WorkloadResponse:
         try:
-            return request.future.result(timeout=self._request_timeout)
+            return request.future.result(timeout=self.request_timeout)
         except (FutureTimeout, CancelledError) as e:
             request.future.cancel()  # not sent yet: never send it
             raise ZtunnelError(
-                f"{what}: no ack from ztunnel within {self._request_timeout:g}s"
+                f"{what}: no ack from ztunnel within {self.request_timeout:g}s"
             ) from e
         except (AckTimeout, ProtocolError) as e:
             raise ZtunnelError(f"{what}: {e}") from e
@@ -327,13 +347,19 @@ class ZdsServer:
         return None
 
     def _open(self, sock: socket.socket) -> None:
+        heart = self._liveness.heart(
+            CONNECTION_NAME, connection_heartbeat(self._io_timeout, self._keepalive)
+        )
         conn = Connection(
             sock,
             snapshot=self._snapshot,
             io_timeout=self._io_timeout,
             keepalive_interval=self._keepalive,
+            beat=heart.beat,
         )
-        thread = threading.Thread(target=self._serve, args=(conn,), name=conn.id, daemon=True)
+        thread = threading.Thread(
+            target=self._serve, args=(conn, heart.quiet), name=conn.id, daemon=True
+        )
         with self._lock:
             self._conns.append(conn)
             self._threads[conn] = thread
@@ -342,10 +368,11 @@ class ZdsServer:
         log.info("ztunnel connected", extra={"fields": {"conn": conn.id, "connections": count}})
         thread.start()
 
-    def _serve(self, conn: Connection) -> None:
+    def _serve(self, conn: Connection, quiet: Callable[[], None]) -> None:
         try:
             conn.run()
         finally:
+            quiet()  # ended: nothing left to judge
             with self._lock:
                 self._conns.remove(conn)
                 self._threads.pop(conn, None)

@@ -183,8 +183,11 @@ class Connection:
         snapshot: Callable[[], list[SnapshotItem]],
         io_timeout: float = IO_TIMEOUT,
         keepalive_interval: float = KEEPALIVE_INTERVAL,
+        beat: Callable[[], None] = lambda: None,
     ) -> None:
+        """`beat`: called at each turn of the connection's thread (its liveness heartbeat)."""
         self.id = f"zds-{next(_ids)}"
+        self._beat = beat
         self.greeted = threading.Event()
         """ztunnel's hello was valid: requests queued from now on follow the snapshot."""
         self.synced = threading.Event()
@@ -223,6 +226,7 @@ class Connection:
         fields = {"conn": self.id}
         try:
             hello = self._wire.read_hello()
+            self._beat()
             self.greeted.set()
             log.info(
                 "ztunnel said hello",
@@ -251,6 +255,7 @@ class Connection:
         items = self._snapshot()
         try:
             for item in items:
+                self._beat()
                 if item.fd is not None:
                     message = zds_pb2.WorkloadRequest(
                         add=zds_pb2.AddWorkload(uid=item.uid, workload_info=item.workload)
@@ -268,6 +273,7 @@ class Connection:
             for item in items:
                 if item.fd is not None:
                     os.close(item.fd)
+        self._beat()
         ack = self._wire.exchange(
             zds_pb2.WorkloadRequest(snapshot_sent=zds_pb2.SnapshotSent()), None
         )
@@ -280,6 +286,7 @@ class Connection:
 
     def _serve(self) -> None:
         while True:
+            self._beat()
             try:
                 request = self._queue.get(timeout=self._keepalive)
             except queue.Empty:

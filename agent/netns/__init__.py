@@ -78,8 +78,13 @@ def setns_preexec(path: str) -> Callable[[], None]:
     return enter
 
 
+COMMAND_TIMEOUT_SECONDS = 60.0
+"""The longest a program run in a pod's namespace may take (iptables-restore, nft, ip): what
+the liveness bounds of the workers that run them are made of (agent.liveness)."""
+
+
 def run_command(
-    path: str, argv: list[str], stdin: str = "", *, timeout: float = 60
+    path: str, argv: list[str], stdin: str = "", *, timeout: float = COMMAND_TIMEOUT_SECONDS
 ) -> subprocess.CompletedProcess[str]:
     """Run a program inside the namespace at `path`: forked from a thread that entered it."""
 

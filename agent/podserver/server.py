@@ -17,6 +17,10 @@ socket: the loop reads every connection, a pool of `limits.POD_WORKERS` threads 
 requests side by side. At most `limits.POD_SOCKET.max_connections` connections (the longest
 waiting idle one is closed for a newcomer), a request complete within 10 s, bodies up to 1 MiB,
 and a peer that is neither root nor the agent's user (SO_PEERCRED) is refused at accept.
+
+A worker stuck in one request (a netns operation that never returns, a call with no timeout)
+fails the agent's liveness as `pod-server-workers` once that request has run past `work_bound`,
+made of the timeouts of what an ADD waits on; idle workers never count (agent.liveness.Pool).
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ from collections.abc import Callable
 
 from agent import unix_socket
 from agent.errors import ServerError, SocketPathError
+from agent.kube import api
+from agent.liveness import LIVENESS, Liveness
+from agent.netns import COMMAND_TIMEOUT_SECONDS
 from agent.podserver.handlers import PodHandlers
 from agent.podserver.requests import Reply, failure
 from agent.serving import limits
@@ -39,6 +46,26 @@ log = logging.getLogger(__name__)
 
 # 110 pods may start at once; a full backlog makes a non-blocking connect fail at once.
 LISTEN_BACKLOG = 1024
+ADD_PROGRAMS = 8
+"""The most programs an ADD runs in the pod's netns one after another: iptables-restore (or nft)
+and `ip rule` and `ip route` for each of IPv4 and IPv6, and the rule backend's probe."""
+
+
+def work_bound(timeouts: api.Timeouts, ztunnel_seconds: float = 0.0) -> float:
+    """The longest one request may keep its worker before the worker counts as stuck: what an
+    ADD waits on one after another, each up to its timeout (the pod and its namespace looked
+    up, its programs run, ambient's annotation patched and ztunnel's ack, `ztunnel_seconds`),
+    twice over: an ambient ADD may first wait for the watch's enrollment of the same pod, which
+    waits on the same. With the default settings about 17 minutes: a worker past it is stuck
+    for good, not slow."""
+    kube = timeouts.settings
+    lookups = 2 * (api.CONNECT_SECONDS + kube.lookupTimeoutSeconds)
+    patch = api.CONNECT_SECONDS + kube.updateTimeoutSeconds
+    one_add = lookups + ADD_PROGRAMS * COMMAND_TIMEOUT_SECONDS + patch + ztunnel_seconds
+    return 2 * one_add
+
+
+DEFAULT_WORK_BOUND = work_bound(api.DEFAULT_TIMEOUTS)
 
 
 Route = Callable[[PodHandlers, bytes], Reply]
@@ -81,9 +108,20 @@ def _response(reply: Reply, *, close: bool = False) -> Response:
 class PodServer:
     """Serves PodHandlers on `socket_path` from a background thread."""
 
-    def __init__(self, socket_path: str, handlers: PodHandlers) -> None:
+    def __init__(
+        self,
+        socket_path: str,
+        handlers: PodHandlers,
+        *,
+        work_bound: float = DEFAULT_WORK_BOUND,
+        liveness: Liveness = LIVENESS,
+    ) -> None:
+        """`work_bound`: the longest a worker may take over one request (agent.liveness);
+        `liveness`: where the server's loop and workers are judged."""
         self.socket_path = socket_path
         self._handlers = handlers
+        self._work_bound = work_bound
+        self._liveness = liveness
         self._server: Server | None = None
         self._inode: int | None = None
 
@@ -105,6 +143,8 @@ class PodServer:
             name="pod-server",
             workers=limits.POD_WORKERS,
             check_peer=untrusted_peer,
+            liveness=self._liveness,
+            work_bound=self._work_bound,
         )
         self._server.start()
         log.info("pod server listening", extra={"fields": {"socket": self.socket_path}})

@@ -13,7 +13,7 @@ from agent.pods.states import PodStates
 from agent.podserver.handlers import Ambient, EventSink, PodHandlers, Redirector
 from agent.podserver.metrics import PluginMetrics, default_metrics
 from agent.podserver.sandboxes import SandboxStore
-from agent.podserver.server import PodServer
+from agent.podserver.server import PodServer, work_bound
 from agent.rules.sidecar.redirector import RulesRedirector
 
 log = logging.getLogger(__name__)
@@ -37,12 +37,14 @@ class PodService:
         on_add_netns: Callable[[str], None] | None = None,
         states: PodStates | None = None,
         events: EventSink | None = None,
+        ztunnel_seconds: float = 0.0,
     ) -> None:
         """`redirector`, `metrics` and `cache` default to the real ones; tests pass their own.
         `ambient` (ambient mode on) enrolls the pods ambient selects on CNI ADD. `sandboxes`:
         where each ADD's pod UID and netns are kept (shared with whoever finds pods' netns).
         `on_add_netns`: sees each ADD's netns path (the readiness check of cniNetnsDir).
         `states`, `events`: each ADD's outcome noted, a refusal's Event (PodHandlers).
+        `ztunnel_seconds`: how long an ambient ADD waits for ztunnel's ack (its workers' bound).
 
         The clients from `kube_client_factory` are not closed here: they may be shared.
         """
@@ -74,7 +76,8 @@ class PodService:
             states=states,
             events=events,
         )
-        self._server = PodServer(settings.socket_path, self.handlers)
+        bound = work_bound(api.Timeouts(settings.kubeApi), ztunnel_seconds)
+        self._server = PodServer(settings.socket_path, self.handlers, work_bound=bound)
 
     def start(self) -> None:
         # The cache first: requests before its first list fall back to a GET.

@@ -36,7 +36,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
 from agent.background import JOIN_TIMEOUT_SECONDS, BackgroundLoop
-from agent.liveness import LIVENESS, Liveness
+from agent.liveness import LIVENESS, Liveness, Pool
 from agent.serving.budget import Budget
 from agent.serving.connections import REPORT_INTERVAL, Conn, Connections, State
 from agent.serving.http import FramingError, Request, Response
@@ -100,11 +100,13 @@ class Server:
         check_peer: PeerCheck | None = None,
         liveness: Liveness = LIVENESS,
         heartbeat: float = HEARTBEAT_SECONDS,
+        work_bound: float | None = None,
         budget: Budget | None = None,
     ) -> None:
         """`liveness`: where the loop's end is reported should it end without being stopped,
-        and its heartbeat judged (`heartbeat`: the longest silence between two rounds);
-        `budget`: the requests a second its TCP peers are answered (agent.serving.budget)."""
+        and its heartbeat judged (`heartbeat`: the longest silence between two rounds), and its
+        workers' items (`work_bound`: the longest one may run; None: not judged); `budget`:
+        the requests a second its TCP peers are answered (agent.serving.budget)."""
         self.name = name
         self._listener = listener
         self._app = app
@@ -129,6 +131,9 @@ class Server:
         )
         self._stopping = self._loop.stopping
         self._pool: ThreadPoolExecutor | None = None
+        self._work: Pool | None = None  # idle, a pool is never judged hung: judged from now
+        if workers and work_bound is not None:
+            self._work = liveness.pool(f"{name}-workers", work_bound)
         self._wake_r, self._wake_w = socket.socketpair()
         self._accept_paused_until = 0.0
         self._next_sweep = 0.0
@@ -149,6 +154,8 @@ class Server:
     def stop(self) -> None:
         """Stop accepting, close idle connections, send the replies being worked on (at most
         STOP_GRACE), then return with every thread of the server ended."""
+        if self._work is not None:  # stopping: judged no more, as the loop's own heartbeat
+            self._work.quiet()
         self._loop.stop()
 
     @property
@@ -358,7 +365,10 @@ class Server:
             self._reply(conn, self._answer(request), now)
             return
         try:
-            future = self._pool.submit(self._answer, request)
+            if self._work is None:
+                future = self._pool.submit(self._answer, request)
+            else:  # each item's start and end noted for liveness
+                future = self._pool.submit(self._work.timed, self._answer, request)
         except RuntimeError as e:  # shut down under us: no request can be answered any more
             raise _LoopBroken(f"{self.name}: the worker pool is gone: {e}") from e
         future.add_done_callback(lambda f: self._completed(conn, f))

@@ -59,6 +59,37 @@ def test_a_heart_silent_past_its_bound_fails_until_it_beats_again() -> None:
     assert liveness.failing() == []
 
 
+def test_a_pool_is_judged_by_its_oldest_item_in_flight_never_by_idleness() -> None:
+    clock = Clock()
+    liveness = Liveness(clock)
+    pool = liveness.pool("some-workers", 10.0)
+    before = hangs_of("some-workers")
+    clock.now += 100.0  # idle for ten bounds: no item, nothing stuck
+    assert liveness.failing() == []
+    pool.begin()  # this thread's item
+
+    def later_item() -> None:
+        clock.now += 6.0
+        pool.begin()
+
+    other = threading.Thread(target=later_item)
+    other.start()
+    other.join()  # another worker's item, begun 6 s later and left running
+    clock.now += 3.0
+    assert liveness.failing() == []  # 9 s and 3 s: within the bound
+    clock.now += 5.0
+    assert liveness.failing() == [("some-workers", "one item running for 14 s (bound 10 s)")]
+    assert liveness.failing() != []
+    assert hangs_of("some-workers") == before + 1
+    pool.end()  # the oldest ends: the other has run 8 s
+    assert liveness.failing() == []
+    clock.now += 3.0
+    assert liveness.failing() == [("some-workers", "one item running for 11 s (bound 10 s)")]
+    assert hangs_of("some-workers") == before + 2
+    pool.quiet()
+    assert liveness.failing() == []
+
+
 @pytest.fixture
 def probed() -> Iterator[tuple[Liveness, HttpServer]]:
     liveness = Liveness()

@@ -59,6 +59,7 @@ def test_cached_parts_are_reused_without_building(tmp_path: Path) -> None:
         tmp_path,
         *_kube_parts(),
         str(parts.libcni_oracle().path.relative_to(parts.cache_dir())),
+        str(parts.attacks_go().path.relative_to(parts.cache_dir())),
         f"istio/{istio_version()}/pilot-agent",
         f"istio/{istio_version()}/istio-cni",
         f"istio/{istio_version()}/pilot-discovery",
@@ -73,7 +74,7 @@ def test_cached_parts_are_reused_without_building(tmp_path: Path) -> None:
     )
     result = _run(tmp_path)
     assert result.returncode == 0, result.stderr
-    assert result.stderr.count("cached at") == 14
+    assert result.stderr.count("cached at") == 15
     assert f"kube-apiserver {tmp_path}/kube/{version}/kube-apiserver" in result.stdout
     discovery = f"pilot-discovery {tmp_path}/istio/{istio_version()}/pilot-discovery"
     assert discovery in result.stdout
