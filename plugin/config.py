@@ -44,8 +44,8 @@ class NetConf:
     __slots__ = (
         "agent_pod_prefix",
         "agent_run_dir",
-        "ambient_enabled",
         "agent_timeout",
+        "ambient_enabled",
         "cni_version",
         "exclude_namespaces",
         "log_as_json",

@@ -1,5 +1,5 @@
 """With the agent unreachable, an ADD passes a plain pod of a sidecar-only install and nothing else
-(plugin/plain.py), through the plugin's whole path: stdin, CNI_ARGS, the socket that is not there."""
+(plugin/plain.py), through the whole plugin: stdin, CNI_ARGS, a socket nobody serves."""
 
 from __future__ import annotations
 
