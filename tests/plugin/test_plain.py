@@ -98,7 +98,7 @@ def test_an_install_that_may_be_ambient_fails_closed(fields: Any, tmp_path: Path
     assert run.out["code"] == wire.TRY_AGAIN_LATER
 
 
-RUNTIMES = {
+RUNTIMES: dict[str, Any] = {
     "no-runtime-config": None,  # an old runtime, or an entry without the capability
     "runtime-config-not-an-object": "x",
     "other-capability-only": {"portMappings": []},
