@@ -32,7 +32,6 @@ from testbed.multus import nad_crd
 from testbed.platforms import CILIUM, PLATFORMS, RUNTIME_VARIANTS, Platform
 from testbed.realnode import RealCluster
 from testbed.wait import wait_for
-from tests.node.agent_away import pods_while_agent_away
 
 pytestmark = [pytest.mark.node, pytest.mark.platforms]
 
@@ -206,13 +205,6 @@ def test_preset_on_its_platform(
             kubepods.wait_running(node_core, workload_ns, plain)
             assert_left_alone(cluster, node_core, workload_ns, plain)
             kubepods.delete_and_wait(node_core, workload_ns, plain)
-        if round_ == 0 and platform.runtime == "crio":
-            # CRI-O hands the plugin the pods' annotations too: with the agent away a plain
-            # pod starts, a meshed one waits for it (tests/node/test_agent_away.py: containerd).
-            run_dir = cluster.host_path("/var/run/istio-cni")
-            pods_while_agent_away(cluster, node_core, workload_ns, agent_image, run_dir)
-            for pod in ("plain", "meshed"):
-                kubepods.delete_and_wait(node_core, workload_ns, pod)
         kubepods.delete_and_wait(node_core, workload_ns, meshed)
 
         uninstall_leaves_files_as_before(cluster, platform, helm, node_core, before, how)
