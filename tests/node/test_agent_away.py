@@ -1,7 +1,6 @@
 """An agent outage on the real node (containerd) stops only the pods that need the agent: with
 the agent stopped and its plugin and entry in place, a plain pod starts (containerd hands the
-plugin the pod's annotations), a meshed pod waits and starts captured once the agent is back.
-CRI-O: tests/node/test_platforms.py (minikube-on-crio), on the node it lays out already."""
+plugin the pod's annotations), a meshed pod waits and starts captured once the agent is back."""
 
 from __future__ import annotations
 
