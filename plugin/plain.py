@@ -4,7 +4,7 @@ With the agent unreachable, failing every ADD turns an agent outage into a node 
 pods the agent would capture need it. The agent (ambient off) captures a pod only when it carries
 `sidecar.istio.io/status`, which Istio's injector writes, and the runtime hands the plugin the
 pod's annotations when our entry declares the capability `io.kubernetes.cri.pod-annotations`
-(containerd, CRI-O: `runtimeConfig` on stdin). So a pod passes without the agent when:
+(containerd: `runtimeConfig` on stdin). So a pod passes without the agent when:
 ambient is off in the entry (`ambient_enabled: false`, said, not defaulted), the runtime handed
 the annotations, they are well formed (string keys and values, within Kubernetes' 256 KiB), and
 no key mentions `istio` (sidecar.istio.io/*, traffic.sidecar.istio.io/*, ambient.istio.io/*,

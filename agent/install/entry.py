@@ -16,7 +16,7 @@ from agent.config import Settings
 PLUGIN_TYPE = "istio-cni"
 STANDALONE_CNI_VERSION = "1.0.0"
 POD_ANNOTATIONS = "io.kubernetes.cri.pod-annotations"
-"""The capability that makes containerd and CRI-O hand the plugin the pod's annotations
+"""The capability that makes containerd hand the plugin the pod's annotations
 (`runtimeConfig`): with the agent unreachable, a plain pod of a sidecar-only install then still
 starts (plugin/plain.py)."""
 MAX_GENERATED_PREFIX = 58
