@@ -4,7 +4,10 @@ Decided without the agent (the pod passes, ADD returns prevResult): no Kubernete
 CNI_ARGS, a namespace in `exclude_namespaces`, a pod of the agent's DaemonSet (the agent is not
 there to ask while one of them starts). Everything else is one
 request to the agent, and an agent that is unreachable or fails fails ADD and CHECK (fail
-closed: a pod that should be captured must never start uncaptured).
+closed: a pod that should be captured must never start uncaptured). One exception: an ADD the
+agent does not answer passes a pod plugin/plain.py judges plain (a sidecar-only install, the
+pod's annotations handed by the runtime and none of them Istio's), so that an agent outage
+stops only the pods that need the agent.
 
 DEL with the agent unreachable succeeds: the runtime retries a failed DEL without end and holds
 the pod's teardown meanwhile, while everything our ADD made lives inside the pod's network
@@ -18,7 +21,7 @@ from __future__ import annotations
 import os
 import time
 
-from plugin import versions, wire
+from plugin import plain, versions, wire
 from plugin.client import AgentClient, AgentUnavailable
 from plugin.errors import CniError
 from plugin.log import PluginLog
@@ -194,6 +197,15 @@ class Plugin:
             )
         except AgentUnavailable as e:
             log.agent_unreachable()  # its lines go to the run dir's file, not another connect
+            why = plain.plain_pod(conf) if command == "ADD" else None
+            if why is not None:
+                log.warn(
+                    "ADD passes a plain pod without the agent",
+                    reason=why,
+                    error=e.msg,
+                    details=e.details,
+                )
+                return
             if not unreachable_ok:
                 log.error(f"{command} failed", code=e.code, error=e.msg, details=e.details)
                 raise

@@ -5,6 +5,10 @@ exclude_namespaces, pod_namespace and agent_pod_prefix (the agent's own pods: th
 DaemonSet's name prefix), optional agent_timeout_seconds. `pod_name` (one agent pod by name) is
 what entries of earlier versions carry, still honoured. Other fields (ipam, dns, capabilities, a
 runtime's extras) are ignored.
+
+For a pod started while the agent is unreachable (plugin/plain.py): `ambient_enabled` (Istio's
+field; None when absent or not a boolean) and the pod's annotations the runtime hands in
+`runtimeConfig` (kept as given, any type: judged only when the agent does not answer).
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ LOG_LEVELS = ("none", "panic", "fatal", "error", "warn", "info", "debug")
 # Names (network, container id): [a-zA-Z0-9][a-zA-Z0-9_.-]*, checked without `re` (start-up).
 _ALNUM = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
 _NAME_CHARS = _ALNUM | frozenset("_.-")
+POD_ANNOTATIONS = "io.kubernetes.cri.pod-annotations"
+"""The capability our entry declares: libcni hands the pod's annotations as runtimeConfig[it]."""
 _ATTACHMENT_KEYS = ("cni.dev/valid-attachments", "cni.dev/attachments")
 
 
@@ -39,11 +45,13 @@ class NetConf:
         "agent_pod_prefix",
         "agent_run_dir",
         "agent_timeout",
+        "ambient_enabled",
         "cni_version",
         "exclude_namespaces",
         "log_as_json",
         "log_level",
         "name",
+        "pod_annotations",
         "pod_name",
         "pod_namespace",
         "prev_result",
@@ -67,6 +75,8 @@ class NetConf:
         agent_pod_prefix: str = "",
         agent_timeout: float = DEFAULT_TIMEOUT,
         valid_attachments: list[tuple[str, str]] | None = None,
+        ambient_enabled: bool | None = None,
+        pod_annotations: object = None,
     ) -> None:
         self.cni_version = cni_version
         self.name = name
@@ -81,6 +91,8 @@ class NetConf:
         self.agent_pod_prefix = agent_pod_prefix
         self.agent_timeout = agent_timeout
         self.valid_attachments = valid_attachments
+        self.ambient_enabled = ambient_enabled
+        self.pod_annotations = pod_annotations
 
 
 def decode(stdin: bytes) -> dict[str, Any]:
@@ -130,6 +142,8 @@ def parse(stdin: bytes, *, command: str) -> NetConf:
         agent_pod_prefix=_string(raw, "agent_pod_prefix", ""),
         agent_timeout=_timeout(raw),
         valid_attachments=_attachments(raw) if command == "GC" else None,
+        ambient_enabled=_maybe_bool(raw, "ambient_enabled"),
+        pod_annotations=_runtime_config(raw).get(POD_ANNOTATIONS),
     )
 
 
@@ -148,6 +162,16 @@ def _bool(raw: dict[str, Any], field: str) -> bool:
     if not isinstance(value, bool):
         raise CniError(INVALID_CONFIG, f"network config field {field!r} must be true or false")
     return value
+
+
+def _maybe_bool(raw: dict[str, Any], field: str) -> bool | None:
+    value = raw.get(field)
+    return value if isinstance(value, bool) else None
+
+
+def _runtime_config(raw: dict[str, Any]) -> dict[str, Any]:
+    value = raw.get("runtimeConfig")
+    return value if isinstance(value, dict) else {}
 
 
 def _level(raw: dict[str, Any]) -> str:

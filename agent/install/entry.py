@@ -15,6 +15,10 @@ from agent.config import Settings
 
 PLUGIN_TYPE = "istio-cni"
 STANDALONE_CNI_VERSION = "1.0.0"
+POD_ANNOTATIONS = "io.kubernetes.cri.pod-annotations"
+"""The capability that makes containerd hand the plugin the pod's annotations
+(`runtimeConfig`): with the agent unreachable, a plain pod of a sidecar-only install then still
+starts (plugin/plain.py)."""
 MAX_GENERATED_PREFIX = 58
 """The API server cuts a generateName to 63 - 5 characters before appending its 5 random ones."""
 
@@ -44,6 +48,10 @@ def plugin_entry(settings: Settings, *, pod_name: str, pod_namespace: str) -> di
         "cni_agent_run_dir": settings.cniAgentRunDir,
         "exclude_namespaces": list(settings.excludeNamespaces),
         "pod_namespace": pod_namespace,
+        # Istio's field, read by the plugin only while the agent is unreachable: ambient pods
+        # are enrolled by labels the plugin never sees, so it then passes no pod.
+        "ambient_enabled": settings.ambient.enabled,
+        "capabilities": {POD_ANNOTATIONS: True},
     }
     prefix = agent_pod_prefix(settings, pod_name)
     if prefix:

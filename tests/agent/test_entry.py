@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.config import Settings
+from agent.config import AmbientSettings, Settings
 from agent.install.entry import agent_pod_prefix, plugin_entry, standalone_entry
 from plugin.commands import Pod, is_agent_pod
 from plugin.config import parse
@@ -25,6 +25,8 @@ def test_entry_is_the_same_for_every_pod_of_the_daemonset() -> None:
         "cni_agent_run_dir": "/var/run/istio-cni",
         "exclude_namespaces": ["istio-system", "kube-system"],
         "pod_namespace": "istio-system",
+        "ambient_enabled": False,
+        "capabilities": {"io.kubernetes.cri.pod-annotations": True},
         "agent_pod_prefix": "istio-cni-node-",
     }
 
@@ -129,3 +131,23 @@ def test_an_entry_of_an_earlier_version_still_names_the_agent_pod() -> None:
     conf = parse(dumps(entry).encode(), command="ADD")
     assert is_agent_pod(conf, Pod("istio-cni-node-abcde", "istio-system", ""))
     assert not is_agent_pod(conf, Pod("istio-cni-node-bbbbb", "istio-system", ""))
+
+
+@pytest.mark.parametrize("ambient", [False, True])
+def test_the_plugin_learns_whether_ambient_is_on_and_gets_the_pods_annotations(
+    ambient: bool,
+) -> None:
+    """What a plain pod needs to start while the agent is away (plugin/plain.py): the install's
+    ambient switch, and the capability that makes the runtime hand the pod's annotations."""
+    settings = Settings(ambient=AmbientSettings(enabled=ambient))
+    entry = plugin_entry(settings, pod_name="", pod_namespace="ns")
+    assert entry["capabilities"] == {"io.kubernetes.cri.pod-annotations": True}
+    # libcni's injection of the capability's runtime argument into the entry it runs.
+    given = {
+        "cniVersion": "1.0.0",
+        **entry,
+        "runtimeConfig": {"io.kubernetes.cri.pod-annotations": {"a": "b"}},
+    }
+    conf = parse(dumps(given).encode(), command="ADD")
+    assert conf.ambient_enabled is ambient
+    assert conf.pod_annotations == {"a": "b"}

@@ -75,6 +75,10 @@ def test_installed_agent_serves_the_node(
         "exclude_namespaces": config["excludeNamespaces"],
         # The agent's pods by their DaemonSet's name, not this pod's: a rollout leaves it alone.
         "pod_namespace": NAMESPACE,
+        # The plugin's plain-pod rule while the agent is away: ambient's switch, and the pod's
+        # annotations from the runtime.
+        "ambient_enabled": False,
+        "capabilities": {"io.kubernetes.cri.pod-annotations": True},
         "agent_pod_prefix": config["daemonSetName"] + "-",
     }
     assert installed.agent_pod.startswith(ours["agent_pod_prefix"])

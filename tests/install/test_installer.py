@@ -180,6 +180,8 @@ def test_entry_carries_what_the_plugin_needs(node: Node) -> None:
         "cni_agent_run_dir": "/run/x",
         "exclude_namespaces": ["a", "b"],
         "pod_namespace": "istio-system",
+        "ambient_enabled": False,
+        "capabilities": {"io.kubernetes.cri.pod-annotations": True},
         "agent_pod_prefix": "agent-",
     }
     text = (node.conf_dir / "10-net.conflist").read_text().lower()
@@ -215,7 +217,7 @@ def test_take_over_from_istios_agent_removes_its_leftovers(
     theirs = json.loads(left)["plugins"]
     assert conf["plugins"][:-1] == theirs[:-1]
     assert conf["plugins"][-1] == installer.entry
-    assert "ambient_enabled" not in conf["plugins"][-1]
+    assert not {"dns", "enablement_selectors", "native_nftables"} & conf["plugins"][-1].keys()
     # Nothing left to take over: a second install changes nothing.
     assert installer.install().changed == []
 
