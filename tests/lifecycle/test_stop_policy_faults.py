@@ -1,10 +1,14 @@
 """The SIGTERM decision against a strict fake API server (testbed.fakeapi): only a definite
 answer uninstalls (the DaemonSet gone, being deleted, or the agent's pod and its DaemonSet both
-gone); a refused credential (401/403) or a failing API server keeps the plugin, saying why."""
+gone); a refused credential (401/403) or a failing API server keeps the plugin, saying why.
+An uninstall seconds after a connectivity blip is still heard by the watch of the DaemonSet."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -12,7 +16,7 @@ from agent.install.stop_policy import decide_from_cluster
 from agent.kube import KubeClients
 from agent.pods.own_daemonset import OwnDaemonSetWatch
 from testbed.fakeapi import FakeApiServer, Reply, Request, watch_events
-from testbed.wait import wait_for
+from testbed.wait import WaitTimeout, wait_for
 
 NS = "istio-system"
 POD = "istio-cni-node-x7k2p"
@@ -125,3 +129,63 @@ def test_a_refusal_after_the_watch_saw_the_daemonset_deleted(
     assert decision.uninstall is deleted, decision.reason
     assert ("watch saw the DaemonSet deleted" in decision.reason) is deleted
     assert ("refused" in decision.reason) is not deleted
+
+
+BLIP_SECONDS = 10.0
+"""Every watch reset for this long: four resets in a row, the caches' back-off grown to 8 s."""
+UNINSTALL_AFTER_SECONDS = 3.0
+"""`helm uninstall` this long after the blip."""
+SIGTERM_AFTER_SECONDS = 2.0
+"""The kubelet's SIGTERM at most this long after the uninstall (the garbage collector deletes
+the pod once it has seen the DaemonSet gone)."""
+
+
+def test_an_uninstall_seconds_after_a_connectivity_blip_is_heard(
+    fake_api: FakeApiServer, fake_api_clients: KubeClients
+) -> None:
+    blip, uninstalled = threading.Event(), threading.Event()
+    blip.set()
+
+    def until_uninstalled() -> Iterator[dict[str, object]]:
+        if uninstalled.wait(60):  # an open stream hears the deletion as it happens
+            gone = {**DAEMONSET, "metadata": {**DAEMONSET["metadata"], "resourceVersion": "11"}}
+            yield from watch_events(("DELETED", gone))
+
+    def route(request: Request) -> Reply:
+        if request.path != f"/apis/apps/v1/namespaces/{NS}/daemonsets":
+            return Reply(404)
+        if request.query.get("watch") != "true":
+            return Reply(body={"metadata": {"resourceVersion": "10"}, "items": [DAEMONSET]})
+        if blip.is_set():
+            return Reply(events=[], then="reset")
+        return Reply(events=until_uninstalled(), then="silent")
+
+    fake_api.route = route
+    own = OwnDaemonSetWatch.for_pod(fake_api_clients.apps, POD, NS)
+    own.start()
+    try:
+        wait_for(lambda: own.ready(), "the DaemonSet listed")
+        wait_for(lambda: len(fake_api.seen(watch="true")) >= 1, "the first watch (reset)")
+        time.sleep(BLIP_SECONDS)
+        blip.clear()
+        time.sleep(UNINSTALL_AFTER_SECONDS)
+        # helm uninstall: the DaemonSet deleted, its ServiceAccount and RBAC in the same second.
+        uninstalled.set()
+        fake_api.tokens = set()
+        # SIGTERM comes anyway, heard or not: the decision below says what was missed.
+        with contextlib.suppress(WaitTimeout):
+            wait_for(lambda: bool(own.gone()), "the watch's word", SIGTERM_AFTER_SECONDS)
+        decision = decide_from_cluster(
+            "auto",
+            pod_name=POD,
+            pod_namespace=NS,
+            node_name="node-1",
+            clients=fake_api_clients,
+            watched_gone=own.gone,
+        )
+    finally:
+        uninstalled.set()
+        own.stop()
+    resets = fake_api.seen(watch="true")
+    assert decision.uninstall, (decision.reason, [round(r.at - resets[0].at, 1) for r in resets])
+    assert "watch saw the DaemonSet deleted" in decision.reason, decision.reason
