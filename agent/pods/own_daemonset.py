@@ -11,10 +11,12 @@ One object, by name (`fieldSelector=metadata.name=`): the Role grants get, list 
 that name only. Kept: its name, uid and deletion timestamp.
 
 Only a connected watch hears the deletion: one that was down at that moment resumes after the
-credentials are gone, and is refused. So this watch retries at most BACKOFF_MAX_SECONDS apart,
-not the caches' 30 s: after a connectivity blip (every connection reset, the back-off grown by
-each failed retry) it is back within seconds, and a `helm uninstall` that follows is heard. Each
-retry is one watch of one object by name, resumed from the API server's watch cache.
+credentials are gone, and is refused. So this watch is down as briefly as it can be: a broken
+watch is resumed at once (a reset connection, say a proxy or the API server restarting, is
+most often followed by one that works), and further tries are at most BACKOFF_MAX_SECONDS
+apart, not the caches' 30 s, so that after a longer blip (each failed try growing the
+back-off) it is back within seconds and a `helm uninstall` that follows is heard. Each try is
+one watch of one object by name, resumed from the API server's watch cache.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from agent.pods.cache import ListWatchCache, Obj
 from agent.pods.metrics import CacheMetrics
 
 BACKOFF_MAX_SECONDS = 2.0
-"""The longest wait between retries (before jitter) while the watch cannot be opened."""
+"""The longest wait between tries (before jitter) while the watch cannot be opened."""
 
 
 class OwnDaemonSetWatch(ListWatchCache):
@@ -49,6 +51,9 @@ class OwnDaemonSetWatch(ListWatchCache):
     def for_pod(cls, apps: Any, pod_name: str, namespace: str, **options: Any) -> OwnDaemonSetWatch:
         """The DaemonSet by the name it gave the agent's pod (`<name>-xxxxx`)."""
         return cls(apps, name=pod_name.rsplit("-", 1)[0], namespace=namespace, **options)
+
+    def _retry_delay(self, failures: int) -> float:
+        return 0.0 if failures == 1 else super()._retry_delay(failures)
 
     def _list(self, **options: Any) -> Any:
         return self._core.list_namespaced_daemon_set(

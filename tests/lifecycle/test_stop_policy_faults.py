@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from agent.install.stop_policy import decide_from_cluster
+from agent.install.stop_policy import StopDecision, decide_from_cluster
 from agent.kube import KubeClients
 from agent.pods.own_daemonset import OwnDaemonSetWatch
 from testbed.fakeapi import FakeApiServer, Reply, Request, watch_events
@@ -140,52 +140,97 @@ SIGTERM_AFTER_SECONDS = 2.0
 the pod once it has seen the DaemonSet gone)."""
 
 
-def test_an_uninstall_seconds_after_a_connectivity_blip_is_heard(
-    fake_api: FakeApiServer, fake_api_clients: KubeClients
-) -> None:
-    blip, uninstalled = threading.Event(), threading.Event()
-    blip.set()
+class UninstallingApi:
+    """The DaemonSet's list and watch on the fake API server: an open watch lasts until `cut()`
+    (then reset) or `uninstall()` (it tells of the deletion); while `blip` is set every watch is
+    reset at once; `uninstall()` also revokes the agent's token, as helm deletes the
+    ServiceAccount and RBAC with the DaemonSet."""
 
-    def until_uninstalled() -> Iterator[dict[str, object]]:
-        if uninstalled.wait(60):  # an open stream hears the deletion as it happens
-            gone = {**DAEMONSET, "metadata": {**DAEMONSET["metadata"], "resourceVersion": "11"}}
-            yield from watch_events(("DELETED", gone))
+    def __init__(self, fake: FakeApiServer) -> None:
+        self.fake = fake
+        self.blip, self.uninstalled = threading.Event(), threading.Event()
+        self.generation = 0
+        fake.route = self.route
 
-    def route(request: Request) -> Reply:
+    def route(self, request: Request) -> Reply:
         if request.path != f"/apis/apps/v1/namespaces/{NS}/daemonsets":
             return Reply(404)
         if request.query.get("watch") != "true":
             return Reply(body={"metadata": {"resourceVersion": "10"}, "items": [DAEMONSET]})
-        if blip.is_set():
+        if self.blip.is_set():
             return Reply(events=[], then="reset")
-        return Reply(events=until_uninstalled(), then="silent")
+        return Reply(events=self.stream(self.generation), then="reset")
 
-    fake_api.route = route
-    own = OwnDaemonSetWatch.for_pod(fake_api_clients.apps, POD, NS)
-    own.start()
-    try:
-        wait_for(lambda: own.ready(), "the DaemonSet listed")
-        wait_for(lambda: len(fake_api.seen(watch="true")) >= 1, "the first watch (reset)")
-        time.sleep(BLIP_SECONDS)
-        blip.clear()
-        time.sleep(UNINSTALL_AFTER_SECONDS)
-        # helm uninstall: the DaemonSet deleted, its ServiceAccount and RBAC in the same second.
-        uninstalled.set()
-        fake_api.tokens = set()
-        # SIGTERM comes anyway, heard or not: the decision below says what was missed.
+    def stream(self, generation: int) -> Iterator[dict[str, object]]:
+        while generation == self.generation and not self.uninstalled.wait(0.02):
+            pass
+        if self.uninstalled.is_set():  # an open stream hears the deletion as it happens
+            gone = {**DAEMONSET, "metadata": {**DAEMONSET["metadata"], "resourceVersion": "11"}}
+            yield from watch_events(("DELETED", gone))
+
+    def cut(self) -> None:
+        self.generation += 1
+
+    def uninstall(self) -> None:
+        self.uninstalled.set()
+        self.fake.tokens = set()
+
+    def sigterm(self, own: OwnDaemonSetWatch, clients: KubeClients) -> StopDecision:
+        """The decision at SIGTERM, which comes SIGTERM_AFTER_SECONDS after the uninstall at
+        the latest, heard or not."""
         with contextlib.suppress(WaitTimeout):
             wait_for(lambda: bool(own.gone()), "the watch's word", SIGTERM_AFTER_SECONDS)
-        decision = decide_from_cluster(
+        return decide_from_cluster(
             "auto",
             pod_name=POD,
             pod_namespace=NS,
             node_name="node-1",
-            clients=fake_api_clients,
+            clients=clients,
             watched_gone=own.gone,
         )
+
+
+def watches(fake: FakeApiServer) -> list[float]:
+    """When each watch of the DaemonSet was asked, in seconds from the first."""
+    seen = fake.seen(watch="true")
+    return [round(r.at - seen[0].at, 2) for r in seen]
+
+
+def test_an_uninstall_just_after_the_watch_was_reset_is_heard(
+    fake_api: FakeApiServer, fake_api_clients: KubeClients
+) -> None:
+    api = UninstallingApi(fake_api)
+    own = OwnDaemonSetWatch.for_pod(fake_api_clients.apps, POD, NS)
+    own.start()
+    try:
+        wait_for(lambda: len(fake_api.seen(watch="true")) == 1, "the DaemonSet's watch")
+        api.cut()  # its connection reset (after 0.3 s): a proxy or the API server restarting
+        time.sleep(0.8)
+        api.uninstall()
+        decision = api.sigterm(own, fake_api_clients)
     finally:
-        uninstalled.set()
+        api.uninstall()
         own.stop()
-    resets = fake_api.seen(watch="true")
-    assert decision.uninstall, (decision.reason, [round(r.at - resets[0].at, 1) for r in resets])
+    assert decision.uninstall, (decision.reason, watches(fake_api))
+    assert "watch saw the DaemonSet deleted" in decision.reason, decision.reason
+
+
+def test_an_uninstall_seconds_after_a_connectivity_blip_is_heard(
+    fake_api: FakeApiServer, fake_api_clients: KubeClients
+) -> None:
+    api = UninstallingApi(fake_api)
+    api.blip.set()
+    own = OwnDaemonSetWatch.for_pod(fake_api_clients.apps, POD, NS)
+    own.start()
+    try:
+        wait_for(lambda: own.ready(), "the DaemonSet listed")
+        time.sleep(BLIP_SECONDS)
+        api.blip.clear()
+        time.sleep(UNINSTALL_AFTER_SECONDS)
+        api.uninstall()
+        decision = api.sigterm(own, fake_api_clients)
+    finally:
+        api.uninstall()
+        own.stop()
+    assert decision.uninstall, (decision.reason, watches(fake_api))
     assert "watch saw the DaemonSet deleted" in decision.reason, decision.reason
