@@ -257,11 +257,8 @@ class ListWatchCache:
                 self._stopping.wait(delay)
         log.debug("%s cache stopped", self.kind, extra={"fields": {"node": self._node}})
 
-    def _retry_delay(self, failures: int) -> float:
-        """Seconds before the next try after `failures` failures in a row: doubling from 1 s up
-        to the back-off's cap, with jitter (nodes must not relist in step)."""
-        delay = min(self._backoff_max, 0.5 * 2 ** min(failures, 10))
-        return float(delay * random.uniform(0.8, 1.2))
+    def _retry_delay(self, failures: int) -> float:  # jitter: nodes must not relist in step
+        return min(self._backoff_max, 0.5 * 2.0 ** min(failures, 10)) * random.uniform(0.8, 1.2)
 
     def step(self, resource_version: str | None) -> str | None:
         """One round of the loop: list when there is no version or a resync is due, else watch.
