@@ -2,7 +2,9 @@
 subnets routed between them, the chart installed once with kind's preset so the DaemonSet runs
 on all three. A meshed pod's traffic crosses nodes captured at both ends; `helm upgrade` rolls
 the agent one node at a time while pods start on every node, none uncaptured and none failing
-for good; a node drained and deleted leaves the others' agents alone, and a node joining with
+for good; a valid but wrong value stops that rollout at its first node (not Ready there, the
+other nodes' agents untouched and capturing) until `helm rollback` restores it; a node drained
+and deleted leaves the others' agents alone, and a node joining with
 the `cni.istio.io/not-ready` taint gets an agent that lifts it before any meshed pod lands."""
 
 from __future__ import annotations
