@@ -251,14 +251,12 @@ class ListWatchCache:
                 if version is not None:  # resume from the last event or bookmark (reflector)
                     version = self._seen_version or version
                 failures += 1
-                delay = self._retry_delay(failures)
+                delay = min(self._backoff_max, 0.5 * 2 ** min(failures, 10))
+                delay *= random.uniform(0.8, 1.2)  # jitter: nodes must not relist in step
                 fields = {"node": self._node, "error": _short(e), "retryIn": f"{delay:.1f}s"}
                 log.warning("%s watch failed; retrying", self.kind, extra={"fields": fields})
                 self._stopping.wait(delay)
         log.debug("%s cache stopped", self.kind, extra={"fields": {"node": self._node}})
-
-    def _retry_delay(self, failures: int) -> float:  # jitter: nodes must not relist in step
-        return min(self._backoff_max, 0.5 * 2.0 ** min(failures, 10)) * random.uniform(0.8, 1.2)
 
     def step(self, resource_version: str | None) -> str | None:
         """One round of the loop: list when there is no version or a resync is due, else watch.
