@@ -16,9 +16,7 @@ not the caches' 30 s: after a connectivity blip (every connection reset, the bac
 each failed retry) it is back within about 2.4 s, and a `helm uninstall` that follows is heard.
 Each retry is one watch of one object by name, resumed from the API server's watch cache. An
 uninstall within those seconds, or while the agent cannot reach the API server, is not heard:
-the agent keeps the plugin (fail closed) and says so. (A retry at once after the first failure
-would narrow that window, but a watch that fails once per round then loops at the client's
-token-bucket rate: 300 requests a minute under 410-on-resume, where the caches make 57.)
+the agent keeps the plugin (fail closed) and says so.
 """
 
 from __future__ import annotations
