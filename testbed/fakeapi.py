@@ -19,7 +19,7 @@ import ssl
 import struct
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -101,8 +101,9 @@ class Reply:
     body: Any = None
     """A JSON object (a Status object for a failure when left None)."""
     headers: dict[str, str] = field(default_factory=dict)
-    events: Sequence[dict[str, Any]] | None = None
-    """A watch stream: these events, one JSON object a line, then `then`."""
+    events: Iterable[dict[str, Any]] | None = None
+    """A watch stream: these events, one JSON object a line, then `then`. An iterator may block
+    between events: an event that comes later on an open stream."""
     then: str = "end"
     """After the events: "end" (the server ends the watch), "reset" (TCP RST), "silent" (the
     connection stays open and nothing more comes until the server stops)."""

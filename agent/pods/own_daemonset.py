@@ -9,6 +9,14 @@ server's own word, given while the agent's credentials still counted.
 
 One object, by name (`fieldSelector=metadata.name=`): the Role grants get, list and watch on
 that name only. Kept: its name, uid and deletion timestamp.
+
+Only a connected watch hears the deletion: one that was down at that moment resumes after the
+credentials are gone, and is refused. So this watch retries at most BACKOFF_MAX_SECONDS apart,
+not the caches' 30 s: after a connectivity blip (every connection reset, the back-off grown by
+each failed retry) it is back within about 2.4 s, and a `helm uninstall` that follows is heard.
+Each retry is one watch of one object by name, resumed from the API server's watch cache. An
+uninstall within those seconds, or while the agent cannot reach the API server, is not heard:
+the agent keeps the plugin (fail closed) and says so.
 """
 
 from __future__ import annotations
@@ -19,6 +27,9 @@ from prometheus_client import CollectorRegistry
 
 from agent.pods.cache import ListWatchCache, Obj
 from agent.pods.metrics import CacheMetrics
+
+BACKOFF_MAX_SECONDS = 2.0
+"""The longest wait between tries (before jitter) while the watch cannot be opened."""
 
 
 class OwnDaemonSetWatch(ListWatchCache):
@@ -31,6 +42,7 @@ class OwnDaemonSetWatch(ListWatchCache):
         """`apps`: agent.kube.rest.AppsV1; `options`: ListWatchCache's. Its gauges stay out of
         the agent's metrics (one object: nothing to chart)."""
         options.setdefault("metrics", CacheMetrics(CollectorRegistry()))
+        options.setdefault("backoff_max_seconds", BACKOFF_MAX_SECONDS)
         super().__init__(apps, name, **options)
         self.name, self.namespace = name, namespace
         self._first_uid = ""

@@ -1,18 +1,22 @@
 """The SIGTERM decision against a strict fake API server (testbed.fakeapi): only a definite
 answer uninstalls (the DaemonSet gone, being deleted, or the agent's pod and its DaemonSet both
-gone); a refused credential (401/403) or a failing API server keeps the plugin, saying why."""
+gone); a refused credential (401/403) or a failing API server keeps the plugin, saying why.
+An uninstall seconds after a connectivity blip is still heard by the watch of the DaemonSet."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
 
 import pytest
 
-from agent.install.stop_policy import decide_from_cluster
+from agent.install.stop_policy import StopDecision, decide_from_cluster
 from agent.kube import KubeClients
 from agent.pods.own_daemonset import OwnDaemonSetWatch
 from testbed.fakeapi import FakeApiServer, Reply, Request, watch_events
-from testbed.wait import wait_for
+from testbed.wait import WaitTimeout, wait_for
 
 NS = "istio-system"
 POD = "istio-cni-node-x7k2p"
@@ -125,3 +129,83 @@ def test_a_refusal_after_the_watch_saw_the_daemonset_deleted(
     assert decision.uninstall is deleted, decision.reason
     assert ("watch saw the DaemonSet deleted" in decision.reason) is deleted
     assert ("refused" in decision.reason) is not deleted
+
+
+BLIP_SECONDS = 10.0
+"""Every watch reset for this long: four resets in a row, the caches' back-off grown to 8 s."""
+UNINSTALL_AFTER_SECONDS = 3.0
+"""`helm uninstall` this long after the blip."""
+SIGTERM_AFTER_SECONDS = 2.0
+"""The kubelet's SIGTERM at most this long after the uninstall (the garbage collector deletes
+the pod once it has seen the DaemonSet gone)."""
+
+
+class UninstallingApi:
+    """The DaemonSet's list and watch on the fake API server: an open watch lasts until
+    `uninstall()`, and tells of the deletion; while `blip` is set every watch is reset at once.
+    `uninstall()` also revokes the agent's token, as helm deletes the ServiceAccount and RBAC
+    with the DaemonSet."""
+
+    def __init__(self, fake: FakeApiServer) -> None:
+        self.fake = fake
+        self.blip, self.uninstalled = threading.Event(), threading.Event()
+        fake.route = self.route
+
+    def route(self, request: Request) -> Reply:
+        if request.path != f"/apis/apps/v1/namespaces/{NS}/daemonsets":
+            return Reply(404)
+        if request.query.get("watch") != "true":
+            return Reply(body={"metadata": {"resourceVersion": "10"}, "items": [DAEMONSET]})
+        if self.blip.is_set():
+            return Reply(events=[], then="reset")
+        return Reply(events=self.stream(), then="reset")
+
+    def stream(self) -> Iterator[dict[str, object]]:
+        if self.uninstalled.wait(60):  # an open stream hears the deletion as it happens
+            gone = {**DAEMONSET, "metadata": {**DAEMONSET["metadata"], "resourceVersion": "11"}}
+            yield from watch_events(("DELETED", gone))
+
+    def uninstall(self) -> None:
+        self.uninstalled.set()
+        self.fake.tokens = set()
+
+    def sigterm(self, own: OwnDaemonSetWatch, clients: KubeClients) -> StopDecision:
+        """The decision at SIGTERM, which comes SIGTERM_AFTER_SECONDS after the uninstall at
+        the latest, heard or not."""
+        with contextlib.suppress(WaitTimeout):
+            wait_for(lambda: bool(own.gone()), "the watch's word", SIGTERM_AFTER_SECONDS)
+        return decide_from_cluster(
+            "auto",
+            pod_name=POD,
+            pod_namespace=NS,
+            node_name="node-1",
+            clients=clients,
+            watched_gone=own.gone,
+        )
+
+
+def watches(fake: FakeApiServer) -> list[float]:
+    """When each watch of the DaemonSet was asked, in seconds from the first."""
+    seen = fake.seen(watch="true")
+    return [round(r.at - seen[0].at, 2) for r in seen]
+
+
+def test_an_uninstall_seconds_after_a_connectivity_blip_is_heard(
+    fake_api: FakeApiServer, fake_api_clients: KubeClients
+) -> None:
+    api = UninstallingApi(fake_api)
+    api.blip.set()
+    own = OwnDaemonSetWatch.for_pod(fake_api_clients.apps, POD, NS)
+    own.start()
+    try:
+        wait_for(lambda: own.ready(), "the DaemonSet listed")
+        time.sleep(BLIP_SECONDS)
+        api.blip.clear()
+        time.sleep(UNINSTALL_AFTER_SECONDS)
+        api.uninstall()
+        decision = api.sigterm(own, fake_api_clients)
+    finally:
+        api.uninstall()
+        own.stop()
+    assert decision.uninstall, (decision.reason, watches(fake_api))
+    assert "watch saw the DaemonSet deleted" in decision.reason, decision.reason

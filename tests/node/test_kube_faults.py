@@ -12,7 +12,8 @@ stopped): a sidecar pod created just before it and one during it. Checked, each 
   (the chart's kubeApi.qps and burst: no retry storm);
 - the pods reach Running within a bound after the fault ends;
 - the agent never restarted;
-and once the faults are over, `helm uninstall` still removes the entry (a definite answer).
+and once the faults are over, a last blip (every connection reset for 10 s) and `helm uninstall`
+3 s after it: the uninstall is still heard and removes the entry.
 The figures (requests per minute before and during each fault, time to converge) are printed as
 a table; bench/README.md ("API server faults on the real node") keeps them.
 """
@@ -48,6 +49,9 @@ several refusals) plus the agent's reconnect back-off."""
 QPS, BURST = 5, 10
 """The chart's kubeApi defaults (client-go's)."""
 SAMPLE_SECONDS = 0.5
+BLIP_SECONDS = 10.0
+"""Resets in a row long enough for a doubling back-off to reach 8 s."""
+UNINSTALL_AFTER_BLIP_SECONDS = 3.0
 LOOP = ["connect-loop", "203.0.113.10", "80", "1"]
 
 
@@ -80,6 +84,34 @@ def agent_through_proxy(cluster: RealCluster, workdir: Any) -> Iterator[ApiFault
             yield proxy
         finally:
             iptables(ns, "-t", "nat", "-D", "OUTPUT", *rule)
+
+
+@contextlib.contextmanager
+def following_log(core: Any, pod: str) -> Iterator[list[str]]:
+    """The agent container's log lines from now on, streamed until its end (the pod stopped) or
+    the block's end plus a few seconds: the agent's stop decision outlives its pod this way."""
+    lines: list[str] = []
+    response = core.read_namespaced_pod_log(
+        pod,
+        agent_mod.AGENT_NAMESPACE,
+        container=agent_mod.AGENT_CONTAINER,
+        follow=True,
+        since_seconds=1,
+        _preload_content=False,
+    )
+
+    def read() -> None:
+        with contextlib.suppress(Exception):  # the stream ends as the pod goes
+            for line in response.stream():
+                lines.extend(line.decode(errors="replace").splitlines())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        yield lines
+    finally:
+        reader.join(5)
+        response.release_conn()
 
 
 class EntryWatch:
@@ -204,9 +236,17 @@ def test_api_server_faults_keep_the_plugin_and_capture_every_pod(
             results.append(result)
         agent_now = kubepods.pod_view(node_core, agent_mod.AGENT_NAMESPACE, agent.pod.name)
         entry.__exit__()
-        # The faults over, a definite answer still uninstalls (through the proxy, as before).
-        agent_mod.uninstall(helm, node_core)
-        assert "istio-cni" not in agent_mod.plugin_types(real_cluster)
+        # The faults over, a blip just before the uninstall: every connection of the agent reset
+        # for BLIP_SECONDS (each retry fails, the back-off grows); `helm uninstall` a few
+        # seconds after it must still be heard (through the proxy, as before), though the
+        # ServiceAccount and RBAC go with the DaemonSet (agent.pods.own_daemonset).
+        with proxy.faulted(Fault("reset")):
+            time.sleep(BLIP_SECONDS)
+        time.sleep(UNINSTALL_AFTER_BLIP_SECONDS)
+        with following_log(node_core, agent.pod.name) as log:
+            agent_mod.uninstall(helm, node_core)
+        decided = [line for line in log if "keeping the plugin" in line or "uninstalling" in line]
+        assert "istio-cni" not in agent_mod.plugin_types(real_cluster), decided or log[-20:]
     print("\nfault                  req/min before  req/min during  converged (s)  pods")
     for r in results:
         print(

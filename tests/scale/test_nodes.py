@@ -2,13 +2,17 @@
 subnets routed between them, the chart installed once with kind's preset so the DaemonSet runs
 on all three. A meshed pod's traffic crosses nodes captured at both ends; `helm upgrade` rolls
 the agent one node at a time while pods start on every node, none uncaptured and none failing
-for good; a node drained and deleted leaves the others' agents alone, and a node joining with
+for good; a valid but wrong value stops that rollout at its first node (not Ready there, the
+other nodes' agents untouched and capturing) until `helm rollback` restores it; a node drained
+and deleted leaves the others' agents alone, and a node joining with
 the `cni.istio.io/not-ready` taint gets an agent that lifts it before any meshed pod lands."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import re
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -246,6 +250,121 @@ def test_upgrade_rolls_one_node_at_a_time_while_pods_start_on_every_node(
     # maxUnavailable: 1 held throughout, and the rollout was seen (one node at a time down).
     assert watch.samples > 20 and not watch.errors, (watch.samples, watch.errors[:3])
     assert watch.max_unavailable == 1, f"{watch.max_unavailable} nodes without a Ready agent"
+
+
+BAD_CONF_DIR = "/etc/cni/net.d/typo"
+"""Valid by the schema (an absolute path) and wrong: kubelet makes the dir (DirectoryOrCreate),
+below each node's own conf dir, and the agent waits there for a primary CNI config that never
+comes, not Ready."""
+HOLD_SECONDS = 30.0
+"""How long the rollout is watched standing at its first node."""
+
+
+def revision_hash(pod: Any) -> str:
+    return str((pod.metadata.labels or {}).get("controller-revision-hash", ""))
+
+
+def test_a_bad_value_stops_the_rollout_at_the_first_node_and_rollback_restores_it(
+    cluster: Cluster, namespace: str
+) -> None:
+    core, nodes = cluster.core, cluster.nodes
+    ns = agent_mod.AGENT_NAMESPACE
+    before = agent_pods_by_node(core)
+    assert sorted(before) == sorted(cluster.names), before
+    assert all(ready(p) for p in before.values()), {n: ready(p) for n, p in before.items()}
+    old_hash = {revision_hash(p) for p in before.values()}
+    assert len(old_hash) == 1 and "" not in old_hash, old_hash
+    current = json.loads(
+        cluster.helm.run("get", "values", agent_mod.RELEASE, "-n", ns, "-o", "json")
+    )
+    image = nodes.first.images["workload"].ref
+    timeline: dict[str, float] = {}
+    rolled_back = False
+
+    def changed() -> list[str]:
+        now = agent_pods_by_node(core)
+        return [n for n in cluster.names if now[n].metadata.uid != before[n].metadata.uid]
+
+    def restored() -> bool:
+        now = agent_pods_by_node(core)
+        return all(
+            n in now and ready(now[n]) and revision_hash(now[n]) in old_hash for n in cluster.names
+        )
+
+    watch = Availability(core, cluster.names)
+    try:
+        with watch.watching():
+            start = time.monotonic()
+            cluster.helm.upgrade(
+                agent_mod.RELEASE,
+                agent_mod.CHART,
+                namespace=ns,
+                values={**current, "cniConfDir": BAD_CONF_DIR},
+            )
+            timeline["upgraded"] = time.monotonic() - start
+
+            def first_not_ready() -> str | None:
+                moved = changed()
+                if not moved:
+                    return None
+                pod = agent_pods_by_node(core)[moved[0]]
+                return moved[0] if pod.status.phase == "Running" and not ready(pod) else None
+
+            first = kubepods.wait_for(first_not_ready, "a new agent Running, not Ready", 120)
+            timeline["first node's new agent Running, not Ready"] = time.monotonic() - start
+            untouched = [n for n in cluster.names if n != first]
+
+            # The rollout stands: only the first node changed, its agent not Ready; the others
+            # keep their pods (same UID, Ready, the old template) while pods start there captured.
+            held = time.monotonic()
+            for node in untouched:
+                core.create_namespaced_pod(
+                    namespace,
+                    on_node(
+                        kubepods.pod_manifest(
+                            f"during-{node}", image, app_command=["sleep"], sidecar=True
+                        ),
+                        node,
+                    ),
+                )
+            while time.monotonic() - held < HOLD_SECONDS:
+                now = agent_pods_by_node(core)
+                assert changed() == [first], {n: p.metadata.name for n, p in now.items()}
+                assert not ready(now[first]), now[first].status
+                assert revision_hash(now[first]) not in old_hash, now[first].metadata.labels
+                for node in untouched:
+                    pod = now[node]
+                    assert ready(pod) and revision_hash(pod) in old_hash, (node, pod.status)
+                    assert all(c.restart_count == 0 for c in pod.status.container_statuses)
+                time.sleep(1)
+            timeline["others unchanged, watched for"] = time.monotonic() - held
+            for node in untouched:
+                pod = kubepods.wait_running(core, namespace, f"during-{node}")
+                assert pod.node == node
+                assert podnet.has_istio_rules(nodes.pod_netns(pod.uid)), node
+            status = nodes.first.apps().read_namespaced_daemon_set(agent_mod.RELEASE, ns).status
+            assert status.updated_number_scheduled == 1, status
+
+            rollback = time.monotonic()
+            cluster.helm.run("rollback", agent_mod.RELEASE, "0", "--namespace", ns)
+            rolled_back = True
+
+            kubepods.wait_for(restored, "every agent Ready on the old template", ROLLOUT_TIMEOUT)
+            timeline["rollback to all Ready"] = time.monotonic() - rollback
+        after = agent_pods_by_node(core)
+        for node in untouched:  # never restarted, through the upgrade and the rollback
+            assert after[node].metadata.uid == before[node].metadata.uid, node
+        assert after[first].metadata.uid != before[first].metadata.uid
+        assert watch.samples > 20 and not watch.errors, (watch.samples, watch.errors[:3])
+        assert watch.max_unavailable == 1, f"{watch.max_unavailable} nodes without a Ready agent"
+        print("\nbad value rollout: " + ", ".join(f"{k} {v:.1f} s" for k, v in timeline.items()))
+    finally:
+        if not rolled_back:  # the next tests start from every agent Ready
+            with contextlib.suppress(Exception):
+                cluster.helm.run("rollback", agent_mod.RELEASE, "0", "--namespace", ns)
+                kubepods.wait_for(restored, "every agent Ready again", ROLLOUT_TIMEOUT)
+        for member in nodes.members:
+            shutil.rmtree(member.host_path(BAD_CONF_DIR), ignore_errors=True)
 
 
 @pytest.fixture
