@@ -205,6 +205,12 @@ class WatchError(AgentError):
     retry_later = True
 
 
+class ListVersionExpired(WatchError):
+    """A watch from the version the last list returned answered 410: the list at once again
+    would meet the same (a server or proxy answering every resume so), so it is a failure,
+    backed off."""
+
+
 class TaintChanged(AgentError):
     """The node's taints changed between our read and our patch."""
 

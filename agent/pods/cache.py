@@ -42,6 +42,7 @@ from agent.errors import (
     ApiLookupError,
     ApiNotFound,
     KubeApiError,
+    ListVersionExpired,
     ResourceExpired,
     WatchError,
 )
@@ -117,6 +118,8 @@ class ListWatchCache:
         self._response_lock = threading.Lock()
         self._listeners: list[Listener] = []
         self.relists = 0
+        self._listed_version: str | None = None
+        self._watched = False  # the last step watched (not only listed)
         """How many full lists were done (first one included); read by tests and logs."""
         self._consistent_list = False
         """The next list reads etcd (after a 410: the watch cache may not have the version)."""
@@ -244,11 +247,14 @@ class ListWatchCache:
             self._loop.beat()
             try:
                 version = self.step(version)
-                failures = 0
+                if self._watched:  # a list alone does not end a run of failures (410s)
+                    failures = 0
             except Exception as e:  # every failure: back off and retry, never end the watch
                 if self._stopping.is_set():
                     break
-                if version is not None:  # resume from the last event or bookmark (reflector)
+                if isinstance(e, ListVersionExpired):
+                    version = None  # list again, after the back-off
+                elif version is not None:  # resume from the last event or bookmark (reflector)
                     version = self._seen_version or version
                 failures += 1
                 delay = min(self._backoff_max, 0.5 * 2 ** min(failures, 10))
@@ -263,15 +269,20 @@ class ListWatchCache:
 
         Returns the version to continue from; None after a 410 so the next round lists.
         """
+        self._watched = False
         if resource_version is None or time.monotonic() >= self._next_resync:
             return self.relist()
         try:
-            return self.watch_once(resource_version)
+            version = self.watch_once(resource_version)
         except ResourceExpired as e:
             self._consistent_list = True
+            if resource_version == self._listed_version:
+                raise ListVersionExpired(f"{e} (the version the list returned)") from e
             fields = {"node": self._node, "resourceVersion": resource_version, "error": _short(e)}
             log.info("%s watch version expired; listing again", self.kind, extra={"fields": fields})
             return None
+        self._watched = True
+        return version
 
     def relist(self) -> str:
         """Replace the cache with a fresh list; returns its version. Listeners hear the difference
@@ -282,6 +293,7 @@ class ListWatchCache:
             self._pods = pods
             self._changed.notify_all()
         self.relists += 1
+        self._listed_version = version
         self._metrics.listed(self.kind, len(pods))
         self._next_resync = (
             math.inf if self._resync_seconds is None else time.monotonic() + self._resync_seconds
