@@ -28,6 +28,7 @@ def test_container_is_unprivileged_with_only_the_needed_capabilities(helm: Helm)
         "SYS_ADMIN",
         "SYS_PTRACE",
         "DAC_OVERRIDE",
+        "CHOWN",
     }
     assert sc["runAsUser"] == 0
     assert sc["readOnlyRootFilesystem"] is True
@@ -40,7 +41,7 @@ def test_capabilities_are_each_justified_in_the_template(helm: Helm) -> None:
     text = helm.template().stdout
     block = text[text.index("capabilities:") : text.index("volumeMounts:")]
     # Chart comments do not survive rendering into YAML values, but they do into the text.
-    for cap in ("NET_ADMIN", "NET_RAW", "SYS_ADMIN", "SYS_PTRACE", "DAC_OVERRIDE"):
+    for cap in ("NET_ADMIN", "NET_RAW", "SYS_ADMIN", "SYS_PTRACE", "DAC_OVERRIDE", "CHOWN"):
         line = block.index(f"- {cap}")
         assert block[:line].rstrip().splitlines()[-1].strip().startswith("#"), cap
 

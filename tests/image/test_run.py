@@ -18,7 +18,14 @@ from tests.image.test_build import AGENT_MODULES
 pytestmark = pytest.mark.node
 
 # What the chart's DaemonSet gives the agent container (templates/daemonset.yaml).
-CHART_CAPS = ["CAP_NET_ADMIN", "CAP_NET_RAW", "CAP_SYS_ADMIN", "CAP_SYS_PTRACE", "CAP_DAC_OVERRIDE"]
+CHART_CAPS = [
+    "CAP_NET_ADMIN",
+    "CAP_NET_RAW",
+    "CAP_SYS_ADMIN",
+    "CAP_SYS_PTRACE",
+    "CAP_DAC_OVERRIDE",
+    "CAP_CHOWN",
+]
 
 
 def run_agent(

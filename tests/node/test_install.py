@@ -59,6 +59,7 @@ def test_helm_install_runs_the_agent_on_the_node(
         "CAP_SYS_ADMIN",
         "CAP_SYS_PTRACE",
         "CAP_DAC_OVERRIDE",
+        "CAP_CHOWN",
     }, caps
     assert spec["process"]["user"]["uid"] == 0
     # hostNetwork: the process is in the node's netns.

@@ -5,6 +5,8 @@ start without the plugin."""
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -33,18 +35,36 @@ def test_helm_uninstall_restores_the_node(
     agent_image: Image,
     workload_ns: str,
 ) -> None:
-    conflist_before = real_cluster.conflist_path.read_text()
+    primary = real_cluster.conflist_path
+    conflist_before = primary.read_text()
     bins_before, confs_before = (
         listing(real_cluster.cni_bin_dir),
         listing(real_cluster.cni_conf_dir),
     )
-    helm = node_helm("4")
-    agent = agent_mod.install(helm, real_cluster, node_core, agent_image)
-    agent_mod.wait_conflist(real_cluster, lambda c: c["plugins"][-1]["type"] == "istio-cni")
-    assert (real_cluster.cni_bin_dir / "istio-cni").exists()
+    # The primary owned by its installer's user, not root: the agent's rewrites keep it so (the
+    # chart gives it CAP_CHOWN for that), and so does the uninstall.
+    was = primary.stat()
+    os.chown(primary, 1234, 1234)
+    primary.chmod(0o640)
+    try:
+        helm = node_helm("4")
+        agent = agent_mod.install(helm, real_cluster, node_core, agent_image)
+        agent_mod.wait_conflist(real_cluster, lambda c: c["plugins"][-1]["type"] == "istio-cni")
+        assert (real_cluster.cni_bin_dir / "istio-cni").exists()
+        installed = primary.stat()
+        assert (installed.st_uid, installed.st_gid, stat.S_IMODE(installed.st_mode)) == (
+            1234,
+            1234,
+            0o640,
+        )
 
-    helm.uninstall(agent_mod.RELEASE, namespace=agent_mod.AGENT_NAMESPACE)
-    agent_mod.wait_agent_gone(node_core)
+        helm.uninstall(agent_mod.RELEASE, namespace=agent_mod.AGENT_NAMESPACE)
+        agent_mod.wait_agent_gone(node_core)
+        after = primary.stat()
+        assert (after.st_uid, after.st_gid, stat.S_IMODE(after.st_mode)) == (1234, 1234, 0o640)
+    finally:
+        os.chown(primary, was.st_uid, was.st_gid)
+        primary.chmod(stat.S_IMODE(was.st_mode))
     # The pod object goes once kubelet reported its container stopped: the agent has exited.
     assert agent_mod.plugin_types(real_cluster) == ["bridge", "portmap"]
     assert real_cluster.conflist_path.read_text() == conflist_before
