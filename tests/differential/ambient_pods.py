@@ -10,9 +10,9 @@ terminating (they ignore SIGTERM under a long grace period).
 
 `normalized` turns a stretch of the stream into lines: pod uids become namespace/name (the uids
 differ between the runs), namespace names their key, descriptors their count and whether the
-netns was the pod's own; a snapshot (hello to SnapshotSent) is sorted, as Istio's comes from a
-map in random order; after it, each pod's messages keep their order, but pods are listed by name
-(pods created together reach the agents in any order).
+netns was the pod's own; a snapshot (hello to SnapshotSent) is sorted by pod, as Istio's comes
+from a map in random order; after it, each pod's messages keep their order, but pods are listed
+by name (pods created together reach the agents in any order).
 """
 
 from __future__ import annotations
@@ -161,13 +161,21 @@ def normalized(
         elif snapshot is not None and m.kind != "snapshot_sent":
             snapshot.append("  " + line(m))
         elif m.kind == "snapshot_sent":
-            lines += sorted(snapshot or [])
+            lines += sorted(snapshot or [], key=_by_pod)
             lines.append("snapshot_sent")
             snapshot = None
         else:
             live.setdefault(pod(m.uid), []).append("  " + line(m))
-    lines += sorted(snapshot or [])  # a snapshot cut off (the agent or ztunnel went away)
+    lines += sorted(
+        snapshot or [], key=_by_pod
+    )  # a snapshot cut off (the agent or ztunnel went away)
     return lines + _flush(live)
+
+
+def _by_pod(line: str) -> tuple[str, str]:
+    """A snapshot's lines by pod (then kind): one agent's add pairs with the other's keep."""
+    kind, pod = line.split()[:2]
+    return pod, kind
 
 
 def _flush(live: dict[str, list[str]]) -> list[str]:
