@@ -165,7 +165,10 @@ def normalized(
             lines.append("snapshot_sent")
             snapshot = None
         else:
-            live.setdefault(pod(m.uid), []).append("  " + line(m))
+            seen = live.setdefault(pod(m.uid), [])
+            text = "  " + line(m)
+            # A second DelWorkload for the same pod, with nothing in between, says so.
+            seen.append(f"{text} (again)" if m.kind == "del" and text in seen[-1:] else text)
     lines += sorted(
         snapshot or [], key=_by_pod
     )  # a snapshot cut off (the agent or ztunnel went away)

@@ -57,3 +57,9 @@ def test_streams_that_differ_only_in_uids_and_order_normalize_the_same() -> None
     ]
     # Another pod's namespace is a difference.
     assert "netns=not its own (cni-b)" in stream("u1", "u2", "cni-b", True)[1]
+
+
+def test_a_repeated_del_is_marked() -> None:
+    messages = [Message(1, "del", "u1"), Message(1, "del", "u1"), Message(1, "del", "u2")]
+    lines = normalized(messages, {"u1": "n/a", "u2": "n/b"}, {}, lambda _: None)
+    assert lines == ["  del n/a", "  del n/a (again)", "  del n/b"]
