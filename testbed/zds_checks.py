@@ -159,10 +159,12 @@ class ZdsChecks:
                 )
             self._last_netns[uid] = cookie
             old, self._netns[uid] = self._netns.get(uid), held
-        if old is not None:
-            os.close(old)
+            # A pod the snapshot adds is one it names (SnapshotSent must not drop it), whether
+            # or not this ztunnel held it before.
             if self._in_snapshot is not None:
                 self._in_snapshot.add(uid)
+        if old is not None:
+            os.close(old)
         return found
 
     def _identity(self, what: str, uid: str, info: zds_pb2.WorkloadInfo) -> list[str]:

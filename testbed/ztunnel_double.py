@@ -88,6 +88,24 @@ class Workload:
     closing: threading.Event = field(default_factory=threading.Event, repr=False)
 
 
+@dataclass(frozen=True)
+class Message:
+    """One request of the agent's stream, as received (`stream`), or `hello` for the start of a
+    connection (ztunnel's hello: the agent's stream begins anew after it)."""
+
+    connection: int
+    kind: str
+    """hello, add, keep, del or snapshot_sent."""
+    uid: str = ""
+    info: tuple[str, str, str] | None = None
+    """An AddWorkload's WorkloadInfo: (name, namespace, service account)."""
+    fds: int = 0
+    netns_inode: int | None = None
+    """Inode of the namespace at the first descriptor (an AddWorkload's pod netns)."""
+    netns: str = ""
+    """What `netns_name` made of that descriptor when it came (e.g. the runtime's netns file)."""
+
+
 class ZtunnelDouble:
     """The test double; use as a context manager so listeners and threads always go away."""
 
@@ -99,8 +117,10 @@ class ZtunnelDouble:
         dns: bool = True,
         strict: bool = True,
         identity: IdentityLookup | None = None,
+        netns_name: Callable[[int], str] | None = None,
     ) -> None:
         self.socket_path = socket_path
+        self.netns_name = netns_name
         self.strict = strict
         self.checks = ZdsChecks(lookup=identity, cookie=netns_cookie, redirects=redirects)
         self.hello_version = hello_version
@@ -114,6 +134,8 @@ class ZtunnelDouble:
         self.snapshots = 0
         """SnapshotSent messages received (over all connections)."""
         self.connections = 0
+        self.stream: list[Message] = []
+        """Every hello and request of every connection, in order (for comparing two agents)."""
         self.overlapped = 0
         """Requests that arrived before the previous one was acked (ZDS allows one in flight)."""
         self._workloads: dict[str, Workload] = {}
@@ -191,6 +213,7 @@ class ZtunnelDouble:
         with self._lock:
             self._in_snapshot = set()
             self.connections += 1
+            self.stream.append(Message(self.connections, "hello"))
         self._sock = sock
         self._reader = threading.Thread(
             target=self._read_loop, args=(sock,), name="ztunnel-double", daemon=True
@@ -275,10 +298,28 @@ class ZtunnelDouble:
                 self._lock.notify_all()
 
     def _handle(self, request: zds_pb2.WorkloadRequest, fds: list[int]) -> str:
+        self._log(request, fds)
         self.checks.request(request, fds)
         error = self._apply(request, fds)
         self.checks.answered(request, error)
         return error
+
+    def _log(self, request: zds_pb2.WorkloadRequest, fds: list[int]) -> None:
+        kind = request.WhichOneof("payload") or "none"
+        body = getattr(request, kind) if kind != "none" else None
+        info = None
+        if kind == "add":
+            w = request.add.workload_info
+            info = (w.name, w.namespace, w.service_account)
+        inode, name = None, ""
+        with contextlib.suppress(OSError):
+            inode = os.fstat(fds[0]).st_ino if fds else None
+        if fds and self.netns_name is not None:
+            name = self.netns_name(fds[0])
+        uid = getattr(body, "uid", "")
+        message = Message(self.connections, kind, uid, info, len(fds), inode, name)
+        with self._lock:
+            self.stream.append(message)
 
     def _apply(self, request: zds_pb2.WorkloadRequest, fds: list[int]) -> str:
         kind = request.WhichOneof("payload") or "none"

@@ -161,6 +161,25 @@ def test_snapshot_drops_what_it_did_not_name(netns: Netns) -> None:
     assert c.violations == ["KeepWorkload uid-b: a pod this ztunnel does not hold"]
 
 
+def test_a_pod_a_restarted_ztunnels_snapshot_added_is_held_for_the_next_snapshot(
+    netns: Netns,
+) -> None:
+    # ztunnel restarts: the agent's snapshot adds the pod anew; then the agent restarts and,
+    # not finding the pod's namespace, keeps it: ztunnel holds it, so that is no violation.
+    c = checks(netns, WEB)
+    c.restarted()
+    c.said_hello()
+    c.request(add(), net(netns))
+    c.answered(add(), "")
+    c.request(SENT, [])
+    c.disconnected()
+    c.said_hello()
+    c.request(keep(WEB.uid), [])
+    c.request(SENT, [])
+    c.close()
+    assert c.violations == []
+
+
 def test_a_pod_let_go_while_captured_may_not_come_back_in_the_same_sandbox(
     netns: Netns,
 ) -> None:
