@@ -30,6 +30,7 @@ AgentError
  │    └── ApiGone           +   410: the watch's version expired: list again
  ├── ResourceExpired        +   a cache's watch must list again (410 Gone)
  ├── WatchError             +   a watch stream reported an error
+ │    └── ListVersionExpired +  a watch from the list's own version answered 410
  ├── TaintChanged           +   the node's taints changed between read and patch
  ├── ServerError                the pod server cannot listen on its socket
  ├── ZdsServerError             the ZDS server cannot listen on ztunnel's socket

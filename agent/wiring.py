@@ -36,8 +36,8 @@ from agent.netns.look import netns_addresses
 from agent.node_taint import NodeTaintRemover
 from agent.podinput.tokens import Address
 from agent.podnetns.finder import PodNetnsFinder
-from agent.pods.cache import PodCache
 from agent.pods.namespaces import NamespaceCache
+from agent.pods.pod_cache import PodCache
 from agent.pods.states import PodStates
 from agent.podserver.sandboxes import SandboxStore
 from agent.podserver.service import PodService

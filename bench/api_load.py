@@ -42,8 +42,9 @@ from typing import Any
 
 from agent.kube import build_clients
 from agent.logs import setup_logging
-from agent.pods.cache import ListWatchCache, PodCache
+from agent.pods.cache import ListWatchCache
 from agent.pods.namespaces import NamespaceCache
+from agent.pods.pod_cache import PodCache
 from testbed import apiload
 from testbed.controlplane import Binaries, ControlPlane
 

@@ -90,7 +90,7 @@ def child(kubeconfig: str, pods: int) -> None:
     import agent.wiring  # noqa: F401  (every module the agent loads)
     from agent.kube import build_clients
     from agent.memory import map_large_buffers
-    from agent.pods.cache import PodCache
+    from agent.pods.pod_cache import PodCache
 
     map_large_buffers()  # as the agent's run does at start
     clients = build_clients({"KUBECONFIG": kubeconfig})

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from agent.config import Settings
 from agent.kube import KubeClients, api
-from agent.pods.cache import PodCache
+from agent.pods.pod_cache import PodCache
 from agent.pods.slim import PodFields
 from agent.pods.states import PodStates
 from agent.podserver.handlers import Ambient, EventSink, PodHandlers, Redirector

@@ -41,7 +41,7 @@ class Watcher(Protocol):
 
 
 class PodsView(Protocol):
-    """The pod service's cache (agent.pods.cache.PodCache)."""
+    """The pod service's cache (agent.pods.pod_cache.PodCache)."""
 
     def ready(self) -> bool: ...
 

@@ -18,7 +18,7 @@ from agent.background import BackgroundLoop
 from agent.http_server import HttpServer
 from agent.kube import api
 from agent.liveness import Liveness
-from agent.pods.cache import PodCache
+from agent.pods.pod_cache import PodCache
 from agent.pods.watch_stream import heartbeat_bound
 from agent.serving import limits
 from agent.serving.http import Request, Response

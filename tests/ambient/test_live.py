@@ -27,8 +27,8 @@ from agent.config import AmbientSettings, Settings
 from agent.label_selectors import DEFAULT_ENABLEMENT_SELECTORS
 from agent.netns.look import netns_addresses
 from agent.podnetns.finder import PodNetnsFinder
-from agent.pods.cache import PodCache
 from agent.pods.namespaces import NamespaceCache
+from agent.pods.pod_cache import PodCache
 from agent.podserver.service import PodService
 from agent.rules.ambient.apply import HostProbeRules, InpodRules
 from agent.rules.ambient.options import PodRuleOptions

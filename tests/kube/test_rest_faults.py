@@ -17,7 +17,7 @@ import yaml
 from agent.errors import ApiForbidden, ApiLookupError
 from agent.kube import KubeClients, api, build_clients, rest
 from agent.node_taint import TAINT_KEY, remove_taint
-from agent.pods.cache import PodCache
+from agent.pods.pod_cache import PodCache
 from testbed.fakeapi import FakeApiServer, Reply, Request
 from testbed.wait import wait_for
 

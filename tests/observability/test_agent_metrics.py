@@ -16,8 +16,8 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from agent.errors import ApiLookupError, RedirectError
 from agent.install.installer import Installer
 from agent.install.watcher import InstallWatcher
-from agent.pods.cache import PodCache
 from agent.pods.metrics import CacheMetrics
+from agent.pods.pod_cache import PodCache
 from agent.podserver.metrics import REFUSAL_REASONS, PluginMetrics
 from agent.rules.sidecar.redirector import RulesRedirector
 from testbed.agent_host import Node, make_node

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from agent.kube import build_clients
-from agent.pods.cache import PodCache
+from agent.pods.pod_cache import PodCache
 from testbed.node import NodePods
 from testbed.wait import wait_for
 from tests.podserver.helpers import ObservedCore

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from agent.errors import ResourceExpired, WatchError
-from agent.pods.cache import PodCache
+from agent.pods.pod_cache import PodCache
 from tests.podserver.helpers import make_pod
 
 

@@ -13,7 +13,7 @@ import pytest
 from kubernetes import client as k8s
 
 from agent.errors import ApiLookupError
-from agent.pods.cache import PodCache
+from agent.pods.pod_cache import PodCache
 from testbed.wait import wait_for
 from tests.podserver.helpers import ObservedCore
 

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from agent.kube import KubeClients
-from agent.pods.cache import ListWatchCache, PodCache
+from agent.pods.cache import ListWatchCache
 from agent.pods.namespaces import NamespaceCache
+from agent.pods.pod_cache import PodCache
 from testbed.fakeapi import FakeApiServer, Reply, Request, watch_events
 from testbed.wait import wait_for
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from agent.pods import list_body, skim, watch_stream
-from agent.pods.cache import PodCache
+from agent.pods.pod_cache import PodCache
 from agent.pods.slim import NAMESPACE, POD, PodFields, pod_shape, reading_of, slim
 from tests.pods.test_slim import FAT_KINDS, fattened, full_pod, pods, readings
 

@@ -28,8 +28,8 @@ from agent.errors import InvalidPodInputError
 from agent.label_selectors import EnablementSelector, LabelSelector, LabelSelectorRequirement
 from agent.podinput.pod import PROXY_ENV, ambient_input
 from agent.pods import slim as slim_module
-from agent.pods.cache import PodCache
 from agent.pods.namespaces import NamespaceCache
+from agent.pods.pod_cache import PodCache
 from agent.pods.slim import NAMESPACE, POD, PodFields, pod_shape, slim
 from agent.podserver.service import PodService
 from agent.readiness.build import _own_netns_uid
