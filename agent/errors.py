@@ -207,9 +207,9 @@ class WatchError(AgentError):
 
 
 class ListVersionExpired(WatchError):
-    """A watch from the version the last list returned answered 410: the list at once again
-    would meet the same (a server or proxy answering every resume so), so it is a failure,
-    backed off."""
+    """A watch from the version a list returned moments before answered 410: listing at once
+    again would meet the same (a server or proxy answering every resume so), so it is a
+    failure, backed off."""
 
 
 class TaintChanged(AgentError):

@@ -131,15 +131,17 @@ class Attributes:
     gid: int
     label: bytes | None
 
-    def apply(self, fd: int) -> int:
-        """Give the open file these owner and label (before its mode: a chown clears setuid
-        bits); returns the mode to set."""
+    def apply(self, fd: int) -> None:
+        """Give the open file (ours, root's) this mode, label and owner, the owner last: once
+        the file is another user's, its mode and label are that user's to change (CAP_FOWNER,
+        which the agent does not have). A chown clears only setuid and setgid bits, which a CNI
+        config has no use for."""
+        os.fchmod(fd, self.mode)
         if self.label is not None:
             with contextlib.suppress(OSError):  # no SELinux there: nothing to keep
                 os.setxattr(fd, SELINUX_XATTR, self.label)
         with contextlib.suppress(PermissionError):  # no CAP_CHOWN: root's, as before
             os.fchown(fd, self.uid, self.gid)
-        return self.mode
 
 
 def attributes_of(path: str) -> Attributes | None:
@@ -182,8 +184,9 @@ def atomic_write(
             while view:
                 view = view[os.write(fd, view) :]
             if kept is not None:
-                mode = kept.apply(fd)
-            os.fchmod(fd, mode)
+                kept.apply(fd)
+            else:
+                os.fchmod(fd, mode)
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -52,6 +52,10 @@ from agent.pods.metrics import CacheMetrics, default_cache_metrics
 
 log = logging.getLogger(__name__)
 
+FRESH_LIST_SECONDS = 30.0
+"""A 410 on a watch from the version a list returned less than this ago is a failure, backed
+off (ListVersionExpired): a server or proxy answering every resume so would otherwise be listed
+and watched in a loop at the rate limit. Later, the version may simply have aged out."""
 Pod = dict[str, Any]
 """A pod as the API server's JSON (metadata, spec, status)."""
 Obj = dict[str, Any]
@@ -117,6 +121,7 @@ class ListWatchCache:
         self._listeners: list[Listener] = []
         self.relists = 0
         self._listed_version: str | None = None
+        self._listed_at = -math.inf
         self._watched = False  # the last step watched (not only listed)
         """How many full lists were done (first one included); read by tests and logs."""
         self._consistent_list = False
@@ -274,7 +279,8 @@ class ListWatchCache:
             version = self.watch_once(resource_version)
         except ResourceExpired as e:
             self._consistent_list = True
-            if resource_version == self._listed_version:
+            just_listed = time.monotonic() - self._listed_at < FRESH_LIST_SECONDS
+            if resource_version == self._listed_version and just_listed:
                 raise ListVersionExpired(f"{e} (the version the list returned)") from e
             fields = {"node": self._node, "resourceVersion": resource_version, "error": _short(e)}
             log.info("%s watch version expired; listing again", self.kind, extra={"fields": fields})
@@ -291,7 +297,7 @@ class ListWatchCache:
             self._pods = pods
             self._changed.notify_all()
         self.relists += 1
-        self._listed_version = version
+        self._listed_version, self._listed_at = version, time.monotonic()
         self._metrics.listed(self.kind, len(pods))
         self._next_resync = (
             math.inf if self._resync_seconds is None else time.monotonic() + self._resync_seconds
