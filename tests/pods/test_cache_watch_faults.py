@@ -68,6 +68,26 @@ def lists_seen(fake_api: FakeApiServer, path: str) -> list[Request]:
     return [r for r in fake_api.seen("GET", path) if r.query.get("watch") != "true"]
 
 
+def run_pod_cache(
+    fake_api: FakeApiServer, clients: KubeClients, watch_reply: Reply, seconds: float
+) -> PodCache:
+    """A pod cache against a server whose list is empty at 100 and whose every watch gets
+    `watch_reply`, run for `seconds` after its first list; stopped."""
+    fake_api.route = lambda request: (
+        watch_reply
+        if request.query.get("watch") == "true"
+        else Reply(body={"metadata": {"resourceVersion": "100"}, "items": []})
+    )
+    cache = PodCache(clients.core, NODE)
+    cache.start()
+    try:
+        wait_for(cache.ready, "the first list")
+        time.sleep(seconds)
+    finally:
+        cache.stop()
+    return cache
+
+
 CASES = [
     pytest.param(PodCache, "/api/v1/pods", pod, id="pods"),
     pytest.param(NamespaceCache, "/api/v1/namespaces", namespace, id="namespaces"),
@@ -98,19 +118,7 @@ def test_a_broken_watch_resumes_from_the_last_version_seen(
 def test_an_empty_watch_is_backed_off_not_reopened_in_a_loop(
     fake_api: FakeApiServer, fake_api_clients: KubeClients
 ) -> None:
-    def route(request: Request) -> Reply:
-        if request.query.get("watch") != "true":
-            return Reply(body={"metadata": {"resourceVersion": "100"}, "items": []})
-        return Reply(events=[], then="end")
-
-    fake_api.route = route
-    cache = PodCache(fake_api_clients.core, NODE)
-    cache.start()
-    try:
-        wait_for(cache.ready, "the first list")
-        time.sleep(2.0)
-    finally:
-        cache.stop()
+    cache = run_pod_cache(fake_api, fake_api_clients, Reply(events=[], then="end"), 2.0)
     watches = fake_api.seen("GET", "/api/v1/pods", watch="true")
     # client-go: a watch over in under a second with no event is an error, backed off
     # (0.5 s doubling here, with jitter): 1 + 1 s + 2 s... at most 3 in 2 s.
@@ -125,20 +133,7 @@ def test_a_server_answering_every_resume_with_410_is_backed_off(
     answers every resume so): listing again at once would loop at the client's rate limit (5
     requests/s, list and watch in turn). As client-go's reflector, each round after the first
     is backed off, growing: 0.5 s doubling with jitter."""
-
-    def route(request: Request) -> Reply:
-        if request.query.get("watch") != "true":
-            return Reply(body={"metadata": {"resourceVersion": "100"}, "items": []})
-        return Reply(status=410)
-
-    fake_api.route = route
-    cache = PodCache(fake_api_clients.core, NODE)
-    cache.start()
-    try:
-        wait_for(cache.ready, "the first list")
-        time.sleep(4.0)
-    finally:
-        cache.stop()
+    run_pod_cache(fake_api, fake_api_clients, Reply(status=410), 4.0)
     lists = lists_seen(fake_api, "/api/v1/pods")
     watches = fake_api.seen("GET", "/api/v1/pods", watch="true")
     # list, 410, list, 410, (~1 s) list, 410, (~2 s) list, 410: at most 4 of each in 4 s, where
