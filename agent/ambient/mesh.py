@@ -36,6 +36,11 @@ At a CNI ADD the pod's IPs are those of the CNI chain's result (Istio: prevResul
 status, which still holds the old sandbox's IP when a sandbox is re-created; the sandbox is
 recorded, and only its DEL releases the pod (a stale sandbox's DEL after the new one's ADD
 leaves the pod enrolled).
+
+One DelWorkload per removal, as Istio sends one at a pod's delete event or terminal phase (its
+CNI DEL does nothing): a deleted pod's last sandbox DEL and delete event, in either order, send
+one between them (`remove`). Any other delete event sends one, enrolled or not: ztunnel may hold
+a pod this agent does not know (enrolled before a restart that did not find it).
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ from typing import Any
 from agent import metrics
 from agent.ambient.annotator import Annotator, StatusAnnotator
 from agent.ambient.dataplane import AmbientPod, HostProbeRules, PodRules, ZtunnelLink
-from agent.ambient.enrollment import RedirectionState, annotation_patch, pod_ips
+from agent.ambient.enrollment import RedirectionState, annotation_patch, is_terminated, pod_ips
 from agent.ambient.reconcile import (
     NetnsFinder,
     ReconcileReport,
@@ -125,6 +130,9 @@ class MeshDataplane(StartupReconcile):
         self._pod_locks: dict[str, threading.Lock] = {}
         self._refusals: dict[str, str] = {}
         """uid -> the refusal of the running pod's values last logged (once per reason)."""
+        self._released_by_del: set[str] = set()
+        """uids a sandbox's DEL released (DelWorkload sent), not enrolled since: the pod's delete
+        event sends no second one. Emptied by the delete event or a new enrollment."""
         ztunnel.set_snapshot_source(self.snapshot)
 
     def _pod_lock(self, uid: str) -> threading.Lock:
@@ -154,6 +162,7 @@ class MeshDataplane(StartupReconcile):
     def _put(self, pod: AmbientPod) -> None:
         with self._lock:
             self._enrolled[pod.uid] = pod
+            self._released_by_del.discard(pod.uid)
 
     def _take(self, uid: str) -> AmbientPod | None:
         with self._lock:
@@ -195,11 +204,46 @@ class MeshDataplane(StartupReconcile):
                     extra={"fields": {"pod": _ref(pod), "sandbox": sandbox}},
                 )
                 return
-            self._remove(pod, known, deleted=deleted)
+            if sandbox:
+                self._release_sandbox(pod, known, sandbox, deleted=deleted)
+            else:
+                told = self._removal_told(uid, pod, known, deleted=deleted)
+                self._remove(pod, known, deleted=deleted, tell_ztunnel=not told)
+                if deleted:  # done (a failure above keeps it for the retry)
+                    with self._lock:
+                        self._released_by_del.discard(uid)
         if deleted:
             with self._lock:
                 self._pod_locks.pop(uid, None)
                 self._refusals.pop(uid, None)
+
+    def _release_sandbox(
+        self, pod: Mapping[str, Any], known: AmbientPod | None, sandbox: str, *, deleted: bool
+    ) -> None:
+        """A CNI DEL of the sandbox the pod is enrolled with (or of no recorded one)."""
+        if known is None:
+            # Released already (its delete event came first, or the watch let it go): another
+            # DelWorkload would be a second one for the same removal.
+            log.info(
+                "DEL of a sandbox whose pod is not enrolled; nothing to release",
+                extra={"fields": {"pod": _ref(pod), "sandbox": sandbox}},
+            )
+            return
+        self._remove(pod, known, deleted=deleted)
+        with self._lock:
+            self._released_by_del.add(known.uid)
+
+    def _removal_told(
+        self, uid: str, pod: Mapping[str, Any], known: AmbientPod | None, *, deleted: bool
+    ) -> bool:
+        """Was ztunnel told of this removal already? Only for a deleted pod that its sandbox's
+        DEL released while it was running: Istio sends one DelWorkload at its delete event, and
+        the DEL sent it. A pod that had terminated gets another, as from Istio, whose update to
+        the terminal phase sent the first."""
+        if not deleted or known is not None or is_terminated(pod):
+            return False
+        with self._lock:
+            return uid in self._released_by_del
 
     def annotate_as_recorded(self, pod: Mapping[str, Any]) -> None:
         """Write the annotation of the pod's recorded state (`enabled`, or none when not
@@ -304,7 +348,15 @@ class MeshDataplane(StartupReconcile):
             self._unfinished.discard(uid)
         return enrolled
 
-    def _remove(self, pod: Mapping[str, Any], known: AmbientPod | None, *, deleted: bool) -> None:
+    def _remove(
+        self,
+        pod: Mapping[str, Any],
+        known: AmbientPod | None,
+        *,
+        deleted: bool,
+        tell_ztunnel: bool = True,
+    ) -> None:
+        """`tell_ztunnel`: False when ztunnel was told of this removal already."""
         ref, uid = _ref(pod), str(_meta(pod).get("uid", ""))
         ips = tuple(dict.fromkeys((*pod_ips(pod), *(known.ips if known else ()))))
         try:
@@ -327,7 +379,8 @@ class MeshDataplane(StartupReconcile):
                     extra={"fields": {"pod": ref}},
                 )
         try:
-            self._ztunnel.remove(uid)
+            if tell_ztunnel:
+                self._ztunnel.remove(uid)
         except ZtunnelError as e:
             raise MeshError(f"pod {ref}: remove from ztunnel: {e}") from e
         try:

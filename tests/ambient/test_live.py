@@ -1,8 +1,9 @@
 """Live enrollment on the real kube-apiserver with real pod netns, the real ambient rules and the
 ztunnel test double: labels enroll and release running pods (annotation through the API, rules
 in the netns, workload in ztunnel, IP in the node's probe set), an agent restart keeps pods
-captured without duplicate rules, a pod deleted while ztunnel is away is released, and a CNI ADD
-through the agent's real pod server enrolls an ambient pod.
+captured without duplicate rules, a pod deleted while ztunnel is away is released, a CNI ADD
+through the agent's real pod server enrolls an ambient pod, and a pod deleted after its sandbox
+was re-created gets one DelWorkload from its last sandbox's DEL and its delete event together.
 
 The "node" is a netns of the test (host probe rules go there, never into the machine's own).
 """
@@ -56,6 +57,8 @@ class Bed:
         self.settings = AmbientSettings(enabled=True, ztunnelSocketPath=str(tmp / "zds.sock"))
         self.host = HostProbeRules(node_netns, ipv6=False)
         self.service: AmbientService | None = None
+        self.watched: list[str] = []
+        """The type of each pod or namespace event the watch began to handle."""
 
     def start(self) -> AmbientService:
         pods = PodCache(self.core, self.node)
@@ -71,13 +74,14 @@ class Bed:
             ),
             options_for=rule_options_for(PodRuleOptions(ipv6=False)),
         )
-        watch = AmbientWatch(
+        watch = self.watch = AmbientWatch(
             pods=pods,
             namespaces=namespaces,
             mesh=self.mesh,
             selectors=DEFAULT_ENABLEMENT_SELECTORS,
             exclude_namespaces=["kube-system"],
             system_namespace="istio-system",
+            on_event=self.watched.append,
         )
         self.service = AmbientService(
             settings=self.settings,
@@ -91,6 +95,19 @@ class Bed:
         self.service.start()
         wait_for(self.service.ready, "ambient service ready (ZDS listening)", timeout=30)
         return self.service
+
+    def wait_handled(self, event_type: str = "") -> None:
+        """Until the watch has handled every event it began, one of `event_type` among them,
+        and has none waiting."""
+        wait_for(
+            lambda: (
+                (not event_type or event_type in self.watched)
+                and self.watch.processed == len(self.watched)
+                and self.watch.pending() == 0
+            ),
+            f"the watch to handle {'a ' + event_type if event_type else 'each'} event",
+            timeout=30,
+        )
 
     def stop(self) -> None:
         if self.service is not None:
@@ -415,6 +432,57 @@ def test_a_stale_sandboxs_del_leaves_the_pod_in_ztunnel_and_its_new_ip_probed(
         assert uid in ztunnel.workloads() and bed.mesh.state(uid) == "enabled"
         entries = bed.host.entries()
         assert entries.get("10.77.251.2") == uid and "10.77.251.1" not in entries
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("del_first", [True, False], ids=["del-first", "delete-event-first"])
+def test_a_pod_deleted_after_its_sandbox_was_recreated_gets_one_delworkload(
+    bed: Bed,
+    ztunnel: ZtunnelDouble,
+    kube_core: Any,
+    sim_node: str,
+    node_pods: NodePods,
+    pod_namespaces: PodNamespaces,
+    namespace: str,
+    tmp_path: Path,
+    del_first: bool,
+) -> None:
+    """kubelet re-creates a running pod's sandbox (the old one's DEL, then the new one's ADD),
+    and the pod is deleted later: its new sandbox's DEL and its delete event come in either
+    order, and ztunnel gets one DelWorkload for the deletion, as from Istio's agent. ztunnel
+    acks a DelWorkload for a pod it no longer holds, so the stream itself is compared."""
+    label_namespace(kube_core, namespace, AMBIENT)
+    bed.start()
+    ztunnel.connect()
+    old_ns, new_ns = (Path(pod_namespaces.netns()).name for _ in range(2))
+    uid = node_pods.create(namespace, "fresh")["metadata"]["uid"]
+    server, socket = pod_server(kube_core, sim_node, bed, tmp_path)
+    server.start()
+    try:
+        cni(socket, "ADD", "c-old", old_ns, namespace, "10.77.252.1")
+        node_pods.set_running(namespace, "fresh", "10.77.252.1")
+        cni(socket, "DEL", "c-old", old_ns, namespace, "10.77.252.1")
+        cni(socket, "ADD", "c-new", new_ns, namespace, "10.77.252.2")
+        assert bed.mesh.state(uid) == "enabled"
+        # The watch may have decided on the pod between the two sandboxes (nothing to do, or an
+        # enrollment of its netns): done before the deletion starts.
+        bed.wait_handled()
+        sent = len(ztunnel.stream)
+
+        def last_del() -> None:
+            cni(socket, "DEL", "c-new", new_ns, namespace, "10.77.252.2")
+
+        def delete_event() -> None:
+            node_pods.delete(namespace, "fresh")
+            bed.wait_handled("delete")
+
+        for step in (last_del, delete_event) if del_first else (delete_event, last_del):
+            step()
+        told = [(m.kind, m.uid) for m in ztunnel.stream[sent:]]
+        assert told == [("del", uid)], told
+        assert uid not in ztunnel.workloads() and bed.mesh.state(uid) == "none"
+        assert uid not in bed.host.entries().values()
     finally:
         server.stop()
 

@@ -1,6 +1,7 @@
 """The pod server's CNI ADD/DEL for ambient pods (agent.podserver.handlers + ambient), with the
 real enrollment decisions and a MeshDataplane over named fakes: enroll with the request's netns
-and IPs, fail closed, enableAmbientDetectionRetry, sidecar pods unchanged, DEL releases."""
+and IPs, fail closed, enableAmbientDetectionRetry, sidecar pods unchanged, DEL releases, and
+with the real watch beside it one DelWorkload per removal, as Istio sends."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from agent.ambient.enroller import AmbientEnroller
 from agent.ambient.mesh import MeshDataplane, rule_options_for
+from agent.ambient.watch import AmbientWatch, Event
 from agent.errors import ApiLookupError
 from agent.label_selectors import DEFAULT_ENABLEMENT_SELECTORS
 from agent.podserver.handlers import PodHandlers
@@ -256,6 +258,83 @@ def test_a_stale_sandboxs_del_after_the_new_add_leaves_the_pod_in_ztunnel(
     assert rig.host.entries == {"uid-1": {"10.0.0.6"}}
     rig.handlers.delete(rig.body("DEL", sandbox="c2", netns=second, ip="10.0.0.6"))
     assert "uid-1" not in rig.ztunnel.workloads and rig.mesh.state("uid-1") == "none"
+
+
+# -- one DelWorkload per removal: the CNI DEL and the pod's delete event ---------------------------
+
+
+def watch_of(rig: Rig) -> AmbientWatch:
+    """The agent's watch on the rig's mesh (the pod's delete event: Istio's only removal)."""
+
+    class Caches:
+        def cached(self, namespace: str, name: str) -> dict[str, Any] | None:
+            return None  # deleted
+
+        def list_pods(self) -> list[dict[str, Any]]:
+            return []
+
+        def cached_namespace(self, name: str) -> dict[str, Any] | None:
+            return rig.namespaces.items.get(name)
+
+    return AmbientWatch(
+        pods=Caches(),
+        namespaces=Caches(),
+        mesh=rig.mesh,
+        selectors=DEFAULT_ENABLEMENT_SELECTORS,
+        exclude_namespaces=["kube-system"],
+        system_namespace="istio-system",
+    )
+
+
+def dels(rig: Rig) -> list[tuple[str, ...]]:
+    return [e for e in rig.journal if e[0] == "ztunnel.remove"]
+
+
+@pytest.mark.parametrize("del_first", [True, False], ids=["del-first", "delete-event-first"])
+def test_a_running_pod_deleted_gets_one_delworkload_from_its_del_and_delete_event(
+    tmp_path: Path, del_first: bool
+) -> None:
+    """Deleted while running: kubelet tears its sandbox down (CNI DEL) and the watch sees it
+    deleted, in either order. Istio sends one DelWorkload (its DEL does nothing); so does this
+    agent, the sandbox re-created or not."""
+    rig = Rig(tmp_path, new_pod())
+    second = tmp_path / "cni-2"
+    second.touch()
+    assert rig.handlers.add(rig.body()).status == 200
+    rig.handlers.delete(rig.body("DEL"))  # kubelet re-creates the sandbox
+    assert rig.handlers.add(rig.body(sandbox="c2", netns=second, ip="10.0.0.6")).status == 200
+    assert dels(rig) == [("ztunnel.remove", "uid-1")]
+    rig.journal.clear()
+    running = pod(ips=("10.0.0.6",))
+    steps = [
+        lambda: rig.handlers.delete(rig.body("DEL", sandbox="c2", netns=second, ip="10.0.0.6")),
+        lambda: watch_of(rig).handle(Event("pod", "delete", running, None)),
+    ]
+    for step in steps if del_first else reversed(steps):
+        step()
+    assert dels(rig) == [("ztunnel.remove", "uid-1")]
+    assert rig.mesh.state("uid-1") == "none" and rig.host.entries == {}
+
+
+def test_a_terminated_pods_delete_event_sends_its_delworkload_as_istio_does(
+    tmp_path: Path,
+) -> None:
+    """A pod that completed: its sandbox's DEL released it (Istio: its update to Succeeded
+    does); when it is deleted later Istio sends DelWorkload again, and so does this agent."""
+    rig = Rig(tmp_path, new_pod())
+    assert rig.handlers.add(rig.body()).status == 200
+    rig.handlers.delete(rig.body("DEL"))
+    watch_of(rig).handle(Event("pod", "delete", pod(phase="Succeeded"), None))
+    assert dels(rig) == [("ztunnel.remove", "uid-1")] * 2
+
+
+def test_a_pod_the_agent_does_not_know_still_gets_its_delworkload(tmp_path: Path) -> None:
+    """Enrolled by an agent before a restart that did not find it (or deleted while the agent
+    was down): ztunnel may hold it, so its delete event sends DelWorkload (Istio: the pod
+    matches the enablement selectors)."""
+    rig = Rig(tmp_path)
+    watch_of(rig).handle(Event("pod", "delete", pod(), None))
+    assert dels(rig) == [("ztunnel.remove", "uid-1")]
 
 
 # -- a namespace cache behind the API server -------------------------------------------------------
