@@ -295,11 +295,6 @@ ALLOWED_ZDS_DIFFERENCES: dict[str, tuple[str, str]] = {
     "the test bed: Istio's agent sees a stand-in /proc (testbed/istio_procfs.py), so after a"
     " restart it finds no pod's netns and keeps each pod (KeepWorkload); ours finds each"
     " pod's netns and adds it again": (r"keep \S+", r"add \S+ info=\(.*\) fds=1 netns=own"),
-    "not explained yet: when a pod whose sandbox kubelet re-created is deleted, ours sends"
-    " its DelWorkload twice (ztunnel acks a DelWorkload for a pod it no longer holds)": (
-        "",
-        r"del \S+ \(again\)",
-    ),
 }
 
 
