@@ -1,0 +1,509 @@
+"""The real agent on the real node while the node's CNI dirs misbehave, one fault after another on
+one chart install, a sidecar pod started during each.
+
+Faults (each against the chart's agent, run by kubelet and containerd):
+- owner and mode: the primary config owned by 1234:1234, mode 0640, before the install; the same
+  after the install and after the uninstall;
+- inotify exhausted: `fs.inotify.max_user_instances` at 1 (restored after) and the agent's pod
+  replaced, so it starts unable to watch; then our entry removed from the primary: put back by
+  polling;
+- primary a symlink: to a file without our entry (resolving: chained into), then dangling
+  (refused, naming the file); then a regular file again;
+- conf dir deleted and made again (a CNI reinstall): not Ready naming `cni-dirs`, liveness
+  fails, kubelet restarts the container, which chains into the new dir's primary. The new dir is
+  a small tmpfs, so that the next faults reach the agent's mount too;
+- disk full: the tmpfs filled, then our entry removed: not Ready while it cannot write, healed
+  once space is freed;
+- read-only: our entry removed and the tmpfs remounted read-only while the agent is paused: not
+  Ready while read-only, healed once writable;
+- `istioOwnedCNIConfig` on, off, on (helm upgrade): the runtime loads our entry throughout.
+
+Checked throughout, every 0.5 s: the file libcni would load from the conf dir (the libcni oracle
+ci/setup-testbed builds) holds our entry whenever the agent's /readyz says ready (a sample right
+after someone else removed the entry may still read ready for one readiness period: STALE_GRACE).
+Each pod started during a fault ends captured (Istio's rules in its netns) or failed closed
+first and was captured after; for the faults in which a third party removes our entry from a dir
+the agent cannot write, the runtime loads a config without our plugin, and a pod started then is
+recorded as it ended. The figures (how the agent reported each fault, time to heal, the pods) are
+printed as a table; bench/README.md ("Node faults on the real node") keeps one run's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.netns import run_in_netns
+from testbed import chart as agent_mod
+from testbed import kubepods, podnet
+from testbed.agent_host import http_get
+from testbed.images import Image
+from testbed.parts import libcni_oracle
+from testbed.realnode import RealCluster
+from testbed.wait import wait_for
+
+pytestmark = [pytest.mark.nodefaults]
+
+PORT = 15014  # the chart's default metricsPort, in the node's network namespace (hostNetwork)
+SAMPLE_SECONDS = 0.5
+STALE_GRACE = 3.0
+"""Longest the agent may still read ready after someone else removed its entry: the install
+check's period (2 s) plus the polling interval (1 s)."""
+HEAL_TIMEOUT = 90.0
+"""To Ready with our entry loaded: up to a liveness restart (3 x 10 s) and kubelet's back-off."""
+POD_TIMEOUT = 120.0
+OWNER = (1234, 1234)
+MODE = 0o640
+TMPFS_SIZE = "256k"
+LOOP = ["connect-loop", "203.0.113.10", "80", "1"]
+REPAIRED = "started without traffic redirect"
+REPAIRED_POD = re.compile(r" pod=[^/ ]+/(\S+)")
+INOTIFY_INSTANCES = Path("/proc/sys/fs/inotify/max_user_instances")
+
+
+@dataclass
+class Sample:
+    at: float
+    ready: bool | None
+    """None: /readyz did not answer (not listening, paused)."""
+    first_line: str
+    loaded: str | None
+    """The file libcni would load (its name), None: none."""
+    has_entry: bool
+
+
+@dataclass
+class FaultResult:
+    name: str
+    began: float = 0.0
+    ended: float = 0.0
+    healed: float | None = None
+    reported: list[str] = field(default_factory=list)
+    pods: dict[str, str] = field(default_factory=dict)
+    """pod -> how it ended."""
+    held_pods: list[str] = field(default_factory=list)
+    """Pods of a fault in which the runtime could not load our entry (a third party removed it
+    from a dir the agent could not write): recorded, not required captured."""
+
+
+class Sampler:
+    """/readyz and the file libcni would load, every SAMPLE_SECONDS."""
+
+    def __init__(self, cluster: RealCluster, core: Any) -> None:
+        self.cluster = cluster
+        self.core = core
+        self.samples: list[Sample] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._oracle = str(libcni_oracle().require())
+
+    def _readyz(self) -> tuple[bool | None, str]:
+        try:
+            code, body = run_in_netns(
+                self.cluster.network.netns_path, lambda: http_get(PORT, "/readyz")
+            )
+        except OSError:
+            return None, "no answer"
+        return code == 200, body.splitlines()[0] if body else str(code)
+
+    def _loaded(self) -> tuple[str | None, bool]:
+        conf_dir = self.cluster.cni_conf_dir
+        done = subprocess.run(
+            [self._oracle, str(conf_dir)], capture_output=True, text=True, timeout=10, check=False
+        )
+        loaded = done.stdout.strip() or None
+        if loaded is None:
+            return None, False
+        try:  # the oracle prints the file's name; a symlink is read through
+            plugins = json.loads((conf_dir / loaded).read_text()).get("plugins") or []
+        except (OSError, ValueError):
+            return loaded, False
+        return loaded, any(p.get("type") == "istio-cni" for p in plugins)
+
+    def sample(self) -> Sample:
+        ready, first = self._readyz()
+        loaded, has_entry = self._loaded()
+        return Sample(time.monotonic(), ready, first, loaded, has_entry)
+
+    def _run(self) -> None:
+        while not self._stop.wait(SAMPLE_SECONDS):
+            self.samples.append(self.sample())
+
+    def between(self, start: float, end: float) -> list[Sample]:
+        return [s for s in self.samples if start <= s.at <= end]
+
+    def stale_runs(self) -> list[tuple[float, float]]:
+        """Runs of samples that read ready while the loaded file lacked our entry, longer than
+        STALE_GRACE: (start, length)."""
+        runs, start = [], None
+        for s in self.samples:
+            bad = s.ready is True and not s.has_entry
+            if bad and start is None:
+                start = s.at
+            elif not bad and start is not None:
+                runs.append((start, s.at - start))
+                start = None
+        if start is not None:
+            runs.append((start, self.samples[-1].at - start))
+        return [r for r in runs if r[1] > STALE_GRACE]
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+
+def healed(sampler: Sampler, what: str, timeout: float = HEAL_TIMEOUT) -> float:
+    """Until /readyz is ready and the loaded file holds our entry; the time it happened."""
+    sample = wait_for(
+        lambda: s if (s := sampler.sample()).ready and s.has_entry else None,
+        f"the agent Ready with our entry loaded after {what}",
+        timeout,
+        interval=0.25,
+        on_timeout=lambda: explain(sampler, sampler.core),
+    )
+    return float(sample.at)
+
+
+def explain(sampler: Sampler, core: Any) -> str:
+    """The last sample and the conf dir's files, for a timeout's message."""
+    conf_dir = sampler.cluster.cni_conf_dir
+    files = []
+    for p in sorted(conf_dir.iterdir()):
+        files.append(f"{p.name}: {p.read_text(errors='replace')[:600] if p.is_file() else '-'}")
+    logs = [
+        kubepods.logs(core, agent_mod.AGENT_NAMESPACE, p.metadata.name, agent_mod.AGENT_CONTAINER)
+        for p in agent_mod.agent_pods(core)
+    ]
+    return f"last sample: {sampler.sample()}\n" + "\n".join(files + [s[-4000:] for s in logs])
+
+
+def reported(sampler: Sampler, start: float, end: float) -> list[str]:
+    """The distinct ways /readyz said not ready between start and end."""
+    seen: list[str] = []
+    for s in sampler.between(start, end):
+        word = s.first_line if s.ready is False else ("no answer" if s.ready is None else "")
+        if word and word not in seen:
+            seen.append(word)
+    return seen
+
+
+def wait_reported(sampler: Sampler, check: str, timeout: float = 60.0) -> str:
+    """Until /readyz names `check`; its first line."""
+    sample = wait_for(
+        lambda: s if (s := sampler.sample()).ready is False and check in s.first_line else None,
+        f"the agent's /readyz to name {check}",
+        timeout,
+        interval=0.25,
+    )
+    return str(sample.first_line)
+
+
+def write_conflist(path: Path, conf: dict[str, Any]) -> None:
+    """Rewrite the file in place (keeps its inode, owner and mode), as an editor of it would."""
+    with open(path, "r+") as f:
+        f.truncate(0)
+        f.write(json.dumps(conf, indent=2) + "\n")
+
+
+def without_entry(conf: dict[str, Any]) -> dict[str, Any]:
+    return {**conf, "plugins": [p for p in conf["plugins"] if p.get("type") != "istio-cni"]}
+
+
+def sidecar_pod(core: Any, ns: str, image: str, name: str) -> str:
+    core.create_namespaced_pod(
+        ns, kubepods.pod_manifest(name, image, app_command=LOOP, sidecar=True)
+    )
+    return name
+
+
+def note_repairs(core: Any, repaired: set[str]) -> None:
+    """Add the pods the agent's repair found started without redirect (its log) to `repaired`."""
+    for pod in agent_mod.agent_pods(core):
+        log = kubepods.logs(
+            core, agent_mod.AGENT_NAMESPACE, pod.metadata.name, agent_mod.AGENT_CONTAINER
+        )
+        for line in log.splitlines():
+            if REPAIRED in line and (found := REPAIRED_POD.search(line)):
+                repaired.add(found.group(1))
+
+
+def pod_end(cluster: RealCluster, core: Any, ns: str, name: str, repaired: set[str]) -> str:
+    """How a pod started during a fault ended: captured, failed closed then captured, ran
+    uncaptured until the agent's repair programmed it, or runs without Istio's rules."""
+    view = kubepods.wait_running(core, ns, name, timeout=POD_TIMEOUT, ready=False)
+    refused = "FailedCreatePodSandBox" in kubepods.pod_events(core, ns, name)
+    if not podnet.has_istio_rules(cluster.pod_netns(view.uid)):
+        return "UNCAPTURED"
+    if name in repaired:
+        return "ran uncaptured, repaired in place"
+    return f"{'failed closed, then ' if refused else ''}captured"
+
+
+@contextlib.contextmanager
+def inotify_instances(limit: int) -> Iterator[None]:
+    """fs.inotify.max_user_instances at `limit` (machine-wide), restored whatever happens."""
+    saved = INOTIFY_INSTANCES.read_text()
+    INOTIFY_INSTANCES.write_text(f"{limit}\n")
+    try:
+        yield
+    finally:
+        INOTIFY_INSTANCES.write_text(saved)
+
+
+@contextlib.contextmanager
+def conf_tmpfs_cleanup(conf_dir: Path) -> Iterator[None]:
+    """Whatever the test mounted at the conf dir is unmounted at the end."""
+    try:
+        yield
+    finally:
+        while subprocess.run(["mountpoint", "-q", str(conf_dir)], check=False).returncode == 0:
+            subprocess.run(["umount", "-l", str(conf_dir)], check=True)
+
+
+def agent_pid(cluster: RealCluster, agent: agent_mod.Agent) -> tuple[str, int]:
+    assert cluster.runtime is not None
+    return cluster.runtime.running_container(agent.pod.uid, agent_mod.AGENT_CONTAINER)
+
+
+@contextlib.contextmanager
+def agent_paused(cluster: RealCluster, core: Any) -> Iterator[None]:
+    """The agent's container frozen (its cgroup), so that a change and a fault land together."""
+    assert cluster.runtime is not None
+    container, _ = agent_pid(cluster, agent_mod.ready_agent(core, cluster, timeout=5))
+    cluster.runtime.ctr("tasks", "pause", container)
+    try:
+        yield
+    finally:
+        cluster.runtime.ctr("tasks", "resume", container)
+
+
+def owner_mode(path: Path) -> tuple[int, int, int]:
+    st = path.stat()
+    return st.st_uid, st.st_gid, st.st_mode & 0o7777
+
+
+@pytest.mark.timeout(900)
+def test_node_faults_keep_our_entry_loaded_while_ready(
+    real_cluster: RealCluster,
+    node_helm: Any,
+    node_core: Any,
+    agent_image: Image,
+    workload_ns: str,
+) -> None:
+    image = real_cluster.images["workload"].ref
+    conf_dir = real_cluster.cni_conf_dir
+    primary = real_cluster.conflist_path
+    results: list[FaultResult] = []
+    ownership: dict[str, tuple[int, int, int]] = {}
+    pods_count = 0
+    repaired: set[str] = set()
+
+    def during(result: FaultResult, *, held: bool = False) -> None:
+        nonlocal pods_count
+        pods_count += 1
+        name = sidecar_pod(node_core, workload_ns, image, f"during-{pods_count}")
+        result.pods[name] = ""
+        if held:
+            result.held_pods.append(name)
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(conf_tmpfs_cleanup(conf_dir))
+
+        @stack.callback
+        def _restore_primary() -> None:
+            # The node's own config back as the test bed made it (root-owned, 0644).
+            reference = json.dumps(real_cluster.reference_conflist(), indent=2) + "\n"
+            primary.unlink(missing_ok=True)
+            primary.write_text(reference)
+
+        os.chown(primary, *OWNER)
+        os.chmod(primary, MODE)
+        ownership["before install"] = owner_mode(primary)
+        helm = node_helm("4")
+        agent = agent_mod.install(helm, real_cluster, node_core, agent_image)
+        ownership["after install"] = owner_mode(primary)
+        sampler = stack.enter_context(Sampler(real_cluster, node_core))
+
+        # -- inotify exhausted: a new agent that cannot watch, then our entry removed.
+        result = FaultResult("inotify exhausted")
+        with inotify_instances(1):
+            result.began = time.monotonic()
+            node_core.delete_namespaced_pod(agent.pod.name, agent_mod.AGENT_NAMESPACE)
+            agent = agent_mod.ready_agent(node_core, real_cluster, image=agent_image)
+            log = kubepods.wait_log_line(
+                node_core,
+                agent_mod.AGENT_NAMESPACE,
+                agent.pod.name,
+                agent_mod.AGENT_CONTAINER,
+                lambda line: "cannot watch the CNI dirs" in line,
+                "the agent polling",
+                timeout=30,
+            )
+            result.reported.append("log: cannot watch the CNI dirs; checking every 1 s")
+            assert "checking them every 1 s" in log, log
+            write_conflist(primary, without_entry(agent_mod.conflist(real_cluster)))
+            result.ended = time.monotonic()
+            result.healed = healed(sampler, "our entry removed while polling")
+            during(result)  # inotify still exhausted
+            time.sleep(2)
+        results.append(result)
+
+        # -- the primary a symlink: resolving (chained into its target), then dangling.
+        result = FaultResult("primary a symlink")
+        target = conf_dir.parent / "primary-target.conflist"
+        stack.callback(target.unlink, missing_ok=True)
+        target.write_text(json.dumps(without_entry(agent_mod.conflist(real_cluster))))
+        result.began = time.monotonic()
+        primary.unlink()
+        primary.symlink_to(target)
+        healed(sampler, "the primary made a symlink")
+        assert "istio-cni" in agent_mod.plugin_types(real_cluster)  # through the symlink
+        assert primary.is_symlink(), "the agent replaced the symlink instead of its target"
+        during(result)
+        dangling = conf_dir.parent / "gone.conflist"
+        primary.unlink()
+        primary.symlink_to(dangling)
+        result.reported.append(wait_reported(sampler, "install"))
+        during(result, held=True)
+        time.sleep(2)
+        primary.unlink()
+        primary.write_text(target.read_text())
+        os.chown(primary, *OWNER)
+        os.chmod(primary, MODE)
+        result.ended = time.monotonic()
+        result.healed = healed(sampler, "the dangling symlink replaced by a file")
+        results.append(result)
+
+        note_repairs(node_core, repaired)
+
+        # -- the conf dir deleted and made again (a tmpfs, for the faults after this one).
+        result = FaultResult("conf dir recreated")
+        before = agent_mod.ready_agent(node_core, real_cluster).pod
+        content = json.dumps(real_cluster.reference_conflist(), indent=2) + "\n"
+        result.began = time.monotonic()
+        shutil.rmtree(conf_dir)
+        conf_dir.mkdir()
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE},mode=0755", "tmpfs", str(conf_dir)],
+            check=True,
+        )
+        primary.write_text(content)
+        os.chown(primary, *OWNER)
+        os.chmod(primary, MODE)
+        result.ended = time.monotonic()
+        result.reported.append(wait_reported(sampler, "cni-dirs"))
+        during(result, held=True)
+        result.healed = healed(sampler, "the conf dir recreated")
+        agent = agent_mod.ready_agent(node_core, real_cluster, image=agent_image)
+        restarts = agent.pod.containers[agent_mod.AGENT_CONTAINER]["restarts"]
+        before_restarts = before.containers[agent_mod.AGENT_CONTAINER]["restarts"]
+        assert agent.pod.uid == before.uid and restarts == before_restarts + 1, agent.pod
+        result.reported.append("liveness: container restarted by kubelet")
+        results.append(result)
+
+        # -- disk full: the conf dir's tmpfs filled, then our entry removed.
+        result = FaultResult("conf dir disk full")
+        filler = conf_dir / "zz-filler.bin"
+        result.began = time.monotonic()
+        with open(filler, "wb") as f, contextlib.suppress(OSError):
+            while True:
+                f.write(b"\0" * 4096)
+                f.flush()
+        write_conflist(primary, without_entry(agent_mod.conflist(real_cluster)))
+        result.reported.append(wait_reported(sampler, "install"))
+        during(result, held=True)
+        time.sleep(2)
+        filler.unlink()
+        result.ended = time.monotonic()
+        result.healed = healed(sampler, "space freed")
+        results.append(result)
+
+        # -- read-only: our entry removed and the conf dir's tmpfs remounted ro, agent paused.
+        result = FaultResult("conf dir read-only")
+        result.began = time.monotonic()
+        with agent_paused(real_cluster, node_core):
+            write_conflist(primary, without_entry(agent_mod.conflist(real_cluster)))
+            subprocess.run(["mount", "-o", "remount,ro", str(conf_dir)], check=True)
+        try:
+            result.reported.append(wait_reported(sampler, "install"))
+            during(result, held=True)
+            time.sleep(2)
+        finally:
+            subprocess.run(["mount", "-o", "remount,rw", str(conf_dir)], check=True)
+        result.ended = time.monotonic()
+        result.healed = healed(sampler, "the conf dir writable again")
+        results.append(result)
+
+        # -- istioOwnedCNIConfig on, off, on.
+        result = FaultResult("owned config toggled")
+        result.began = time.monotonic()
+        for owned in (True, False, True):
+            note_repairs(node_core, repaired)
+            helm.upgrade(
+                agent_mod.RELEASE,
+                agent_mod.CHART,
+                namespace=agent_mod.AGENT_NAMESPACE,
+                values=agent_mod.node_values(real_cluster, agent_image, istioOwnedCNIConfig=owned),
+            )
+            copy = conf_dir / "02-istio-cni.conflist"
+
+            def settled(owned: bool = owned, copy: Path = copy) -> bool:
+                s = sampler.sample()
+                want = copy.name if owned else primary.name
+                return bool(s.ready and s.has_entry and s.loaded == want)
+
+            wait_for(settled, f"istioOwnedCNIConfig={owned} in effect", HEAL_TIMEOUT)
+            during(result)
+        result.ended = time.monotonic()
+        result.healed = result.ended
+        agent = agent_mod.ready_agent(node_core, real_cluster, image=agent_image)
+        results.append(result)
+
+        sampler.__exit__()
+        time.sleep(3)  # the repair's next look at pods started last
+        note_repairs(node_core, repaired)
+        for r in results:
+            for pod in r.pods:
+                r.pods[pod] = pod_end(real_cluster, node_core, workload_ns, pod, repaired)
+
+        agent_mod.uninstall(helm, node_core)
+        assert "istio-cni" not in agent_mod.plugin_types(real_cluster)
+        assert not (conf_dir / "02-istio-cni.conflist").exists()
+        ownership["after uninstall"] = owner_mode(primary)
+
+    print("\nfault                 reported as                                  heal (s)  pods")
+    for r in results:
+        heal = f"{(r.healed or r.ended) - r.ended:8.1f}"
+        print(f"{r.name:<21} {' | '.join(r.reported) or '-':<44} {heal}  ", end="")
+        print("; ".join(f"{p}: {how}" for p, how in r.pods.items()))
+    print("owner/mode of the primary:", {k: f"{u}:{g} {m:o}" for k, (u, g, m) in ownership.items()})
+    stale = sampler.stale_runs()
+    print(
+        f"samples: {len(sampler.samples)}, ready without our entry loaded > {STALE_GRACE} s: "
+        f"{stale}"
+    )
+
+    assert set(ownership.values()) == {(*OWNER, MODE)}, ownership
+    assert len(sampler.samples) > 100 and stale == [], stale
+    uncaptured = [
+        (r.name, p, how) for r in results for p, how in r.pods.items()
+        if how == "UNCAPTURED" or (how.startswith("ran") and p not in r.held_pods)
+    ]  # fmt: skip
+    assert uncaptured == [], uncaptured
