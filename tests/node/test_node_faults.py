@@ -7,8 +7,9 @@ Faults (each against the chart's agent, run by kubelet and containerd):
 - inotify exhausted: `fs.inotify.max_user_instances` at 1 (restored after) and the agent's pod
   replaced, so it starts unable to watch; then our entry removed from the primary: put back by
   polling;
-- primary a symlink: to a file without our entry (resolving: chained into), then dangling
-  (refused, naming the file); then a regular file again;
+- primary a symlink: to a file in the conf dir without our entry (resolving: chained into),
+  then to a node path that does not exist (dangling: refused, naming the file); then a regular
+  file again;
 - conf dir deleted and made again (a CNI reinstall): not Ready naming `cni-dirs`, liveness
   fails, kubelet restarts the container, which chains into the new dir's primary. The new dir is
   a small tmpfs, so that the next faults reach the agent's mount too;
@@ -324,14 +325,17 @@ def test_node_faults_keep_our_entry_loaded_while_ready(
             result.held_pods.append(name)
 
     with contextlib.ExitStack() as stack:
-        stack.enter_context(conf_tmpfs_cleanup(conf_dir))
 
         @stack.callback
         def _restore_primary() -> None:
-            # The node's own config back as the test bed made it (root-owned, 0644).
+            # The node's own config back as the test bed made it (root-owned, 0644), in the dir
+            # under the tmpfs once that is gone.
             reference = json.dumps(real_cluster.reference_conflist(), indent=2) + "\n"
+            (conf_dir / "primary.real").unlink(missing_ok=True)
             primary.unlink(missing_ok=True)
             primary.write_text(reference)
+
+        stack.enter_context(conf_tmpfs_cleanup(conf_dir))
 
         os.chown(primary, *OWNER)
         os.chmod(primary, MODE)
@@ -367,12 +371,12 @@ def test_node_faults_keep_our_entry_loaded_while_ready(
 
         # -- the primary a symlink: resolving (chained into its target), then dangling.
         result = FaultResult("primary a symlink")
-        target = conf_dir.parent / "primary-target.conflist"
-        stack.callback(target.unlink, missing_ok=True)
+        # In the conf dir, under a name libcni passes over: the agent's mount has it too.
+        target = conf_dir / "primary.real"
         target.write_text(json.dumps(without_entry(agent_mod.conflist(real_cluster))))
         result.began = time.monotonic()
         primary.unlink()
-        primary.symlink_to(target)
+        primary.symlink_to(target.name)
         healed(sampler, "the primary made a symlink")
         assert "istio-cni" in agent_mod.plugin_types(real_cluster)  # through the symlink
         assert primary.is_symlink(), "the agent replaced the symlink instead of its target"
