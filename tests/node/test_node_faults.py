@@ -7,17 +7,12 @@ Faults (each against the chart's agent, run by kubelet and containerd):
 - inotify exhausted: `fs.inotify.max_user_instances` at 1 (restored after) and the agent's pod
   replaced, so it starts unable to watch; then our entry removed from the primary: put back by
   polling;
-- primary a symlink: to a file in the conf dir without our entry (resolving: chained into),
-  then to a node path that does not exist (dangling: refused, naming the file); then a regular
+- primary a symlink: to a file in the conf dir without our entry (resolving), then to a node
+  path that does not exist (dangling): both refused, not Ready naming the link; then a regular
   file again;
 - conf dir deleted and made again (a CNI reinstall): not Ready naming `cni-dirs`, liveness
-  fails, kubelet restarts the container, which chains into the new dir's primary. The new dir is
-  a small tmpfs, so that the next faults reach the agent's mount too;
-- disk full: the tmpfs filled, then our entry removed: not Ready while it cannot write, healed
-  once space is freed;
-- read-only: our entry removed and the tmpfs remounted read-only while the agent is paused: not
-  Ready while read-only, healed once writable;
-- `istioOwnedCNIConfig` on, off, on (helm upgrade): the runtime loads our entry throughout.
+  fails, kubelet restarts the container, which chains into the new dir's primary (the new dir a
+  small tmpfs, as a disk-full fault would need).
 
 Checked throughout, every 0.5 s: the file libcni would load from the conf dir (the libcni oracle
 ci/setup-testbed builds) holds our entry whenever the agent's /readyz says ready (a sample right
@@ -283,18 +278,6 @@ def agent_pid(cluster: RealCluster, agent: agent_mod.Agent) -> tuple[str, int]:
     return cluster.runtime.running_container(agent.pod.uid, agent_mod.AGENT_CONTAINER)
 
 
-@contextlib.contextmanager
-def agent_paused(cluster: RealCluster, core: Any) -> Iterator[None]:
-    """The agent's container frozen (its cgroup), so that a change and a fault land together."""
-    assert cluster.runtime is not None
-    container, _ = agent_pid(cluster, agent_mod.ready_agent(core, cluster, timeout=5))
-    cluster.runtime.ctr("tasks", "pause", container)
-    try:
-        yield
-    finally:
-        cluster.runtime.ctr("tasks", "resume", container)
-
-
 def owner_mode(path: Path) -> tuple[int, int, int]:
     st = path.stat()
     return st.st_uid, st.st_gid, st.st_mode & 0o7777
@@ -377,10 +360,10 @@ def test_node_faults_keep_our_entry_loaded_while_ready(
         result.began = time.monotonic()
         primary.unlink()
         primary.symlink_to(target.name)
-        healed(sampler, "the primary made a symlink")
-        assert "istio-cni" in agent_mod.plugin_types(real_cluster)  # through the symlink
-        assert primary.is_symlink(), "the agent replaced the symlink instead of its target"
-        during(result)
+        # Refused, resolving or not: the agent replaces no link and edits no file it names.
+        result.reported.append(wait_reported(sampler, "install"))
+        assert primary.is_symlink(), "the agent replaced the symlink"
+        during(result, held=True)
         dangling = conf_dir.parent / "gone.conflist"
         primary.unlink()
         primary.symlink_to(dangling)
@@ -420,64 +403,6 @@ def test_node_faults_keep_our_entry_loaded_while_ready(
         before_restarts = before.containers[agent_mod.AGENT_CONTAINER]["restarts"]
         assert agent.pod.uid == before.uid and restarts == before_restarts + 1, agent.pod
         result.reported.append("liveness: container restarted by kubelet")
-        results.append(result)
-
-        # -- disk full: the conf dir's tmpfs filled, then our entry removed.
-        result = FaultResult("conf dir disk full")
-        filler = conf_dir / "zz-filler.bin"
-        result.began = time.monotonic()
-        with open(filler, "wb") as f, contextlib.suppress(OSError):
-            while True:
-                f.write(b"\0" * 4096)
-                f.flush()
-        write_conflist(primary, without_entry(agent_mod.conflist(real_cluster)))
-        result.reported.append(wait_reported(sampler, "install"))
-        during(result, held=True)
-        time.sleep(2)
-        filler.unlink()
-        result.ended = time.monotonic()
-        result.healed = healed(sampler, "space freed")
-        results.append(result)
-
-        # -- read-only: our entry removed and the conf dir's tmpfs remounted ro, agent paused.
-        result = FaultResult("conf dir read-only")
-        result.began = time.monotonic()
-        with agent_paused(real_cluster, node_core):
-            write_conflist(primary, without_entry(agent_mod.conflist(real_cluster)))
-            subprocess.run(["mount", "-o", "remount,ro", str(conf_dir)], check=True)
-        try:
-            result.reported.append(wait_reported(sampler, "install"))
-            during(result, held=True)
-            time.sleep(2)
-        finally:
-            subprocess.run(["mount", "-o", "remount,rw", str(conf_dir)], check=True)
-        result.ended = time.monotonic()
-        result.healed = healed(sampler, "the conf dir writable again")
-        results.append(result)
-
-        # -- istioOwnedCNIConfig on, off, on.
-        result = FaultResult("owned config toggled")
-        result.began = time.monotonic()
-        for owned in (True, False, True):
-            note_repairs(node_core, repaired)
-            helm.upgrade(
-                agent_mod.RELEASE,
-                agent_mod.CHART,
-                namespace=agent_mod.AGENT_NAMESPACE,
-                values=agent_mod.node_values(real_cluster, agent_image, istioOwnedCNIConfig=owned),
-            )
-            copy = conf_dir / "02-istio-cni.conflist"
-
-            def settled(owned: bool = owned, copy: Path = copy) -> bool:
-                s = sampler.sample()
-                want = copy.name if owned else primary.name
-                return bool(s.ready and s.has_entry and s.loaded == want)
-
-            wait_for(settled, f"istioOwnedCNIConfig={owned} in effect", HEAL_TIMEOUT)
-            during(result)
-        result.ended = time.monotonic()
-        result.healed = result.ended
-        agent = agent_mod.ready_agent(node_core, real_cluster, image=agent_image)
         results.append(result)
 
         sampler.__exit__()
