@@ -27,10 +27,12 @@ printed as a table; bench/README.md ("Node faults on the real node") keeps one r
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -168,6 +170,12 @@ class Sampler:
             self._thread.join()
 
 
+def loads_with_entry(sampler: Sampler, name: str) -> bool:
+    """The agent ready and the runtime loading `name`, our entry in it."""
+    sample = sampler.sample()
+    return bool(sample.ready and sample.has_entry and sample.loaded == name)
+
+
 def healed(sampler: Sampler, what: str, timeout: float = HEAL_TIMEOUT) -> float:
     """Until /readyz is ready and the loaded file holds our entry; the time it happened."""
     sample = wait_for(
@@ -261,6 +269,55 @@ def pod_end(cluster: RealCluster, core: Any, ns: str, name: str, repaired: set[s
     return f"{'failed closed, then ' if refused else ''}captured"
 
 
+def wait_sandbox_tried(cluster: RealCluster, core: Any, ns: str, name: str) -> str:
+    """Until the runtime has tried the pod's sandbox (its network set up, or refused), or
+    kubelet holds it because the runtime has no network config (the node not Ready): the fault
+    is still on when the pod's start is decided. How it was decided."""
+
+    def decided() -> str | None:
+        if core.read_namespaced_pod(name, ns).status.pod_ip:
+            return "sandbox started"
+        if "FailedCreatePodSandBox" in kubepods.pod_events(core, ns, name):
+            return "sandbox refused"
+        return None if cluster.node_ready() else "held by kubelet: network not ready"
+
+    return str(
+        wait_for(decided, f"the runtime to decide {name}'s start", POD_TIMEOUT, interval=0.5)
+    )
+
+
+@contextlib.contextmanager
+def paused(pid: int) -> Iterator[None]:
+    """The agent's process stopped (SIGSTOP) meanwhile: what the test changes then, the agent
+    finds at once when it goes on, as if both had happened in the same instant."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
+def fill(conf_dir: Path) -> Path:
+    """A file filling the conf dir's file system (the test's tmpfs) to its last byte."""
+    filler = conf_dir / ".filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for chunk in (65536, 4096, 1):
+            with contextlib.suppress(OSError):  # ENOSPC: full at this chunk size
+                while True:
+                    os.write(fd, b"\0" * chunk)
+    finally:
+        os.close(fd)
+    return filler
+
+
+def remount(conf_dir: Path, mode: str) -> None:
+    """The conf dir's file system (the test's tmpfs) read-only or read-write, for every mount of
+    it: the agent's view included."""
+    subprocess.run(["mount", "-o", f"remount,{mode}", str(conf_dir)], check=True)
+
+
 @contextlib.contextmanager
 def inotify_instances(limit: int) -> Iterator[None]:
     """fs.inotify.max_user_instances at `limit` (machine-wide), restored whatever happens."""
@@ -272,19 +329,17 @@ def inotify_instances(limit: int) -> Iterator[None]:
         INOTIFY_INSTANCES.write_text(saved)
 
 
-@contextlib.contextmanager
-def conf_tmpfs_cleanup(conf_dir: Path) -> Iterator[None]:
-    """Whatever the test mounted at the conf dir is unmounted at the end."""
-    try:
-        yield
-    finally:
-        while subprocess.run(["mountpoint", "-q", str(conf_dir)], check=False).returncode == 0:
-            subprocess.run(["umount", "-l", str(conf_dir)], check=True)
-
-
 def agent_pid(cluster: RealCluster, agent: agent_mod.Agent) -> tuple[str, int]:
     assert cluster.runtime is not None
     return cluster.runtime.running_container(agent.pod.uid, agent_mod.AGENT_CONTAINER)
+
+
+def agent_restarts(core: Any, before: kubepods.PodView) -> int:
+    """Restarts of the agent container of pod `before` since `before` was seen."""
+    now = kubepods.pod_view(core, agent_mod.AGENT_NAMESPACE, before.name)
+    assert now is not None and now.uid == before.uid, "the agent pod was replaced"
+    restarts = now.containers[agent_mod.AGENT_CONTAINER]["restarts"]
+    return int(restarts) - int(before.containers[agent_mod.AGENT_CONTAINER]["restarts"])
 
 
 def owner_mode(path: Path) -> tuple[int, int, int]:
@@ -315,19 +370,24 @@ def test_node_faults_keep_our_entry_loaded_while_ready(
         result.pods[name] = ""
         if held:
             result.held_pods.append(name)
+            wait_sandbox_tried(real_cluster, node_core, workload_ns, name)
 
     with contextlib.ExitStack() as stack:
+        recreated = [False]
 
         @stack.callback
-        def _restore_primary() -> None:
-            # The node's own config back as the test bed made it (root-owned, 0644), in the dir
-            # under the tmpfs once that is gone.
+        def _restore_node() -> None:
+            # The tmpfs gone, the node's own config back as the test bed made it (root-owned,
+            # 0644) in the dir under it; containerd restarted when the dir was recreated: it
+            # stops watching a conf dir that is removed, and would load no change after.
+            while subprocess.run(["mountpoint", "-q", str(conf_dir)], check=False).returncode == 0:
+                subprocess.run(["umount", "-l", str(conf_dir)], check=True)
             reference = json.dumps(real_cluster.reference_conflist(), indent=2) + "\n"
             (conf_dir / "primary.real").unlink(missing_ok=True)
             primary.unlink(missing_ok=True)
             primary.write_text(reference)
-
-        stack.enter_context(conf_tmpfs_cleanup(conf_dir))
+            if recreated[0]:
+                real_cluster.restart_node()
 
         os.chown(primary, *OWNER)
         os.chmod(primary, MODE)
@@ -394,6 +454,7 @@ def test_node_faults_keep_our_entry_loaded_while_ready(
         before = agent_mod.ready_agent(node_core, real_cluster).pod
         content = json.dumps(real_cluster.reference_conflist(), indent=2) + "\n"
         result.began = time.monotonic()
+        recreated[0] = True
         shutil.rmtree(conf_dir)
         conf_dir.mkdir()
         subprocess.run(
@@ -412,6 +473,92 @@ def test_node_faults_keep_our_entry_loaded_while_ready(
         before_restarts = before.containers[agent_mod.AGENT_CONTAINER]["restarts"]
         assert agent.pod.uid == before.uid and restarts == before_restarts + 1, agent.pod
         result.reported.append("liveness: container restarted by kubelet")
+        results.append(result)
+        # containerd (2.x) stops watching a conf dir that is removed: until it restarts it
+        # loads no later change, whatever the dir holds. Restarted here (its containers keep
+        # running), so that the runtime in the faults below loads what the dir holds.
+        real_cluster.restart_node()
+        healed(sampler, "containerd and kubelet restarted")
+
+        # -- the disk full mid-run: our entry removed while the conf dir's file system is full,
+        # so the agent cannot write its temp file.
+        result = FaultResult("disk full mid-run")
+        _, pid = agent_pid(real_cluster, agent)
+        with paused(pid):
+            write_conflist(primary, without_entry(agent_mod.conflist(real_cluster)))
+            filler = fill(conf_dir)
+        result.began = time.monotonic()
+        result.reported.append(wait_reported(sampler, "install"))
+        during(result, held=True)
+        filler.unlink()
+        result.ended = time.monotonic()
+        result.healed = healed(sampler, "the disk freed")
+        results.append(result)
+
+        # -- the conf dir read-only: our entry removed, then no one may write there.
+        result = FaultResult("conf dir read-only")
+        _, pid = agent_pid(real_cluster, agent)
+        with paused(pid):
+            write_conflist(primary, without_entry(agent_mod.conflist(real_cluster)))
+            remount(conf_dir, "ro")
+        try:
+            result.began = time.monotonic()
+            result.reported.append(wait_reported(sampler, "install"))
+            during(result, held=True)
+        finally:
+            remount(conf_dir, "rw")
+        result.ended = time.monotonic()
+        result.healed = healed(sampler, "the conf dir writable again")
+        results.append(result)
+
+        # -- the disk full at start: the agent's container killed while the file system is full
+        # and our entry is gone; the one kubelet starts cannot write, and must not exit.
+        result = FaultResult("disk full at start")
+        before = agent_mod.ready_agent(node_core, real_cluster).pod
+        note_repairs(node_core, repaired)  # the log of the container about to be killed
+        _, pid = agent_pid(real_cluster, agent)
+        with paused(pid):
+            write_conflist(primary, without_entry(agent_mod.conflist(real_cluster)))
+            filler = fill(conf_dir)
+            os.kill(pid, signal.SIGKILL)
+        result.began = time.monotonic()
+        wait_for(lambda: agent_restarts(node_core, before) > 0, "kubelet to restart the agent", 60)
+        result.reported.append(wait_reported(sampler, "install", timeout=HEAL_TIMEOUT))
+        during(result, held=True)
+        time.sleep(5)  # it stays up, not ready, while it cannot write
+        assert agent_restarts(node_core, before) == 1, "the agent exited on a full disk"
+        filler.unlink()
+        result.ended = time.monotonic()
+        result.healed = healed(sampler, "the disk freed at start")
+        agent = agent_mod.ready_agent(node_core, real_cluster, image=agent_image)
+        results.append(result)
+
+        # -- istioOwnedCNIConfig turned on, then off, by upgrades: the runtime loads the owned
+        # copy while it is on, the primary again once it is off, our entry in both.
+        result = FaultResult("owned config toggled")
+        owned = conf_dir / "02-istio-cni.conflist"
+        note_repairs(node_core, repaired)  # the log of the pod the upgrades replace
+        result.began = time.monotonic()
+        for on in (True, False):
+            helm.upgrade(
+                agent_mod.RELEASE,
+                agent_mod.CHART,
+                namespace=agent_mod.AGENT_NAMESPACE,
+                values=agent_mod.node_values(real_cluster, agent_image, istioOwnedCNIConfig=on),
+            )
+            wanted = owned.name if on else primary.name
+            wait_for(
+                functools.partial(loads_with_entry, sampler, wanted),
+                f"the runtime to load {wanted} with our entry",
+                HEAL_TIMEOUT,
+                interval=0.25,
+                on_timeout=lambda: explain(sampler, node_core),
+            )
+            assert owned.exists() == on, sorted(p.name for p in conf_dir.iterdir())
+            result.reported.append(f"{'on' if on else 'off'}: loaded {wanted}")
+            during(result)
+        result.ended = result.healed = time.monotonic()
+        agent = agent_mod.ready_agent(node_core, real_cluster, image=agent_image)
         results.append(result)
 
         sampler.__exit__()
