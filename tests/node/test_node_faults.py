@@ -12,15 +12,22 @@ Faults (each against the chart's agent, run by kubelet and containerd):
   file again;
 - conf dir deleted and made again (a CNI reinstall): not Ready naming `cni-dirs`, liveness
   fails, kubelet restarts the container, which chains into the new dir's primary (the new dir a
-  small tmpfs, as a disk-full fault would need).
+  small tmpfs, for the faults after it); then kubelet and containerd restart, as containerd
+  stops watching a removed conf dir;
+- disk full mid-run and the conf dir read-only, each with our entry removed meanwhile: not
+  Ready naming `install`, healed once the disk is freed or the dir writable again;
+- disk full at start: the agent's container killed on a full disk with our entry removed; the
+  one kubelet starts stays up, not Ready, and heals once the disk is freed;
+- `istioOwnedCNIConfig` turned on, then off, by upgrades: the runtime loads the owned copy,
+  then the primary, our entry in both.
 
 Checked throughout, every 0.5 s: the file libcni would load from the conf dir (the libcni oracle
 ci/setup-testbed builds) holds our entry whenever the agent's /readyz says ready (a sample right
 after someone else removed the entry may still read ready for one readiness period: STALE_GRACE).
 Each pod started during a fault ends captured (Istio's rules in its netns) or failed closed
 first and was captured after; for the faults in which a third party removes our entry from a dir
-the agent cannot write, the runtime loads a config without our plugin, and a pod started then is
-recorded as it ended. The figures (how the agent reported each fault, time to heal, the pods) are
+the agent cannot write, the runtime loads a config without our plugin, and a pod started then
+must have been repaired in place by the agent within REPAIR_WINDOW. The figures (how the agent reported each fault, time to heal, the pods) are
 printed as a table; bench/README.md ("Node faults on the real node") keeps one run's.
 """
 
