@@ -27,8 +27,9 @@ after someone else removed the entry may still read ready for one readiness peri
 Each pod started during a fault ends captured (Istio's rules in its netns) or failed closed
 first and was captured after; for the faults in which a third party removes our entry from a dir
 the agent cannot write, the runtime loads a config without our plugin, and a pod started then
-must have been repaired in place by the agent within REPAIR_WINDOW. The figures (how the agent reported each fault, time to heal, the pods) are
-printed as a table; bench/README.md ("Node faults on the real node") keeps one run's.
+must have been repaired in place by the agent within REPAIR_WINDOW. The figures (how the agent
+reported each fault, time to heal, the pods) are printed as a table; bench/README.md ("Node faults
+on the real node") keeps one run's.
 """
 
 from __future__ import annotations
