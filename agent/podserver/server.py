@@ -18,6 +18,12 @@ requests side by side. At most `limits.POD_SOCKET.max_connections` connections (
 waiting idle one is closed for a newcomer), a request complete within 10 s, bodies up to 1 MiB,
 and a peer that is neither root nor the agent's user (SO_PEERCRED) is refused at accept.
 
+The socket's path is looked at every KEEP_SECONDS: should it no longer name this server's socket
+while nobody answers there (another agent of the node, a rolling update's newer pod, took it
+over and then went away, removing it; or someone deleted it), the server binds it again and
+accepts there, so the node's pod starts do not fail until the agent restarts. A socket someone
+else serves at the path is left alone: that agent is the newer one.
+
 A worker stuck in one request (a netns operation that never returns, a call with no timeout)
 fails the agent's liveness as `pod-server-workers` once that request has run past `work_bound`,
 made of the timeouts of what an ADD waits on; idle workers never count (agent.liveness.Pool).
@@ -26,10 +32,12 @@ made of the timeouts of what an ADD waits on; idle workers never count (agent.li
 from __future__ import annotations
 
 import logging
+import os
 import socket
 from collections.abc import Callable
 
 from agent import unix_socket
+from agent.background import BackgroundLoop
 from agent.errors import ServerError, SocketPathError
 from agent.kube import api
 from agent.liveness import LIVENESS, Liveness
@@ -46,6 +54,9 @@ log = logging.getLogger(__name__)
 
 # 110 pods may start at once; a full backlog makes a non-blocking connect fail at once.
 LISTEN_BACKLOG = 1024
+KEEP_SECONDS = 2.0
+"""How often the socket's path is looked at: the readiness check's period."""
+ANSWER_TIMEOUT_SECONDS = 1.0
 ADD_PROGRAMS = 8
 """The most programs an ADD runs in the pod's netns one after another: iptables-restore (or nft)
 and `ip rule` and `ip route` for each of IPv4 and IPv6, and the rule backend's probe."""
@@ -124,6 +135,9 @@ class PodServer:
         self._liveness = liveness
         self._server: Server | None = None
         self._inode: int | None = None
+        self._keeper: BackgroundLoop | None = None
+        self._reported: str | None = None
+        """The last reason the path could not be taken back, logged once."""
 
     def start(self) -> None:
         if self._server is not None:
@@ -147,9 +161,52 @@ class PodServer:
             work_bound=self._work_bound,
         )
         self._server.start()
+        self._keeper = BackgroundLoop.every(
+            "pod-socket-keeper",
+            KEEP_SECONDS,
+            self.keep_socket,
+            failed="looking at the pod server's socket failed",
+            step_bound=2 * ANSWER_TIMEOUT_SECONDS,
+            liveness=self._liveness,
+        )
+        self._keeper.start()
         log.info("pod server listening", extra={"fields": {"socket": self.socket_path}})
 
+    def keep_socket(self) -> bool:
+        """Bind the socket's path again when it no longer names ours and nobody answers there;
+        True when it did."""
+        server = self._server
+        if server is None or _inode_at(self.socket_path) == self._inode:
+            return False
+        if _answers(self.socket_path):
+            return False  # another agent serves it: the newer one
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            inode = _bind(sock, self.socket_path)
+            sock.listen(LISTEN_BACKLOG)
+        except (OSError, ServerError) as e:
+            sock.close()
+            if str(e) != self._reported:
+                self._reported = str(e)
+                log.error(
+                    "pod server socket is gone and cannot be bound again; the plugin's requests "
+                    "fail until it can",
+                    extra={"fields": {"socket": self.socket_path, "error": str(e)}},
+                )
+            return False
+        server.replace_listener(sock)
+        self._inode, self._reported = inode, None
+        log.warning(
+            "pod server socket was gone (another agent took it over and left, or it was "
+            "removed); bound again",
+            extra={"fields": {"socket": self.socket_path}},
+        )
+        return True
+
     def stop(self) -> None:
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            keeper.stop()
         server, self._server = self._server, None
         if server is None:
             return
@@ -162,6 +219,24 @@ class PodServer:
 
     def _remove_socket(self) -> None:
         unix_socket.remove_if_ours(self.socket_path, self._inode)
+
+
+def _inode_at(path: str) -> int | None:
+    try:
+        return os.lstat(path).st_ino
+    except OSError:
+        return None
+
+
+def _answers(path: str) -> bool:
+    """Someone accepts connections at `path` (a socket a server listens on)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(ANSWER_TIMEOUT_SECONDS)
+        try:
+            probe.connect(path)
+        except OSError:
+            return False
+    return True
 
 
 def _bind(sock: socket.socket, path: str) -> int:

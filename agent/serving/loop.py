@@ -29,6 +29,7 @@ import functools
 import logging
 import selectors
 import socket
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -138,6 +139,8 @@ class Server:
         self._accept_paused_until = 0.0
         self._next_sweep = 0.0
         self._next_trace = 0.0
+        self._swap_lock = threading.Lock()
+        self._next_listener: socket.socket | None = None
 
     # --- lifecycle (any thread)
 
@@ -157,6 +160,16 @@ class Server:
         if self._work is not None:  # stopping: judged no more, as the loop's own heartbeat
             self._work.quiet()
         self._loop.stop()
+
+    def replace_listener(self, listener: socket.socket) -> None:
+        """Accept on `listener` (bound and listening; owned from now on) instead, from the
+        loop's next round; the current one is closed then. Connections open stay served."""
+        listener.setblocking(False)
+        with self._swap_lock:
+            pending, self._next_listener = self._next_listener, listener
+        if pending is not None:
+            pending.close()
+        self._wake()
 
     @property
     def connections(self) -> int:
@@ -183,7 +196,24 @@ class Server:
         finally:  # a bug that ends the loop: BackgroundLoop logs it and reports it to liveness
             self._end()
 
+    def _swap_listener(self) -> None:
+        with self._swap_lock:
+            listener, self._next_listener = self._next_listener, None
+        if listener is None:
+            return
+        if self._stopping.is_set():
+            listener.close()
+            return
+        with contextlib.suppress(KeyError, ValueError):
+            self._sel.unregister(self._listener)
+        self._listener.close()
+        self._listener = listener
+        self._accept_paused_until = 0.0
+        self._sel.register(self._listener, selectors.EVENT_READ, _Listener)
+
     def _step(self) -> None:
+        if self._next_listener is not None:
+            self._swap_listener()
         accept = False
         for key, mask in self._sel.select(0 if self._ready else TICK):
             if key.data is _Listener:
@@ -242,6 +272,10 @@ class Server:
             self._pool.shutdown(wait=True)
         with contextlib.suppress(OSError):
             self._listener.close()
+        with self._swap_lock:
+            pending, self._next_listener = self._next_listener, None
+        if pending is not None:
+            pending.close()
         self._sel.close()
         self._wake_r.close()
         self._wake_w.close()

@@ -50,13 +50,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from agent.install.conflicts import FIGHT_HEAL_INTERVAL
 from agent.netns import run_in_netns
 from testbed import chart as agent_mod
 from testbed import kubepods, podnet
-from testbed.agent_host import http_get
+from testbed.agent_host import (
+    RunningAgent,
+    agent_command,
+    http_get,
+    running_agent,
+    wait_checks,
+)
 from testbed.images import Image
 from testbed.parts import libcni_oracle
+from testbed.ports import free_port
 from testbed.realnode import RealCluster
 from testbed.wait import WaitTimeout, wait_for
 
@@ -79,6 +88,8 @@ TMPFS_SIZE = "256k"
 LOOP = ["connect-loop", "203.0.113.10", "80", "1"]
 REPAIRED = "started without traffic redirect"
 REPAIRED_POD = re.compile(r" pod=[^/ ]+/(\S+)")
+SECOND_BUILD = b"\0another build of the plugin\n"
+FIGHT_SECONDS = 8.0
 INOTIFY_INSTANCES = Path("/proc/sys/fs/inotify/max_user_instances")
 
 
@@ -265,7 +276,10 @@ def pod_end(cluster: RealCluster, core: Any, ns: str, name: str, repaired: set[s
     repair has had REPAIR_WINDOW to find it (a pod whose sandbox kubelet retried may start only
     when the agent comes back, with the config the runtime loaded just before)."""
     view = kubepods.wait_running(core, ns, name, timeout=POD_TIMEOUT, ready=False)
-    refused = "FailedCreatePodSandBox" in kubepods.pod_events(core, ns, name)
+    events = kubepods.pod_events(core, ns, name)
+    refused = "FailedCreatePodSandBox" in events
+    if refused:  # why, for the printed record
+        print(name, [e.strip()[:400] for e in events.splitlines() if "FailedCreatePod" in e][:1])
     netns = cluster.pod_netns(view.uid)
     try:
         wait_for(lambda: podnet.has_istio_rules(netns), f"Istio's rules in {name}", REPAIR_WINDOW)
@@ -337,6 +351,63 @@ def inotify_instances(limit: int) -> Iterator[None]:
         INOTIFY_INSTANCES.write_text(saved)
 
 
+@contextlib.contextmanager
+def second_agent(cluster: RealCluster, core: Any, root: Path) -> Iterator[tuple[RunningAgent, int]]:
+    """Another agent on the node, as a surge's second pod is: the chart's settings and node
+    dirs, the plugin's socket in the same run dir, but another plugin build (the chart's with
+    bytes appended: it runs the same) and its own HTTP port on loopback; a process of the
+    machine with the admin's credentials. Never uninstalls on stop. (agent, port)."""
+    src = root / "second-plugin"
+    src.mkdir()
+    plugin = src / "istio-cni"
+    plugin.write_bytes((cluster.cni_bin_dir / "istio-cni").read_bytes() + SECOND_BUILD)
+    plugin.chmod(0o755)
+    maps = core.list_namespaced_config_map(agent_mod.AGENT_NAMESPACE).items
+    chart_config = next(m.data["config.yaml"] for m in maps if "config.yaml" in (m.data or {}))
+    port = free_port()
+    settings = {
+        **yaml.safe_load(chart_config),
+        "mountedCniBinDir": str(cluster.cni_bin_dir),
+        "mountedCniConfDir": str(cluster.cni_conf_dir),
+        "mountedNetnsDir": str(cluster.netns_dir),
+        "hostProcDir": "/proc",
+        "pluginSourceDir": str(src),
+        "metricsAddress": "127.0.0.1",
+        "metricsPort": port,
+        "uninstallOnStop": "never",
+    }
+    config = root / "second-config.yaml"
+    config.write_text(yaml.safe_dump(settings))
+    env = {
+        "POD_NAME": "istio-cni-second",
+        "POD_NAMESPACE": agent_mod.AGENT_NAMESPACE,
+        "NODE_NAME": cluster.node_name,
+        "KUBECONFIG": str(cluster.kubeconfig),
+    }
+    with running_agent(agent_command("run", "--config", str(config)), **env) as agent:
+        yield agent, port
+
+
+def plugin_writes(path: Path, seconds: float) -> int:
+    """How many times the plugin's bytes changed in `seconds` (sampled every 20 ms)."""
+    changes, last = 0, path.read_bytes()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+        with contextlib.suppress(OSError):
+            now = path.read_bytes()
+            changes += now != last
+            last = now
+    return changes
+
+
+def settings_threshold(core: Any) -> int:
+    """The chart's conflictsPerMinuteWarning (heals of a file a minute before the hold-off)."""
+    maps = core.list_namespaced_config_map(agent_mod.AGENT_NAMESPACE).items
+    config = next(m.data["config.yaml"] for m in maps if "config.yaml" in (m.data or {}))
+    return int(yaml.safe_load(config).get("conflictsPerMinuteWarning", 5))
+
+
 def agent_pid(cluster: RealCluster, agent: agent_mod.Agent) -> tuple[str, int]:
     assert cluster.runtime is not None
     return cluster.runtime.running_container(agent.pod.uid, agent_mod.AGENT_CONTAINER)
@@ -362,6 +433,7 @@ def test_node_faults_keep_our_entry_loaded_while_ready(
     node_core: Any,
     agent_image: Image,
     workload_ns: str,
+    tmp_path: Path,
 ) -> None:
     image = real_cluster.images["workload"].ref
     conf_dir = real_cluster.cni_conf_dir
@@ -567,6 +639,38 @@ def test_node_faults_keep_our_entry_loaded_while_ready(
             during(result)
         result.ended = result.healed = time.monotonic()
         agent = agent_mod.ready_agent(node_core, real_cluster, image=agent_image)
+        results.append(result)
+
+        # -- two agents at once with different plugin builds (a rolling update's surge): the
+        # second takes the plugin's socket (the newer agent does) and puts its own plugin back;
+        # each is held off and warns. Then it stops, and the chart's agent serves alone again.
+        result = FaultResult("two agents")
+        ours = (real_cluster.cni_bin_dir / "istio-cni").read_bytes()
+        result.began = time.monotonic()
+        with second_agent(real_cluster, node_core, tmp_path) as (second, second_port):
+            wait_checks(second_port, "install", "pod-socket", timeout=30)
+            writes = plugin_writes(real_cluster.cni_bin_dir / "istio-cni", FIGHT_SECONDS)
+            result.reported.append(f"plugin rewritten {writes} times in {FIGHT_SECONDS:.0f} s")
+            during(result)
+            code, second_log = second.stop()
+        assert code == 0, second_log[-3000:]
+        result.ended = time.monotonic()
+        result.healed = healed(sampler, "the second agent gone")
+        during(result)
+        warned = "keeps replacing our plugin"
+        assert warned in second_log, second_log[-3000:]
+        assert warned in agent_mod.ready_agent(node_core, real_cluster).logs(node_core)
+        result.reported.append("both: log 'keeps replacing our plugin'")
+        # Each heals at most once per FIGHT_HEAL_INTERVAL past the warning threshold; unheld,
+        # each answered the other at once: 6-36 writes a second each.
+        assert (
+            0 < writes <= 2 * (settings_threshold(node_core) + FIGHT_SECONDS / FIGHT_HEAL_INTERVAL)
+        )
+        wait_for(
+            lambda: (real_cluster.cni_bin_dir / "istio-cni").read_bytes() == ours,
+            "the chart's plugin build back in the bin dir",
+            30,
+        )
         results.append(result)
 
         sampler.__exit__()

@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from agent.errors import ServerError
-from agent.podserver.server import PodServer
+from agent.podserver.server import KEEP_SECONDS, PodServer
 from plugin import framing, wire
+from testbed.wait import wait_for
 from tests.podserver.helpers import (
     HandlerRig,
     InMemoryPods,
@@ -225,6 +226,42 @@ def test_stop_leaves_a_newer_socket_alone(run_dir: Path) -> None:
     finally:
         old.stop()
         new.stop()
+
+
+def test_the_older_agent_takes_the_path_back_when_the_newer_leaves(run_dir: Path) -> None:
+    """A rolling update's newer agent takes the socket over, then goes (rolled back), removing
+    it: the older one binds the path again and the plugin is answered, instead of every ADD on
+    the node failing until the older agent restarts."""
+    path = str(run_dir / wire.SOCKET_NAME)
+    old = PodServer(path, build_rig(InMemoryPods(make_pod()), ScriptedRedirector()).handlers)
+    new = PodServer(path, build_rig(InMemoryPods(make_pod()), ScriptedRedirector()).handlers)
+    old.start()
+    try:
+        new.start()
+        assert not old.keep_socket()  # the newer serves the path: left alone
+        new.stop()
+        assert not os.path.lexists(path)
+        assert old.keep_socket()
+        assert call(path, "GET", wire.PATH_STATUS)[0] == 200
+        assert stat.S_IMODE(os.lstat(path).st_mode) == 0o600
+        assert not old.keep_socket()  # ours again
+    finally:
+        new.stop()
+        old.stop()
+    assert not os.path.lexists(path)  # the socket bound again is removed on stop too
+
+
+def test_a_deleted_socket_is_bound_again_by_the_keeper(run_dir: Path) -> None:
+    """Nobody calls keep_socket: the server's own keeper puts the path back."""
+    path = str(run_dir / wire.SOCKET_NAME)
+    server = PodServer(path, build_rig(InMemoryPods(make_pod()), ScriptedRedirector()).handlers)
+    server.start()
+    try:
+        os.unlink(path)
+        assert wait_for(lambda: os.path.lexists(path), timeout=3 * KEEP_SECONDS)
+        assert call(path, "GET", wire.PATH_STATUS)[0] == 200
+    finally:
+        server.stop()
 
 
 def test_stop_ends_idle_keep_alive_connections(run_dir: Path) -> None:
