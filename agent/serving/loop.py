@@ -29,7 +29,6 @@ import functools
 import logging
 import selectors
 import socket
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -42,6 +41,7 @@ from agent.serving.budget import Budget
 from agent.serving.connections import REPORT_INTERVAL, Conn, Connections, State
 from agent.serving.http import FramingError, Request, Response
 from agent.serving.limits import Limits
+from agent.serving.listener import Listener
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +78,6 @@ class _LoopBroken(Exception):
     """What the loop as a whole cannot go on without (the worker pool) is gone: it ends."""
 
 
-class _Listener:
-    """Marks the listener's selector key."""
-
-
 class _Wake:
     """Marks the wake-up socket's selector key."""
 
@@ -109,14 +105,14 @@ class Server:
         workers' items (`work_bound`: the longest one may run; None: not judged); `budget`:
         the requests a second its TCP peers are answered (agent.serving.budget)."""
         self.name = name
-        self._listener = listener
+        self._sel = selectors.DefaultSelector()
+        self._listener = Listener(listener, self._sel)
         self._app = app
         self._limits = limits
         self._workers = workers
         self._offload = offload
         self._check_peer = check_peer
         self._budget = budget
-        self._sel = selectors.DefaultSelector()
         self._conns = Connections(self._sel, limits, name=name)
         self._ready: deque[Conn] = deque()
         """Replied to and kept open: their next request may be buffered already."""
@@ -136,19 +132,15 @@ class Server:
         if workers and work_bound is not None:
             self._work = liveness.pool(f"{name}-workers", work_bound)
         self._wake_r, self._wake_w = socket.socketpair()
-        self._accept_paused_until = 0.0
         self._next_sweep = 0.0
         self._next_trace = 0.0
-        self._swap_lock = threading.Lock()
-        self._next_listener: socket.socket | None = None
 
     # --- lifecycle (any thread)
 
     def start(self) -> None:
-        self._listener.setblocking(False)
         for sock in (self._wake_r, self._wake_w):
             sock.setblocking(False)
-        self._sel.register(self._listener, selectors.EVENT_READ, _Listener)
+        self._listener.register()
         self._sel.register(self._wake_r, selectors.EVENT_READ, _Wake)
         if self._workers:
             self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix=f"{self.name}-work")
@@ -162,13 +154,9 @@ class Server:
         self._loop.stop()
 
     def replace_listener(self, listener: socket.socket) -> None:
-        """Accept on `listener` (bound and listening; owned from now on) instead, from the
-        loop's next round; the current one is closed then. Connections open stay served."""
-        listener.setblocking(False)
-        with self._swap_lock:
-            pending, self._next_listener = self._next_listener, listener
-        if pending is not None:
-            pending.close()
+        """Accept on `listener` (bound, listening, owned from now on) from the loop's next
+        round; the current one is closed then, the connections open stay served."""
+        self._listener.offer(listener)
         self._wake()
 
     @property
@@ -196,27 +184,12 @@ class Server:
         finally:  # a bug that ends the loop: BackgroundLoop logs it and reports it to liveness
             self._end()
 
-    def _swap_listener(self) -> None:
-        with self._swap_lock:
-            listener, self._next_listener = self._next_listener, None
-        if listener is None:
-            return
-        if self._stopping.is_set():
-            listener.close()
-            return
-        with contextlib.suppress(KeyError, ValueError):
-            self._sel.unregister(self._listener)
-        self._listener.close()
-        self._listener = listener
-        self._accept_paused_until = 0.0
-        self._sel.register(self._listener, selectors.EVENT_READ, _Listener)
-
     def _step(self) -> None:
-        if self._next_listener is not None:
-            self._swap_listener()
+        if self._listener.offered:
+            self._listener.swap_if_offered()
         accept = False
         for key, mask in self._sel.select(0 if self._ready else TICK):
-            if key.data is _Listener:
+            if key.data is self._listener:
                 accept = True
             elif key.data is _Wake:
                 with contextlib.suppress(OSError):
@@ -258,8 +231,6 @@ class Server:
         self._conns.close(conn)
 
     def _begin_stop(self) -> None:
-        with contextlib.suppress(KeyError, ValueError):
-            self._sel.unregister(self._listener)
         self._listener.close()
         for conn in self._conns:
             if conn.state in (State.IDLE, State.READING, State.LINGER):
@@ -270,12 +241,7 @@ class Server:
             self._conns.close(conn)
         if self._pool is not None:
             self._pool.shutdown(wait=True)
-        with contextlib.suppress(OSError):
-            self._listener.close()
-        with self._swap_lock:
-            pending, self._next_listener = self._next_listener, None
-        if pending is not None:
-            pending.close()
+        self._listener.close()
         self._sel.close()
         self._wake_r.close()
         self._wake_w.close()
@@ -285,14 +251,13 @@ class Server:
     def _accept(self, now: float) -> None:
         for _ in range(ACCEPT_BATCH):
             try:
-                sock, _ = self._listener.accept()
+                sock, _ = self._listener.sock.accept()
             except BlockingIOError:
                 return
             except OSError as e:
                 if e.errno in _RESOURCE_ERRORS:  # wait for descriptors to free, do not spin
                     self._conns.count(f"accept failed ({errno.errorcode.get(e.errno or 0, e)})")
-                    self._sel.unregister(self._listener)
-                    self._accept_paused_until = now + TICK
+                    self._listener.pause(now + TICK)
                     return
                 continue  # the peer gave up before we accepted (ECONNABORTED)
             try:
@@ -477,8 +442,6 @@ class Server:
 
     def _sweep(self, now: float) -> None:
         self._next_sweep = now + TICK
-        if self._accept_paused_until and now >= self._accept_paused_until:
-            self._accept_paused_until = 0.0
-            if not self._stopping.is_set():
-                self._sel.register(self._listener, selectors.EVENT_READ, _Listener)
+        if not self._stopping.is_set():
+            self._listener.resume_if_due(now)
         self._conns.sweep(now)
