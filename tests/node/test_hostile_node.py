@@ -205,6 +205,7 @@ def test_a_hostile_peer_in_the_nodes_netns_while_pods_start(
         ),
     }
     print(figures)
+    print({"quiet buckets": quiet, "flooded buckets": flooded})
 
     events = node_core.list_namespaced_event(workload_ns).items
     failed = [
