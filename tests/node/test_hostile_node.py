@@ -6,7 +6,8 @@ Python's integer limit on both) while kubelet starts sidecar pods. Every pod sta
 FailedCreatePodSandBox) captured, the agent's container never restarts, /healthz is answered
 200 within kubelet's 1 s from the node's address (kubelet's own) throughout, and the agent's own
 ADD latency (istio_cni_add_duration_seconds) keeps its quiet p99 within the hostile tier's rule
-(1.5x, +20 ms). Figures: bench/README "the hostile peer on the kubelet node"."""
+(1.5x, +20 ms) at the histogram's bucket resolution. Figures: bench/README "the hostile peer on
+the kubelet node"."""
 
 from __future__ import annotations
 
@@ -129,6 +130,16 @@ def quantile(q: float, buckets: dict[float, float]) -> float:
     return lower * 1000
 
 
+def bucket_of(q: float, buckets: dict[float, float]) -> tuple[float, float]:
+    """The bounds (ms) of the bucket that holds the `q` quantile of cumulative `buckets`."""
+    rank, lower = q * buckets[float("inf")], 0.0
+    for bound in sorted(buckets):
+        if buckets[bound] >= rank:
+            return 1000 * lower, 1000 * bound
+        lower = bound
+    raise AssertionError(buckets)
+
+
 def since(after: dict[float, float], before: dict[float, float]) -> dict[float, float]:
     return {le: n - before.get(le, 0.0) for le, n in after.items()}
 
@@ -205,7 +216,6 @@ def test_a_hostile_peer_in_the_nodes_netns_while_pods_start(
         ),
     }
     print(figures)
-    print({"quiet buckets": quiet, "flooded buckets": flooded})
 
     events = node_core.list_namespaced_event(workload_ns).items
     failed = [
@@ -217,8 +227,11 @@ def test_a_hostile_peer_in_the_nodes_netns_while_pods_start(
     assert agent_restarts(node_core) == restarts
     assert prober.bad() == [], (prober.bad()[:5], len(prober.samples))
     assert quiet[float("inf")] == PODS and flooded[float("inf")] == PODS, (quiet, flooded)
-    quiet_p99, flooded_p99 = quantile(0.99, quiet), quantile(0.99, flooded)
-    assert flooded_p99 <= P99_FACTOR * quiet_p99 + P99_FLOOR_MS, figures
+    # The tier's rule at the histogram's resolution: with a dozen ADDs a phase the p99 is the
+    # slowest ADD, known only to its bucket (10-25, 25-50, 50-100, 100-250 ms), so the flooded
+    # one fails the rule only when its bucket starts past what the quiet one's end allows.
+    quiet_p99, flooded_p99 = bucket_of(0.99, quiet), bucket_of(0.99, flooded)
+    assert flooded_p99[0] <= P99_FACTOR * quiet_p99[1] + P99_FLOOR_MS, (figures, quiet, flooded)
     # The peer was real: its connections were made and its attacks answered.
     assert flood_report["tcp"]["made"] >= 1900 and flood_report["stream"]["made"] >= 390, (
         flood_report
