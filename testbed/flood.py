@@ -235,11 +235,15 @@ class Flood:
         duration: float = 120.0,
         module: str = "testbed.flood",
         program: Path | None = None,
+        netns: str | None = None,
     ) -> None:
-        """`program`: a binary speaking the same way (testbed/attacks_go), run instead."""
+        """`program`: a binary speaking the same way (testbed/attacks_go), run instead;
+        `netns`: the path of a network namespace it runs in (a node's, say) instead of ours."""
         self.args = [*args, "--duration", str(duration)]
         self.module = module if program is None else program.name
         self._argv = [sys.executable, "-m", module] if program is None else [str(program)]
+        if netns is not None:
+            self._argv = ["nsenter", f"--net={netns}", "--", *self._argv]
         self.ready: dict[str, object] = {}
         self._proc: subprocess.Popen[bytes] | None = None
 

@@ -62,7 +62,7 @@ from agent.ambient.zds_conn import (
     SnapshotItem,
     delete_request,
 )
-from agent.background import BackgroundLoop
+from agent.background import JOIN_TIMEOUT_SECONDS, BackgroundLoop
 from agent.errors import SocketPathError, ZdsServerError, ZtunnelError, ZtunnelNotConnected
 from agent.liveness import LIVENESS, Liveness
 from agent.serving.peer import untrusted_peer
@@ -122,10 +122,13 @@ class ZdsServer:
         keepalive_interval: float = KEEPALIVE_INTERVAL,
         request_timeout: float | None = None,
         liveness: Liveness = LIVENESS,
+        join_timeout: float = JOIN_TIMEOUT_SECONDS,
     ) -> None:
-        """`liveness`: where the connection threads' heartbeats are judged."""
+        """`liveness`: where the connection threads' heartbeats are judged; `join_timeout`: how
+        long stop() waits for the connection threads, all together."""
         self.socket_path = socket_path
         self._liveness = liveness
+        self._join_timeout = join_timeout
         self._metrics = metrics or default_metrics()
         self._io_timeout = io_timeout
         self._keepalive = keepalive_interval
@@ -174,8 +177,17 @@ class ZdsServer:
             conns, threads = list(self._conns), dict(self._threads)
         for conn in conns:
             conn.close()
+        # Bounded: a connection thread stuck in a turn (a snapshot source that never returns)
+        # must not keep the agent from stopping; a daemon thread, it cannot hold the exit.
+        deadline = time.monotonic() + self._join_timeout
         for thread in threads.values():
-            thread.join()
+            thread.join(max(0.0, deadline - time.monotonic()))
+        left = [t.name for t in threads.values() if t.is_alive()]
+        if left:
+            log.warning(
+                "ZDS connection threads still busy at stop; left running",
+                extra={"fields": {"threads": ",".join(left), "waitedSeconds": self._join_timeout}},
+            )
         with self._lock:
             for entry in self._pods.values():
                 os.close(entry.fd)

@@ -37,7 +37,7 @@ import socket
 from collections.abc import Callable
 
 from agent import unix_socket
-from agent.background import BackgroundLoop
+from agent.background import JOIN_TIMEOUT_SECONDS, BackgroundLoop
 from agent.errors import ServerError, SocketPathError
 from agent.kube import api
 from agent.liveness import LIVENESS, Liveness
@@ -46,7 +46,7 @@ from agent.podserver.handlers import PodHandlers
 from agent.podserver.requests import Reply, failure
 from agent.serving import limits
 from agent.serving.http import Request, Response
-from agent.serving.loop import Server
+from agent.serving.loop import STOP_GRACE, Server
 from agent.serving.peer import untrusted_peer
 from plugin import wire
 
@@ -126,13 +126,19 @@ class PodServer:
         *,
         work_bound: float = DEFAULT_WORK_BOUND,
         liveness: Liveness = LIVENESS,
+        stop_grace: float = STOP_GRACE,
+        join_timeout: float = JOIN_TIMEOUT_SECONDS,
     ) -> None:
         """`work_bound`: the longest a worker may take over one request (agent.liveness);
-        `liveness`: where the server's loop and workers are judged."""
+        `liveness`: where the server's loop and workers are judged; `stop_grace` and
+        `join_timeout`: how long stop() waits for replies being worked on, then for the
+        workers (agent.serving.loop.Server)."""
         self.socket_path = socket_path
         self._handlers = handlers
         self._work_bound = work_bound
         self._liveness = liveness
+        self._stop_grace = stop_grace
+        self._join_timeout = join_timeout
         self._server: Server | None = None
         self._inode: int | None = None
         self._keeper: BackgroundLoop | None = None
@@ -159,6 +165,8 @@ class PodServer:
             check_peer=untrusted_peer,
             liveness=self._liveness,
             work_bound=self._work_bound,
+            stop_grace=self._stop_grace,
+            join_timeout=self._join_timeout,
         )
         self._server.start()
         self._keeper = BackgroundLoop.every(

@@ -32,7 +32,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Protocol
 
 from agent.background import JOIN_TIMEOUT_SECONDS, BackgroundLoop
@@ -42,6 +42,7 @@ from agent.serving.connections import REPORT_INTERVAL, Conn, Connections, State
 from agent.serving.http import FramingError, Request, Response
 from agent.serving.limits import Limits
 from agent.serving.listener import Listener
+from agent.serving.workers import Workers
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,8 @@ class Server:
         heartbeat: float = HEARTBEAT_SECONDS,
         work_bound: float | None = None,
         budget: Budget | None = None,
+        stop_grace: float = STOP_GRACE,
+        join_timeout: float = JOIN_TIMEOUT_SECONDS,
     ) -> None:
         """`liveness`: where the loop's end is reported should it end without being stopped,
         and its heartbeat judged (`heartbeat`: the longest silence between two rounds), and its
@@ -109,7 +112,6 @@ class Server:
         self._listener = Listener(listener, self._sel)
         self._app = app
         self._limits = limits
-        self._workers = workers
         self._offload = offload
         self._check_peer = check_peer
         self._budget = budget
@@ -117,17 +119,18 @@ class Server:
         self._ready: deque[Conn] = deque()
         """Replied to and kept open: their next request may be buffered already."""
         self._done: deque[tuple[Conn, Future[Response]]] = deque()
-        # The loop bounds its own stop (STOP_GRACE): the join's limit only catches a bug.
+        self._stop_grace = stop_grace
+        # stop() waits `stop_grace` for replies in work, then `join_timeout` for the workers.
         self._loop = BackgroundLoop(
             name,
             self._run,
             wake=self._wake,
-            join_timeout=STOP_GRACE + JOIN_TIMEOUT_SECONDS,
+            join_timeout=stop_grace + 2 * join_timeout,
             liveness=liveness,
             heartbeat=heartbeat,
         )
         self._stopping = self._loop.stopping
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool = Workers(workers, f"{name}-work", join_timeout) if workers else None
         self._work: Pool | None = None  # idle, a pool is never judged hung: judged from now
         if workers and work_bound is not None:
             self._work = liveness.pool(f"{name}-workers", work_bound)
@@ -142,13 +145,10 @@ class Server:
             sock.setblocking(False)
         self._listener.register()
         self._sel.register(self._wake_r, selectors.EVENT_READ, _Wake)
-        if self._workers:
-            self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix=f"{self.name}-work")
         self._loop.start()
 
     def stop(self) -> None:
-        """Stop accepting, close idle connections, send the replies being worked on (at most
-        STOP_GRACE), then return with every thread of the server ended."""
+        """Stop accepting; replies in work get `stop_grace`, workers `join_timeout`, then left."""
         if self._work is not None:  # stopping: judged no more, as the loop's own heartbeat
             self._work.quiet()
         self._loop.stop()
@@ -175,7 +175,7 @@ class Server:
             while True:
                 now = time.monotonic()
                 if self._stopping.is_set() and stop_by is None:
-                    stop_by = now + STOP_GRACE
+                    stop_by = now + self._stop_grace
                     self._begin_stop()
                 if stop_by is not None and (not self._conns or now >= stop_by):
                     return
@@ -240,7 +240,7 @@ class Server:
         for conn in self._conns:
             self._conns.close(conn)
         if self._pool is not None:
-            self._pool.shutdown(wait=True)
+            self._pool.shutdown()  # names the workers it left behind
         self._listener.close()
         self._sel.close()
         self._wake_r.close()

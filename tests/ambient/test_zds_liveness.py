@@ -8,10 +8,12 @@ pods have no netns, so they go as KeepWorkload."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -150,3 +152,47 @@ def test_a_connection_busy_with_a_long_snapshot_or_idle_stays_live(
     finally:
         ztunnel.close()
     rig.wait_live("an ended connection no longer judged")
+
+
+@pytest.mark.timeout(30)
+def test_stop_returns_within_its_bound_past_a_connection_stuck_in_a_turn(
+    rig: Probed, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    join = 0.5
+    short = Path("/tmp") / f"zdsstop-{os.getpid()}-{tmp_path.name[-12:]}"
+    server = ZdsServer(
+        str(short / "ztunnel.sock"),
+        metrics=ZdsMetrics(CollectorRegistry()),
+        io_timeout=IO_TIMEOUT,
+        keepalive_interval=KEEPALIVE,
+        liveness=rig.liveness,
+        join_timeout=join,
+    )
+    entered, released = threading.Event(), threading.Event()
+    stuck: list[threading.Thread] = []
+
+    def held_source() -> list[AmbientPod]:  # blocked as on a lock never released
+        stuck.append(threading.current_thread())
+        entered.set()
+        released.wait(120)
+        return []
+
+    server.set_snapshot_source(held_source)
+    server.start()
+    ztunnel = Ztunnel(server.socket_path, lambda _: None)
+    try:
+        assert entered.wait(10)
+        caplog.set_level(logging.WARNING)
+        began = time.monotonic()
+        server.stop()
+        took = time.monotonic() - began
+        assert took < join + 2.0, f"stop took {took:.1f} s"
+        assert not os.path.exists(server.socket_path)
+        assert stuck[0].is_alive() and stuck[0].daemon  # left behind, cannot hold the exit
+        warnings = [r.getMessage() + repr(getattr(r, "fields", "")) for r in caplog.records]
+        assert any("left running" in w and stuck[0].name in w for w in warnings), warnings
+    finally:
+        released.set()
+        ztunnel.close()
+        server.stop()
+        shutil.rmtree(short, ignore_errors=True)

@@ -307,7 +307,7 @@ def test_a_serving_loop_that_dies_is_reported_to_liveness() -> None:
     server = Server(tcp_listener(), Echo(), FAST, name="doomed", workers=1, liveness=liveness)
     server.start()
     try:
-        server._pool.shutdown()  # type: ignore[union-attr]  # the pool gone under the loop
+        server._pool.shutdown(1.0)  # type: ignore[union-attr]  # the pool gone under the loop
         address = server._listener.sock.getsockname()
         with connect(address) as sock:
             sock.sendall(b"GET /a HTTP/1.1\r\nHost: t\r\n\r\n")
