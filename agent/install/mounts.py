@@ -19,6 +19,13 @@ import os
 from agent.config import Settings
 
 
+CONTAINERD_STOPS_WATCHING = (
+    "; containerd 2.x stops watching a conf dir that is removed and loads no later change to "
+    "it until it restarts: restart containerd on this node too, or pods may start without "
+    "this entry (the repair loop then programs them)"
+)
+
+
 def detached_dir(settings: Settings) -> str | None:
     """Why a mounted CNI dir is no longer the node's (None: both are, or are not there yet)."""
     for kind, mounted, node_path in (
@@ -34,7 +41,7 @@ def detached_dir(settings: Settings) -> str | None:
                 f"the CNI {kind} dir {mounted} (node path {node_path}) was deleted on the node "
                 "(a CNI reinstall recreating it?): this container still sees the deleted "
                 "directory, not the one the runtime reads; restart the container so it mounts "
-                "the new one"
+                "the new one" + (CONTAINERD_STOPS_WATCHING if kind == "conf" else "")
             )
     return None
 
