@@ -18,7 +18,6 @@ import os
 
 from agent.config import Settings
 
-
 CONTAINERD_STOPS_WATCHING = (
     "; containerd 2.x stops watching a conf dir that is removed and loads no later change to "
     "it until it restarts: restart containerd on this node too, or pods may start without "
