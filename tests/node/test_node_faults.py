@@ -53,6 +53,7 @@ from typing import Any
 import pytest
 import yaml
 
+from agent.config import settings_from_mapping
 from agent.install.conflicts import FIGHT_HEAL_INTERVAL
 from agent.netns import run_in_netns
 from testbed import chart as agent_mod
@@ -401,11 +402,9 @@ def second_agent(cluster: RealCluster, core: Any, root: Path) -> Iterator[tuple[
     plugin = src / "istio-cni"
     plugin.write_bytes((cluster.cni_bin_dir / "istio-cni").read_bytes() + SECOND_BUILD)
     plugin.chmod(0o755)
-    maps = core.list_namespaced_config_map(agent_mod.AGENT_NAMESPACE).items
-    chart_config = next(m.data["config.yaml"] for m in maps if "config.yaml" in (m.data or {}))
     port = free_port()
     settings = {
-        **yaml.safe_load(chart_config),
+        **chart_config(core),
         "mountedCniBinDir": str(cluster.cni_bin_dir),
         "mountedCniConfDir": str(cluster.cni_conf_dir),
         "mountedNetnsDir": str(cluster.netns_dir),
@@ -440,11 +439,18 @@ def plugin_writes(path: Path, seconds: float) -> int:
     return changes
 
 
-def settings_threshold(core: Any) -> int:
-    """The chart's conflictsPerMinuteWarning (heals of a file a minute before the hold-off)."""
+def chart_config(core: Any) -> dict[str, Any]:
+    """The agent's config.yaml as the chart rendered it into its ConfigMap."""
     maps = core.list_namespaced_config_map(agent_mod.AGENT_NAMESPACE).items
     config = next(m.data["config.yaml"] for m in maps if "config.yaml" in (m.data or {}))
-    return int(yaml.safe_load(config).get("conflictsPerMinuteWarning", 5))
+    return dict(yaml.safe_load(config))
+
+
+def settings_threshold(core: Any) -> int:
+    """The chart's conflictsPerMinuteWarning (heals of a file a minute before the hold-off),
+    defaulted as the agent defaults it."""
+    settings = settings_from_mapping(chart_config(core), source="the chart's ConfigMap")
+    return settings.conflictsPerMinuteWarning
 
 
 def agent_pid(cluster: RealCluster, agent: agent_mod.Agent) -> tuple[str, int]:
@@ -590,9 +596,7 @@ def test_node_faults_keep_our_entry_loaded_while_ready(
         during(result, held=True)
         result.healed = healed(sampler, "the conf dir recreated")
         agent = agent_mod.ready_agent(node_core, real_cluster, image=agent_image)
-        restarts = agent.pod.containers[agent_mod.AGENT_CONTAINER]["restarts"]
-        before_restarts = before.containers[agent_mod.AGENT_CONTAINER]["restarts"]
-        assert agent.pod.uid == before.uid and restarts == before_restarts + 1, agent.pod
+        assert agent_restarts(node_core, before) == 1, agent.pod  # the same pod, restarted once
         result.reported.append("liveness: container restarted by kubelet")
         results.append(result)
         # containerd (2.x) stops watching a conf dir that is removed: until it restarts it
