@@ -46,7 +46,7 @@ RECONCILE_EVENTS = Counter(
     "The total number of node agent reconcile events.",
     ["type"],
 )
-# ztunnel_connected is the ZDS server's (agent.ambient.zds.ZdsMetrics).
+# ztunnel_connected is the ZDS server's (agent.ambient.zds_metrics.ZdsMetrics).
 
 # Latency. Fixed buckets per kind of wait, in seconds: what an operator reads as p50 and p99.
 ADD_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)

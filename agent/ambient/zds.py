@@ -35,7 +35,6 @@ Istio leaves the umask's mode (0755); nobody but root ever needs to connect.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import socket
@@ -45,8 +44,6 @@ from collections.abc import Callable
 from concurrent.futures import CancelledError
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-
-from prometheus_client import REGISTRY, CollectorRegistry, Gauge
 
 from agent import unix_socket
 from agent.ambient import zds_pb2
@@ -62,10 +59,12 @@ from agent.ambient.zds_conn import (
     SnapshotItem,
     delete_request,
 )
+from agent.ambient.zds_metrics import ZdsMetrics, default_metrics
 from agent.background import JOIN_TIMEOUT_SECONDS, BackgroundLoop
 from agent.errors import SocketPathError, ZdsServerError, ZtunnelError, ZtunnelNotConnected
 from agent.liveness import LIVENESS, Liveness
 from agent.serving.peer import untrusted_peer
+from agent.socket_keeper import KEEP_SECONDS, SocketKeeper
 
 log = logging.getLogger(__name__)
 
@@ -86,21 +85,6 @@ def connection_heartbeat(io_timeout: float, keepalive_interval: float) -> float:
     interval, then a request written and its ack read (each within `io_timeout`); that, and
     30 s for a loaded node (45 s with Istio's timeouts)."""
     return keepalive_interval + 2 * io_timeout + 30.0
-
-
-class ZdsMetrics:
-    """Istio's ztunnel_connected gauge: ztunnel connections open now."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.connected = Gauge(
-            "ztunnel_connected", "number of connections to ztunnel", registry=registry
-        )
-
-
-@functools.cache
-def default_metrics() -> ZdsMetrics:
-    """The metrics in the process-wide registry that /metrics serves (created once)."""
-    return ZdsMetrics(REGISTRY)
 
 
 @dataclass
@@ -142,6 +126,13 @@ class ZdsServer:
         self._threads: dict[Connection, threading.Thread] = {}
         self._listener: socket.socket | None = None
         self._inode: int | None = None
+        self._path_keeper = SocketKeeper(
+            socket_path,
+            kind=socket.SOCK_SEQPACKET,
+            what="ZDS socket",
+            bind=lambda sock: _bind(sock, socket_path),
+            backlog=LISTEN_BACKLOG,
+        )
         # A turn is an accept that times out within ACCEPT_INTERVAL, or one admission.
         self._accept = BackgroundLoop("zds-accept", self._accept_loop, heartbeat=60.0)
         self._stopping = self._accept.stopping
@@ -167,7 +158,8 @@ class ZdsServer:
         log.info("ZDS server listening", extra={"fields": {"socket": self.socket_path}})
 
     def stop(self) -> None:
-        listener, self._listener = self._listener, None
+        with self._lock:
+            listener, self._listener = self._listener, None
         if listener is None:
             return
         self._accept.stop()
@@ -308,10 +300,15 @@ class ZdsServer:
         return list(items.values())
 
     def _accept_loop(self) -> None:
-        listener = self._listener
-        assert listener is not None
+        next_look = time.monotonic() + KEEP_SECONDS
         while not self._stopping.is_set():
             self._accept.beat()
+            if time.monotonic() >= next_look:
+                next_look = time.monotonic() + KEEP_SECONDS
+                self.keep_socket()
+            listener = self._listener
+            if listener is None:
+                return
             try:
                 sock, _ = listener.accept()
             except TimeoutError:
@@ -323,6 +320,24 @@ class ZdsServer:
                 time.sleep(ACCEPT_INTERVAL)
                 continue
             self._admit(sock)
+
+    def keep_socket(self) -> bool:
+        """The accept loop's: bind the path again when it no longer names ours and nobody
+        answers there (agent.socket_keeper), and accept there; True when it did."""
+        taken = self._path_keeper.take_back(self._inode)
+        if taken is None:
+            return False
+        taken[0].settimeout(ACCEPT_INTERVAL)
+        with self._lock:  # stop() takes the listener under it
+            old = self._listener
+            if old is not None:
+                self._listener, self._inode = taken
+        if old is None:  # stopped meanwhile: nothing of this socket stays
+            taken[0].close()
+            unix_socket.remove_if_ours(self.socket_path, taken[1])
+            return False
+        old.close()
+        return True
 
     def _admit(self, sock: socket.socket) -> None:
         refused = untrusted_peer(sock)

@@ -32,7 +32,6 @@ made of the timeouts of what an ADD waits on; idle workers never count (agent.li
 from __future__ import annotations
 
 import logging
-import os
 import socket
 from collections.abc import Callable
 
@@ -48,15 +47,13 @@ from agent.serving import limits
 from agent.serving.http import Request, Response
 from agent.serving.loop import STOP_GRACE, Server
 from agent.serving.peer import untrusted_peer
+from agent.socket_keeper import KEEP_SECONDS, SocketKeeper
 from plugin import wire
 
 log = logging.getLogger(__name__)
 
 # 110 pods may start at once; a full backlog makes a non-blocking connect fail at once.
 LISTEN_BACKLOG = 1024
-KEEP_SECONDS = 2.0
-"""How often the socket's path is looked at: the readiness check's period."""
-ANSWER_TIMEOUT_SECONDS = 1.0
 ADD_PROGRAMS = 8
 """The most programs an ADD runs in the pod's netns one after another: iptables-restore (or nft)
 and `ip rule` and `ip route` for each of IPv4 and IPv6, and the rule backend's probe."""
@@ -142,8 +139,13 @@ class PodServer:
         self._server: Server | None = None
         self._inode: int | None = None
         self._keeper: BackgroundLoop | None = None
-        self._reported: str | None = None
-        """The last reason the path could not be taken back, logged once."""
+        self._path_keeper = SocketKeeper(
+            socket_path,
+            kind=socket.SOCK_STREAM,
+            what="pod server socket",
+            bind=lambda sock: _bind(sock, socket_path),
+            backlog=LISTEN_BACKLOG,
+        )
 
     def start(self) -> None:
         if self._server is not None:
@@ -181,34 +183,14 @@ class PodServer:
         log.info("pod server listening", extra={"fields": {"socket": self.socket_path}})
 
     def keep_socket(self) -> bool:
-        """Bind the socket's path again when it no longer names ours and nobody answers there;
-        True when it did."""
+        """Bind the socket's path again when it no longer names ours and nobody answers there
+        (agent.socket_keeper); True when it did."""
         server = self._server
-        if server is None or _inode_at(self.socket_path) == self._inode:
+        taken = self._path_keeper.take_back(self._inode) if server is not None else None
+        if server is None or taken is None:
             return False
-        if _answers(self.socket_path):
-            return False  # another agent serves it: the newer one
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            inode = _bind(sock, self.socket_path)
-            sock.listen(LISTEN_BACKLOG)
-        except (OSError, ServerError) as e:
-            sock.close()
-            if str(e) != self._reported:
-                self._reported = str(e)
-                log.error(
-                    "pod server socket is gone and cannot be bound again; the plugin's requests "
-                    "fail until it can",
-                    extra={"fields": {"socket": self.socket_path, "error": str(e)}},
-                )
-            return False
+        sock, self._inode = taken
         server.replace_listener(sock)
-        self._inode, self._reported = inode, None
-        log.warning(
-            "pod server socket was gone (another agent took it over and left, or it was "
-            "removed); bound again",
-            extra={"fields": {"socket": self.socket_path}},
-        )
         return True
 
     def stop(self) -> None:
@@ -227,24 +209,6 @@ class PodServer:
 
     def _remove_socket(self) -> None:
         unix_socket.remove_if_ours(self.socket_path, self._inode)
-
-
-def _inode_at(path: str) -> int | None:
-    try:
-        return os.lstat(path).st_ino
-    except OSError:
-        return None
-
-
-def _answers(path: str) -> bool:
-    """Someone accepts connections at `path` (a socket a server listens on)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(ANSWER_TIMEOUT_SECONDS)
-        try:
-            probe.connect(path)
-        except OSError:
-            return False
-    return True
 
 
 def _bind(sock: socket.socket, path: str) -> int:

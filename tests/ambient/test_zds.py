@@ -18,9 +18,11 @@ from prometheus_client import CollectorRegistry
 from agent.ambient import zds_pb2
 from agent.ambient.dataplane import AmbientPod
 from agent.ambient.zds import MAX_CONNECTIONS as ZDS_CAP
-from agent.ambient.zds import ZdsMetrics, ZdsServer
+from agent.ambient.zds import ZdsServer
+from agent.ambient.zds_metrics import ZdsMetrics
 from agent.errors import ZdsServerError, ZtunnelError, ZtunnelNotConnected
 from agent.netns import run_in_netns
+from agent.socket_keeper import KEEP_SECONDS
 from testbed import netns
 from testbed.wait import wait_for
 from testbed.zds_checks import PodIdentity
@@ -170,6 +172,31 @@ def test_socket_is_seqpacket_0600_replaces_a_stale_one_and_goes_on_stop(tmp_path
         server.stop()
     assert not path.exists()
     assert not server.ready()
+
+
+def test_the_older_agent_takes_the_socket_back_when_the_newer_leaves(tmp_path: Path) -> None:
+    """A rolled-back surge: the newer agent's ZDS server takes the path, then stops and removes
+    it; the older one binds it again (its accept loop looks every KEEP_SECONDS), so ztunnel can
+    connect. A socket the newer one serves is left to it meanwhile."""
+    path = tmp_path / "ztunnel.sock"
+    old = ZdsServer(str(path), metrics=ZdsMetrics(CollectorRegistry()))
+    new = ZdsServer(str(path), metrics=ZdsMetrics(CollectorRegistry()))
+    old.start()
+    try:
+        new.start()
+        taken = path.lstat().st_ino
+        time.sleep(KEEP_SECONDS + 0.5)
+        assert path.lstat().st_ino == taken  # served by the newer: left alone
+        new.stop()
+        assert not path.exists()
+        wait_for(path.exists, "the older server to bind the path again", 3 * KEEP_SECONDS)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as ztunnel:
+            ztunnel.connect(str(path))  # accepted: a listener is there
+        assert stat.S_IMODE(path.lstat().st_mode) == 0o600
+    finally:
+        new.stop()
+        old.stop()
+    assert not path.exists()
 
 
 def test_socket_dir_is_created(tmp_path: Path) -> None:

@@ -22,7 +22,8 @@ from prometheus_client import CollectorRegistry
 
 from agent.ambient import zds_pb2
 from agent.ambient.dataplane import AmbientPod
-from agent.ambient.zds import CONNECTION_NAME, ZdsMetrics, ZdsServer, connection_heartbeat
+from agent.ambient.zds import CONNECTION_NAME, ZdsServer, connection_heartbeat
+from agent.ambient.zds_metrics import ZdsMetrics
 from tests.liveness_rig import Probed, hangs_of, probed
 
 IO_TIMEOUT = 2.0

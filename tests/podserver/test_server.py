@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from agent.errors import ServerError
-from agent.podserver.server import KEEP_SECONDS, PodServer
+from agent.podserver.server import PodServer
+from agent.socket_keeper import KEEP_SECONDS
 from plugin import framing, wire
 from testbed.wait import wait_for
 from tests.podserver.helpers import (
