@@ -16,7 +16,9 @@ one build a second and never holds a probe's answer.
 Every pod on the node can reach this port, so what it answers has a budget (agent.serving.budget:
 requests a second for the port and for each peer address, 429 past it), with an allowance of
 probes per peer address kept apart: a flood from pods costs a bounded share of the agent's CPU
-and leaves kubelet's probes, from the node's own address, answered.
+and leaves kubelet's probes, from the node's own address, answered. A hostNetwork pod shares
+that address: with `node`, the node's own processes' connections are charged apart from it
+(agent.serving.node_processes).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from agent.liveness import LIVENESS
 from agent.serving import budget, limits
 from agent.serving.http import Request, Response
 from agent.serving.loop import Server
+from agent.serving.node_processes import NodeProcesses
 
 log = logging.getLogger(__name__)
 
@@ -150,10 +153,13 @@ class HttpServer:
         loops: Failing = LIVENESS.failing,
         metrics: MetricsPage | None = None,
         rates: budget.Rates | None = budget.HTTP,
+        node: NodeProcesses | None = None,
     ) -> None:
         """`liveness`: what fails that only a new container mends, checked when probed;
         `loops`: the loops that ended without being stopped (agent.liveness); `rates`: the
-        port's request budget (None: none, for a test of something else)."""
+        port's request budget (None: none, for a test of something else); `node`: tells the
+        node's own processes' connections from hostNetwork pods' (None: they are charged to
+        their address alike)."""
         self.host = host
         self.port = port
         self.readiness = readiness
@@ -161,6 +167,7 @@ class HttpServer:
         self.loops = loops
         self.metrics = metrics or MetricsPage()
         self.rates = rates
+        self.node = node
         self._server: Server | None = None
         self._port = 0
 
@@ -177,7 +184,7 @@ class HttpServer:
             name="http",
             workers=1,
             offload=_offload,
-            budget=None if self.rates is None else budget.Budget(self.rates),
+            budget=None if self.rates is None else budget.Budget(self.rates, node=self.node),
         )
         self._server.start()
         log.info(

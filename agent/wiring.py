@@ -35,6 +35,7 @@ from agent.kube.events import EventRecorder
 from agent.netns.look import netns_addresses
 from agent.node_taint import NodeTaintRemover
 from agent.podinput.tokens import Address
+from agent.podnetns.cgroup import pod_uid_of_cgroups
 from agent.podnetns.finder import PodNetnsFinder
 from agent.pods.namespaces import NamespaceCache
 from agent.pods.pod_cache import PodCache
@@ -49,6 +50,7 @@ from agent.rules.backend_pin import node_backend
 from agent.rules.compare import RulesDiff
 from agent.rules.footprint import ours_present
 from agent.rules.sidecar.redirector import RulesRedirector
+from agent.serving.node_processes import NodeProcesses
 from agent.status.report import StatusReport
 from agent.status.server import StatusServer, socket_path
 
@@ -190,6 +192,8 @@ def _readiness_and_after(
             host=settings.metricsAddress,
             readiness=readiness.service().failing,
             liveness=readiness.liveness,
+            # kubelet's probes told from hostNetwork pods' by the node's /proc
+            node=NodeProcesses(settings.hostProcDir, pod_uid_of_cgroups),
         ),
     ]
     if settings.removeNotReadyTaint:

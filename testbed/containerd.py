@@ -230,6 +230,15 @@ class Containerd:
                 return int(pid)
         return None
 
+    def exec_argv(self, container_id: str, exec_id: str, *, cwd: str | None = None) -> list[str]:
+        """`ctr tasks exec` into a running container (where `kubectl exec` ends): the command to
+        put in front of the process's own; its stdio is the caller's."""
+        argv = [str(self.ctr_binary), "--address", str(self.dirs.socket), "-n", NAMESPACE]
+        argv += ["tasks", "exec", "--exec-id", exec_id]
+        if cwd is not None:
+            argv += ["--cwd", cwd]
+        return [*argv, container_id]
+
     def running_container(self, pod_uid: str, name: str) -> tuple[str, int]:
         """(container id, pid) of the pod's running container `name`."""
         listed = self.ctr(

@@ -236,14 +236,20 @@ class Flood:
         module: str = "testbed.flood",
         program: Path | None = None,
         netns: str | None = None,
+        via: list[str] | None = None,
+        python: str = sys.executable,
     ) -> None:
         """`program`: a binary speaking the same way (testbed/attacks_go), run instead;
-        `netns`: the path of a network namespace it runs in (a node's, say) instead of ours."""
+        `netns`: the path of a network namespace it runs in (a node's, say) instead of ours;
+        `via`: a command it is run through instead (`ctr tasks exec ... CONTAINER`: in a pod's
+        container, with the repository mounted as its working directory), with `python`."""
         self.args = [*args, "--duration", str(duration)]
         self.module = module if program is None else program.name
-        self._argv = [sys.executable, "-m", module] if program is None else [str(program)]
+        self._argv = [python, "-m", module] if program is None else [str(program)]
         if netns is not None:
             self._argv = ["nsenter", f"--net={netns}", "--", *self._argv]
+        if via is not None:
+            self._argv = [*via, *self._argv]
         self.ready: dict[str, object] = {}
         self._proc: subprocess.Popen[bytes] | None = None
 

@@ -16,6 +16,16 @@ refilled continuously:
   allowances and never kubelet's, so /healthz and /readyz stay answered. What probes can add
   is bounded by the peers tracked (`max_peers`) times `probe_rate`.
 
+Kubelet's address is the node's, and a hostNetwork pod has it too: once that address's budget is
+contested (it refused something in the last `CONTESTED_SECONDS`, or half of a bucket is spent), a
+connection from it is charged to the node's own processes (`NODE`) when one of them made it
+(agent.serving.node_processes), so that kubelet's probes draw on an allowance the pod's flood
+cannot spend. Finding that out costs some 20 us a connection from the node's address, a listing
+of the known node processes' descriptors (a few hundred for kubelet) at most every 50 ms, and a
+scan of every process's at most once a second for connections none of them holds, which wait
+for it unread (at most 256: agent.serving.origins), so that a pod's flood from the node's
+address is slowed to a few connections a second.
+
 A request over budget is answered 429 and its connection closed (what the peer had pipelined
 behind it is never read), and spends a token of its peer's probe allowance; a connection from a
 peer with neither left is closed as it is accepted, before a byte of it is read. Peers are
@@ -26,10 +36,19 @@ bounds the CPU.
 
 from __future__ import annotations
 
+import ipaddress
+import socket
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from agent.serving.node_processes import NodeProcesses
+
+NODE = "node"
+"""The budget of connections the node's own processes made from its address (not an address)."""
+
+CONTESTED_SECONDS = 10.0
 
 
 class Bucket:
@@ -88,21 +107,52 @@ HTTP = Rates(
 
 
 class _Peer:
-    __slots__ = ("probes", "requests")
+    __slots__ = ("probes", "refused_at", "requests")
 
     def __init__(self, rates: Rates, now: float) -> None:
         self.requests = Bucket(rates.peer_rate, rates.peer_burst, now)
         self.probes = Bucket(rates.probe_rate, rates.probe_burst, now)
+        self.refused_at = -CONTESTED_SECONDS
+
+    def contested(self, now: float) -> bool:
+        """Something was refused lately, or half a bucket is spent."""
+        if now - self.refused_at < CONTESTED_SECONDS:
+            return True
+        self.requests.has(now)  # refilled to now
+        self.probes.has(now)
+        return (
+            self.requests.tokens < self.requests.burst / 2
+            or self.probes.tokens < self.probes.burst / 2
+        )
 
 
 class Budget:
     """The requests one door may still answer, by peer address. Used by one thread (its loop)."""
 
-    def __init__(self, rates: Rates, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        rates: Rates,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        node: NodeProcesses | None = None,
+    ) -> None:
+        """`node`: tells the node's processes' connections from its address apart (None: every
+        connection is charged to its address)."""
         self.rates = rates
         self._clock = clock
         self._port = Bucket(rates.rate, rates.burst, clock())
         self._peers: OrderedDict[str, _Peer] = OrderedDict()
+        self.node = node
+
+    def asks_who(self, sock: socket.socket, address: str) -> bool:
+        """Whether who made a new connection from `address` is worth finding out: its address
+        is the node's and contested, or a scan of the node's processes is due (so that those
+        probing the agent are known before any flood: agent.serving.node_processes); a
+        connection one of them made is then charged to `NODE`."""
+        if self.node is None or not _from_this_node(sock, address):
+            return False
+        peer = self._peers.get(address)
+        return (peer is not None and peer.contested(self._clock())) or self.node.scan_due()
 
     def _peer(self, address: str, now: float) -> _Peer:
         peer = self._peers.get(address)
@@ -119,7 +169,10 @@ class Budget:
         answered something (a request, or a probe)."""
         now = self._clock()
         peer = self._peer(address, now)
-        return peer.requests.has(now) or peer.probes.has(now)
+        if peer.requests.has(now) or peer.probes.has(now):
+            return True
+        peer.refused_at = now
+        return False
 
     def request(self, address: str, path: str) -> bool:
         """Whether a request for `path` from `address` is answered (its token taken)."""
@@ -128,9 +181,23 @@ class Budget:
         if peer.requests.has(now) and self._port.take(now):
             peer.requests.take(now)
             return True
-        if path in self.rates.probe_paths:
-            return peer.probes.take(now)
+        if path in self.rates.probe_paths and peer.probes.take(now):
+            return True
+        peer.refused_at = now
         # A refusal costs its peer's probe allowance too: once both are spent, its connections
         # are closed unread, so even a flood of refused requests costs little.
         peer.probes.take(now)
         return False
+
+
+def _from_this_node(sock: socket.socket, address: str) -> bool:
+    """The peer is on this node: it has our own address, or a loopback one."""
+    try:
+        if address == str(sock.getsockname()[0]):
+            return True
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except (OSError, ValueError):
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback

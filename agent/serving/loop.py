@@ -2,9 +2,9 @@
 connects and says nothing, or says it slowly, costs a descriptor and a few hundred bytes until a
 timeout or the cap closes it, never a thread.
 
-The connections, their states, the cap and the timeouts are agent.serving.connections'.
-Connections are accepted after the ready ones are read, in batches well below the cap, so a
-newcomer's request is read before a flood of later connections could push it out.
+The connections, their states, the cap and the timeouts are agent.serving.connections'; who is let
+in (accepted in batches after the ready ones are read, checked, charged to a budget) is
+agent.serving.admission's.
 
 The bytes are read by h11 (agent.serving.http.Exchange); the loop only moves them. Pipelined
 requests wait in the exchange: once a reply is sent its connection joins the `ready` queue,
@@ -24,7 +24,6 @@ pool of worker threads whose replies the loop writes (all requests, or those `of
 from __future__ import annotations
 
 import contextlib
-import errno
 import functools
 import logging
 import selectors
@@ -37,6 +36,7 @@ from typing import Protocol
 
 from agent.background import JOIN_TIMEOUT_SECONDS, BackgroundLoop
 from agent.liveness import LIVENESS, Liveness, Pool
+from agent.serving.admission import Admission, PeerCheck
 from agent.serving.budget import Budget
 from agent.serving.connections import REPORT_INTERVAL, Conn, Connections, State
 from agent.serving.http import FramingError, Request, Response
@@ -48,7 +48,6 @@ log = logging.getLogger(__name__)
 
 TICK = 0.1
 """Timeouts are checked this often."""
-ACCEPT_BATCH = 32
 RECV_BYTES = 64 << 10
 LINGER_SECONDS = 1.0
 HEARTBEAT_SECONDS = 60.0
@@ -56,7 +55,6 @@ HEARTBEAT_SECONDS = 60.0
 loop's thread only what is quick (probes, the status report); hundreds of times its length."""
 STOP_GRACE = 30.0
 """On stop, replies being worked on get this long to be sent."""
-_RESOURCE_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
 class App(Protocol):
@@ -69,8 +67,6 @@ class App(Protocol):
         ...
 
 
-PeerCheck = Callable[[socket.socket], "str | None"]
-"""None when the connected peer may be served, else why not."""
 Offload = Callable[[Request], bool]
 """With workers: True for a request the pool answers, False for one the loop's thread does."""
 
@@ -113,9 +109,11 @@ class Server:
         self._app = app
         self._limits = limits
         self._offload = offload
-        self._check_peer = check_peer
         self._budget = budget
         self._conns = Connections(self._sel, limits, name=name)
+        self._admission = Admission(
+            self._listener, self._conns, name=name, check_peer=check_peer, budget=budget, pause=TICK
+        )
         self._ready: deque[Conn] = deque()
         """Replied to and kept open: their next request may be buffered already."""
         self._done: deque[tuple[Conn, Future[Response]]] = deque()
@@ -188,7 +186,7 @@ class Server:
         if self._listener.offered:
             self._listener.swap_if_offered()
         accept = False
-        for key, mask in self._sel.select(0 if self._ready else TICK):
+        for key, mask in self._sel.select(self._admission.wait(0 if self._ready else TICK)):
             if key.data is self._listener:
                 accept = True
             elif key.data is _Wake:
@@ -205,7 +203,8 @@ class Server:
             self._guarded(conn, functools.partial(self._advance, conn, time.monotonic()))
         now = time.monotonic()
         if accept and not self._stopping.is_set():
-            self._accept(now)
+            self._admission.accept(now)
+        self._admission.settle()
         if now >= self._next_sweep:
             self._sweep(now)
 
@@ -232,11 +231,13 @@ class Server:
 
     def _begin_stop(self) -> None:
         self._listener.close()
+        self._admission.close()
         for conn in self._conns:
             if conn.state in (State.IDLE, State.READING, State.LINGER):
                 self._conns.close(conn)
 
     def _end(self) -> None:
+        self._admission.close()
         for conn in self._conns:
             self._conns.close(conn)
         if self._pool is not None:
@@ -245,50 +246,6 @@ class Server:
         self._sel.close()
         self._wake_r.close()
         self._wake_w.close()
-
-    # --- accepting
-
-    def _accept(self, now: float) -> None:
-        for _ in range(ACCEPT_BATCH):
-            try:
-                sock, _ = self._listener.sock.accept()
-            except BlockingIOError:
-                return
-            except OSError as e:
-                if e.errno in _RESOURCE_ERRORS:  # wait for descriptors to free, do not spin
-                    self._conns.count(f"accept failed ({errno.errorcode.get(e.errno or 0, e)})")
-                    self._listener.pause(now + TICK)
-                    return
-                continue  # the peer gave up before we accepted (ECONNABORTED)
-            try:
-                self._admit(sock, now)
-            except Exception:  # the peer check or the selector: this peer is refused
-                log.exception("%s: admitting a connection failed", self.name)
-                self._conns.count("refused: admitting it failed")
-                sock.close()
-
-    def _admit(self, sock: socket.socket, now: float) -> None:
-        sock.setblocking(False)
-        if self._check_peer is not None:
-            reason = self._check_peer(sock)
-            if reason is not None:
-                self._conns.count(f"refused: {reason}")
-                sock.close()
-                return
-        try:
-            peer = str(sock.getpeername()[0]) if self._budget is not None else ""
-        except OSError:  # gone already (reset before it was accepted)
-            sock.close()
-            return
-        if self._budget is not None and not self._budget.connection(peer):
-            self._conns.count("refused: its peer's request budget is spent")
-            sock.close()  # before a byte is read: the cheapest answer
-            return
-        if not self._conns.make_room():
-            self._conns.count("refused: every connection is being answered")
-            sock.close()
-            return
-        self._conns.add(sock, now).peer = peer
 
     # --- reading
 
