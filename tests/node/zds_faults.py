@@ -10,8 +10,9 @@ whichever agent runs:
                           (maxelem = its entries), so adding a new pod IP fails with "hash is
                           full"; swapped back when lifted
 
-Both wait, on the way in and on the way out, until the fault is in force or gone: an API server
-loads policies in the background, so a dry-run request tells."""
+The policy is waited for, on the way in and on the way out, until it is in force or gone (an API
+server loads policies in the background): a dry-run request tells. The swap is in force at
+once; what an agent removes from the set meanwhile comes back with it, so nothing should."""
 
 from __future__ import annotations
 
@@ -139,8 +140,7 @@ def probe_set(node_netns: str) -> dict[str, str]:
 
 @contextlib.contextmanager
 def probe_set_full(node_netns: str) -> Iterator[None]:
-    """While inside: the v4 probe set holds what it held (probes keep working) and no more.
-    What the agent removes from it meanwhile comes back with the swap: remove nothing then."""
+    """While inside: the v4 probe set holds what it held (probes keep working) and no more."""
     full = f"zds-fault-{secrets.token_hex(3)}"
 
     def swap_in() -> None:
