@@ -39,4 +39,9 @@ class StatusAnnotator:
                 return
             if not e.answered:
                 raise  # no answer: the caller names the step, as for any other failure
-            raise MeshError(f"annotate pod {namespace}/{name} ({patch.data.decode()}): {e}") from e
+            # The API server's own words say why (an admission policy's message, say); they
+            # reach kubelet's FailedCreatePodSandBox Event through the failed ADD.
+            why = f": {e.message}" if e.message != str(e.reason) else ""
+            raise MeshError(
+                f"annotate pod {namespace}/{name} ({patch.data.decode()}): {e}{why}"
+            ) from e
