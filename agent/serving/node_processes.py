@@ -51,7 +51,7 @@ class NodeProcesses:
     ) -> None:
         self.proc_dir = proc_dir
         self._pod_of = pod_of_cgroups
-        self._clock = clock
+        self.clock = clock
         self.scan_every = scan_every
         self.refresh_every = refresh_every
         self._known: OrderedDict[int, None] = OrderedDict()
@@ -63,11 +63,11 @@ class NodeProcesses:
 
     def scan_due(self) -> bool:
         """A scan of the node's processes is allowed now."""
-        return self._clock() - self.scanned_at >= self.scan_every
+        return self.clock() - self.scanned_at >= self.scan_every
 
     def relist_due(self) -> bool:
         """A listing of the known processes' sockets is allowed now."""
-        return self._clock() - self.listed_at >= self.refresh_every
+        return self.clock() - self.listed_at >= self.refresh_every
 
     def held(self, inode: int) -> bool:
         """A known node process held the socket `inode` at the last listing."""
@@ -75,7 +75,7 @@ class NodeProcesses:
 
     def relist(self) -> None:
         """The sockets the known node processes hold, listed again."""
-        self.listed_at = self._clock()
+        self.listed_at = self.clock()
         held: set[str] = set()
         for pid in list(self._known):
             targets = _sockets(self.proc_dir, pid, MAX_DESCRIPTORS)
@@ -88,7 +88,7 @@ class NodeProcesses:
     def scan(self, inodes: set[int]) -> set[int]:
         """Of the sockets `inodes`, those a process of the node (in no pod's cgroup) holds, found
         by reading every process's descriptors; their holders are remembered."""
-        self.scanned_at = self._clock()
+        self.scanned_at = self.clock()
         wanted = {f"socket:[{inode}]": inode for inode in inodes}
         holders = _holders(self.proc_dir, set(wanted))
         found: set[int] = set()

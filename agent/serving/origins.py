@@ -45,7 +45,7 @@ class Origins:
 
     def charge(self, sock: socket.socket, address: str) -> str | None:
         """The key a new connection is charged to; None: it waits here (see `due`)."""
-        accepted_at = time.monotonic()  # after the accept: it had connected before
+        accepted_at = self._node.clock()  # after the accept: it had connected before
         if not self._budget.asks_who(sock, address):
             return address
         try:
@@ -65,25 +65,27 @@ class Origins:
 
     def _tell(self, waiting: _Waiting) -> str | None:
         node, inode, accepted_at = self._node, waiting.inode, waiting.accepted_at
-        if node.listed_at <= accepted_at and node.relist_due():
+        if node.listed_at < accepted_at and node.relist_due():
             node.relist()
         if node.held(inode):
             return NODE
-        if node.listed_at > accepted_at and node.scan_due():
+        if node.listed_at >= accepted_at and node.scan_due():
             return NODE if node.scan({inode}) else waiting.address
         self._waiting.append(waiting)
         return None
 
     def due(self) -> float | None:
         """When some waiting connection can be told; None: none waits."""
+        if not self._waiting:
+            return None
+        # Waiting in the order accepted: the newest may wait for a listing, the oldest for a scan.
         node = self._node
-        times = [
-            node.listed_at + node.refresh_every
-            if w.accepted_at >= node.listed_at
-            else node.scanned_at + node.scan_every
-            for w in self._waiting
-        ]
-        return min(times, default=None)
+        times = []
+        if self._waiting[-1].accepted_at > node.listed_at:
+            times.append(node.listed_at + node.refresh_every)
+        if self._waiting[0].accepted_at <= node.listed_at:
+            times.append(node.scanned_at + node.scan_every)
+        return min(times)
 
     def overflow(self) -> list[tuple[socket.socket, str]]:
         """The oldest waiting connections past `MAX_WAITING`, charged to their address."""
@@ -96,12 +98,12 @@ class Origins:
     def settle(self) -> list[tuple[socket.socket, str]]:
         """The waiting connections that can be told now, each with its key."""
         node = self._node
-        if node.relist_due() and any(w.accepted_at >= node.listed_at for w in self._waiting):
+        if self._waiting and self._waiting[-1].accepted_at > node.listed_at and node.relist_due():
             node.relist()
         unknown = {
             w.inode
             for w in self._waiting
-            if w.accepted_at < node.listed_at and not node.held(w.inode)
+            if w.accepted_at <= node.listed_at and not node.held(w.inode)
         }
         found = node.scan(unknown) if unknown and node.scan_due() else None
         out: list[tuple[socket.socket, str]] = []

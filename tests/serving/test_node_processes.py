@@ -19,7 +19,9 @@ import pytest
 from agent.http_server import HttpServer
 from agent.liveness import Liveness
 from agent.podnetns.cgroup import pod_uid_of_cgroups
+from agent.serving.budget import HTTP, Budget
 from agent.serving.node_processes import NodeProcesses
+from agent.serving.origins import MAX_WAITING, Origins
 from agent.serving.socket_diag import peer_socket_inode
 from tests.serving.raw import read_responses
 
@@ -229,3 +231,39 @@ def test_a_failing_scan_charges_the_waiting_connections_to_their_address_and_the
     finally:
         srv.stop()
     assert statuses == [b"HTTP/1.1 200 OK"] * 5
+
+
+def test_connections_waiting_for_a_scan_are_bounded_and_told_by_the_next_one(
+    tmp_path: Path,
+) -> None:
+    """A pod's connections from the node's address, its budget contested, wait for the next scan
+    (once a second): at most MAX_WAITING of them, the oldest past it charged to its address at
+    once; the scan then charges every one to its address (a pod's process holds them)."""
+    now = [100.0]
+    as_process(tmp_path, os.getpid(), POD_CGROUP.format(cid=CID))  # this test: a pod
+    node = NodeProcesses(str(tmp_path), pod_uid_of_cgroups, clock=lambda: now[0])
+    budget = Budget(HTTP, clock=lambda: now[0], node=node)
+    origins = Origins(budget, node)
+    budget.connection("127.0.0.1")
+    for _ in range(int(HTTP.peer_burst + HTTP.probe_burst) + 1):
+        budget.request("127.0.0.1", "/metrics")  # spent: contested
+    node.scan(set())  # a scan this second already
+    opened: list[socket.socket] = []
+    try:
+        overflowed: list[tuple[socket.socket, str]] = []
+        for _ in range(MAX_WAITING + 4):
+            socks, _ = connection()
+            opened += socks
+            assert origins.charge(socks[2], "127.0.0.1") is None  # waits for the scan
+            overflowed += origins.overflow()
+        assert [key for _, key in overflowed] == ["127.0.0.1"] * 4
+        assert [sock for sock, _ in overflowed] == opened[2:12:3]  # the oldest four
+        assert origins.due() == pytest.approx(101.0)  # the next scan
+        assert origins.settle() == []  # not yet due
+        now[0] += 1.0
+        told = origins.settle()
+        assert len(told) == MAX_WAITING and {key for _, key in told} == {"127.0.0.1"}
+        assert origins.due() is None
+    finally:
+        for sock in opened:
+            sock.close()
