@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -401,6 +402,33 @@ def test_cni_add_of_ambient_pod_through_the_pod_server(
         server.stop()
 
 
+@contextmanager
+def a_pod_with_two_sandboxes(
+    bed: Bed,
+    ztunnel: ZtunnelDouble,
+    kube_core: Any,
+    sim_node: str,
+    node_pods: NodePods,
+    pod_namespaces: PodNamespaces,
+    namespace: str,
+    tmp_path: Path,
+) -> Iterator[tuple[str, str, str, str]]:
+    """An ambient namespace with the bed started and ztunnel connected, a pod `fresh` in it and
+    two network namespaces for its sandboxes: (its UID, the old netns, the new netns, the pod
+    server's socket); the pod server stopped on exit."""
+    label_namespace(kube_core, namespace, AMBIENT)
+    bed.start()
+    ztunnel.connect()
+    old_ns, new_ns = (Path(pod_namespaces.netns()).name for _ in range(2))
+    uid = node_pods.create(namespace, "fresh")["metadata"]["uid"]
+    server, socket = pod_server(kube_core, sim_node, bed, tmp_path)
+    server.start()
+    try:
+        yield uid, old_ns, new_ns, socket
+    finally:
+        server.stop()
+
+
 def test_a_stale_sandboxs_del_leaves_the_pod_in_ztunnel_and_its_new_ip_probed(
     bed: Bed,
     ztunnel: ZtunnelDouble,
@@ -414,14 +442,8 @@ def test_a_stale_sandboxs_del_leaves_the_pod_in_ztunnel_and_its_new_ip_probed(
     """The runtime re-creates the pod's sandbox: the new sandbox's ADD comes before the old
     one's DEL, and the pod's status still holds the old IP. The pod stays in ztunnel with its
     new netns, the probe set holds the new IP and not the old one."""
-    label_namespace(kube_core, namespace, AMBIENT)
-    bed.start()
-    ztunnel.connect()
-    old_ns, new_ns = (Path(pod_namespaces.netns()).name for _ in range(2))
-    uid = node_pods.create(namespace, "fresh")["metadata"]["uid"]
-    server, socket = pod_server(kube_core, sim_node, bed, tmp_path)
-    server.start()
-    try:
+    fixtures = (bed, ztunnel, kube_core, sim_node, node_pods, pod_namespaces, namespace, tmp_path)
+    with a_pod_with_two_sandboxes(*fixtures) as (uid, old_ns, new_ns, socket):
         cni(socket, "ADD", "c-old", old_ns, namespace, "10.77.251.1")
         node_pods.set_running(namespace, "fresh", "10.77.251.1")
         cni(socket, "ADD", "c-new", new_ns, namespace, "10.77.251.2")
@@ -432,8 +454,6 @@ def test_a_stale_sandboxs_del_leaves_the_pod_in_ztunnel_and_its_new_ip_probed(
         assert uid in ztunnel.workloads() and bed.mesh.state(uid) == "enabled"
         entries = bed.host.entries()
         assert entries.get("10.77.251.2") == uid and "10.77.251.1" not in entries
-    finally:
-        server.stop()
 
 
 @pytest.mark.parametrize("del_first", [True, False], ids=["del-first", "delete-event-first"])
@@ -452,14 +472,8 @@ def test_a_pod_deleted_after_its_sandbox_was_recreated_gets_one_delworkload(
     and the pod is deleted later: its new sandbox's DEL and its delete event come in either
     order, and ztunnel gets one DelWorkload for the deletion, as from Istio's agent. ztunnel
     acks a DelWorkload for a pod it no longer holds, so the stream itself is compared."""
-    label_namespace(kube_core, namespace, AMBIENT)
-    bed.start()
-    ztunnel.connect()
-    old_ns, new_ns = (Path(pod_namespaces.netns()).name for _ in range(2))
-    uid = node_pods.create(namespace, "fresh")["metadata"]["uid"]
-    server, socket = pod_server(kube_core, sim_node, bed, tmp_path)
-    server.start()
-    try:
+    fixtures = (bed, ztunnel, kube_core, sim_node, node_pods, pod_namespaces, namespace, tmp_path)
+    with a_pod_with_two_sandboxes(*fixtures) as (uid, old_ns, new_ns, socket):
         cni(socket, "ADD", "c-old", old_ns, namespace, "10.77.252.1")
         node_pods.set_running(namespace, "fresh", "10.77.252.1")
         cni(socket, "DEL", "c-old", old_ns, namespace, "10.77.252.1")
@@ -483,8 +497,6 @@ def test_a_pod_deleted_after_its_sandbox_was_recreated_gets_one_delworkload(
         assert told == [("del", uid)], told
         assert uid not in ztunnel.workloads() and bed.mesh.state(uid) == "none"
         assert uid not in bed.host.entries().values()
-    finally:
-        server.stop()
 
 
 def test_ztunnel_gets_the_pods_own_service_account(
