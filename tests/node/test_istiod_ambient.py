@@ -7,9 +7,9 @@ agent writes it, then serves the pod to ztunnel as an HBONE workload (its `/debu
 the workloads it would send over WDS). A pod of a plain namespace is served without a tunnel.
 Releasing the pod (the label removed) takes the annotation away and istiod follows. Pods with
 their own ServiceAccounts are served each under its own, and again so after each fault (the
-agent's pod killed, ztunnel restarted, a sandbox killed, tests/node/zds_faults.py's refused
-annotation and full probe set, the annotation removed by hand). A module of its own: its istiod
-runs with other values than tests/node/test_istiod.py's."""
+agent's container killed, its pod deleted, ztunnel restarted, a sandbox killed,
+tests/node/zds_faults.py's full probe set and refused annotation, the annotation removed by
+hand). A module of its own: its istiod runs with other values than tests/node/test_istiod.py's."""
 
 from __future__ import annotations
 
@@ -221,6 +221,15 @@ def sandbox_netns(cluster: RealCluster, uid: str) -> int | None:
         return None
 
 
+def agent_restarts(core: Any, name: str, *, ready: bool = False) -> int:
+    """The restart count of the agent pod `name`'s container (-1 when `ready` and it is not)."""
+    pod = core.read_namespaced_pod(name, agent_mod.AGENT_NAMESPACE)
+    for status in pod.status.container_statuses or []:
+        if status.name == agent_mod.AGENT_CONTAINER and (status.ready or not ready):
+            return int(status.restart_count)
+    return -1
+
+
 def wait_sandbox_failed(core: Any, namespace: str, name: str, cause: str) -> None:
     """Until kubelet reports the pod's sandbox failed, naming `cause` (the fault failed it)."""
     uid = core.read_namespaced_pod(name, namespace).metadata.uid
@@ -244,10 +253,10 @@ def test_istiod_serves_each_pod_under_its_own_account_through_faults(
     workload_ns: str,
 ) -> None:
     """Pods with their own ServiceAccounts, enrolled: istiod serves each over HBONE under its own
-    account, ztunnel holds each with it. After each fault (the agent's pod killed, ztunnel
-    restarted, a pod's sandbox killed, a new pod's annotation refused then allowed, the probe
-    set full for a new pod then healed, the annotation removed by hand) the view is right again
-    within VIEW_BOUND; the seconds each took are printed."""
+    account, ztunnel holds each with it. After each fault (the agent's container killed, its pod
+    deleted, ztunnel restarted, a pod's sandbox killed, the probe set full for a new pod then
+    healed, a new pod's annotation refused then allowed, the annotation removed by hand) the
+    view is right again within VIEW_BOUND; the seconds each took are printed."""
     istiod, core, ns = ambient_istiod, node_core, workload_ns
     image = real_cluster.images["workload"].ref
     core.patch_namespace(ns, {"metadata": {"labels": {MODE_LABEL: "ambient"}}})
@@ -288,7 +297,7 @@ def test_istiod_serves_each_pod_under_its_own_account_through_faults(
                 ),
             )
             # The table's rows as they come: a later fault's failure shows the earlier ones.
-            print(f"  {fault:<52} {time.monotonic() - began:5.1f}")
+            print(f"  {fault:<56} {time.monotonic() - began:5.1f}")
 
         began = time.monotonic()
         for name in names[:OWN_ACCOUNT_PODS]:
@@ -305,10 +314,24 @@ def test_istiod_serves_each_pod_under_its_own_account_through_faults(
         assert len(set(accounts.values())) == OWN_ACCOUNT_PODS
 
         began = time.monotonic()
+        agent = agent_mod.ready_agent(core, real_cluster).pod
+        before = agent_restarts(core, agent.name)
+        _, agent_pid = real_cluster.cri.running_container(agent.uid, agent_mod.AGENT_CONTAINER)
+        os.kill(agent_pid, signal.SIGKILL)  # kubelet restarts the container in the same pod
+        kubepods.wait_for(
+            lambda: agent_restarts(core, agent.name, ready=True) > before,
+            "the agent's container restarted by kubelet, Ready",
+            VIEW_BOUND,
+            interval=0.2,
+        )
+        reconnect(ztunnel)
+        right_again("the agent's container killed, kubelet restarted it", began)
+
+        began = time.monotonic()
         kill_pods(core, agent_mod.AGENT_NAMESPACE, agent_mod.AGENT_SELECTOR)
         agent_mod.ready_agent(core, real_cluster, image=agent_image)
         reconnect(ztunnel)  # ztunnel stayed up: it connects to the successor's socket
-        right_again("the agent's pod killed", began)
+        right_again("the agent's pod deleted, the DaemonSet made a new one", began)
 
         began = time.monotonic()
         ztunnel.restart()
