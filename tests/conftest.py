@@ -1,4 +1,5 @@
-"""Project-wide test settings: a skipped test is a failed run when ci/test runs the suite."""
+"""Project-wide test settings: a skipped test is a failed run when ci/test runs the suite, and
+the modules of the hostile tier run last."""
 
 from __future__ import annotations
 
@@ -7,6 +8,14 @@ import os
 import pytest
 
 pytest_plugins = ["tests.fixtures", "tests.e2e.harness"]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The modules with hostile-tier tests run last, each whole and in order: they compare
+    latencies quiet and flooded, and in ci/test the process beside this one (unmarked, chart,
+    differential and stress tests, CPU-bound) has ended by then."""
+    hostile = {item.path for item in items if item.get_closest_marker("hostile") is not None}
+    items.sort(key=lambda item: item.path in hostile)  # stable: the order within is kept
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
