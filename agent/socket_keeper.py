@@ -31,15 +31,13 @@ class SocketKeeper:
         kind: int,
         what: str,
         bind: Callable[[socket.socket], int],
-        backlog: int,
     ) -> None:
-        """`kind`: SOCK_STREAM or SOCK_SEQPACKET; `bind`: binds a socket at `path` (mode and
-        temp name as the server's own start does), returns its inode."""
+        """`kind`: SOCK_STREAM or SOCK_SEQPACKET; `bind`: binds a socket at `path`, listening
+        before the path names it (as the server's own start does), returns its inode."""
         self.path = path
         self._kind = kind
         self._what = what
         self._bind = bind
-        self._backlog = backlog
         self._served_by: int | None = None
         """The inode at the path last found served by someone else: not probed again."""
         self._reported: str | None = None
@@ -55,8 +53,7 @@ class SocketKeeper:
             return None
         sock = socket.socket(socket.AF_UNIX, self._kind | socket.SOCK_CLOEXEC)
         try:
-            inode = self._bind(sock)
-            sock.listen(self._backlog)
+            inode = self._bind(sock)  # listening before the path names it
         except Exception as e:  # the path taken by a file, the dir gone: said once, retried
             sock.close()
             if str(e) != self._reported:

@@ -1,8 +1,9 @@
 """The agent's Unix sockets on the node (the plugin's pod server, ztunnel's ZDS server).
 
-`bind_private` binds in a private directory, sets mode 0600, then renames over the path, so the
-socket is never reachable with a wider mode, and no one who may write the socket's directory
-can turn the chmod onto another file; the caller listens only after it returns. A stale
+`bind_private` binds in a private directory, sets mode 0600 and listens, then renames over the
+path, so the socket is never reachable with a wider mode, the path never names a socket that
+refuses connections (a client's connect between a bind and its listen would be refused), and no
+one who may write the socket's directory can turn the chmod onto another file. A stale
 socket is replaced; anything else in the way is refused, never deleted. `remove_if_ours` removes
 the socket on stop only while it is still ours: a newer agent may already have replaced it.
 """
@@ -27,9 +28,10 @@ TEMP_NAME = "s"
 """The socket's name in its private directory until it is renamed into place."""
 
 
-def bind_private(sock: socket.socket, path: str, *, what: str) -> int:
-    """Bind `sock` at `path` with mode 0600 (parent dir created 0700); returns the inode.
-    `what` names the socket in errors and logs ("pod server socket").
+def bind_private(sock: socket.socket, path: str, *, what: str, backlog: int) -> int:
+    """Bind `sock` at `path` with mode 0600 (parent dir created 0700), listening with `backlog`
+    before the path names it; returns the inode. `what` names the socket in errors and logs
+    ("pod server socket").
 
     The socket is bound, made 0600 and renamed over `path` from a private directory made
     beside it (0700, the agent's), each step through that directory's descriptor: whoever
@@ -45,7 +47,7 @@ def bind_private(sock: socket.socket, path: str, *, what: str) -> int:
         _refuse_non_socket(path, what)
         private = tempfile.mkdtemp(prefix=".bind-", dir=parent)
         try:
-            return _bind_in(sock, private, path)
+            return _bind_in(sock, private, path, backlog)
         finally:
             with contextlib.suppress(OSError):  # swapped meanwhile: not ours to remove
                 os.rmdir(private)
@@ -55,7 +57,7 @@ def bind_private(sock: socket.socket, path: str, *, what: str) -> int:
         raise SocketPathError(f"{what} {path}: {e.strerror or e}") from e
 
 
-def _bind_in(sock: socket.socket, private: str, path: str) -> int:
+def _bind_in(sock: socket.socket, private: str, path: str, backlog: int) -> int:
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(private, flags)
     try:
@@ -66,6 +68,7 @@ def _bind_in(sock: socket.socket, private: str, path: str) -> int:
         try:
             os.chmod(TEMP_NAME, SOCKET_MODE, dir_fd=fd)
             inode = os.stat(TEMP_NAME, dir_fd=fd, follow_symlinks=False).st_ino
+            sock.listen(backlog)
             os.replace(TEMP_NAME, path, src_dir_fd=fd)
             return inode
         except BaseException:

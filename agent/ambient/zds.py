@@ -131,7 +131,6 @@ class ZdsServer:
             kind=socket.SOCK_SEQPACKET,
             what="ZDS socket",
             bind=lambda sock: _bind(sock, socket_path),
-            backlog=LISTEN_BACKLOG,
         )
         # A turn is an accept that times out within ACCEPT_INTERVAL, or one admission.
         self._accept = BackgroundLoop("zds-accept", self._accept_loop, heartbeat=60.0)
@@ -147,7 +146,6 @@ class ZdsServer:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         try:
             self._inode = _bind(sock, self.socket_path)
-            sock.listen(LISTEN_BACKLOG)
             sock.settimeout(ACCEPT_INTERVAL)  # so the accept loop sees stop()
         except BaseException:
             sock.close()
@@ -445,6 +443,6 @@ def _open_or_none(pod: AmbientPod) -> int | None:
 def _bind(sock: socket.socket, path: str) -> int:
     """Bind `sock` at `path` with mode 0600 (agent.unix_socket); returns the inode."""
     try:
-        return unix_socket.bind_private(sock, path, what="ZDS socket")
+        return unix_socket.bind_private(sock, path, what="ZDS socket", backlog=LISTEN_BACKLOG)
     except SocketPathError as e:
         raise ZdsServerError(str(e)) from e

@@ -144,7 +144,6 @@ class PodServer:
             kind=socket.SOCK_STREAM,
             what="pod server socket",
             bind=lambda sock: _bind(sock, socket_path),
-            backlog=LISTEN_BACKLOG,
         )
 
     def start(self) -> None:
@@ -153,7 +152,6 @@ class PodServer:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._inode = _bind(sock, self.socket_path)
-            sock.listen(LISTEN_BACKLOG)
         except BaseException:
             sock.close()
             raise
@@ -214,6 +212,8 @@ class PodServer:
 def _bind(sock: socket.socket, path: str) -> int:
     """Bind `sock` at `path` with mode 0600 (agent.unix_socket); returns the inode."""
     try:
-        return unix_socket.bind_private(sock, path, what="pod server socket")
+        return unix_socket.bind_private(
+            sock, path, what="pod server socket", backlog=LISTEN_BACKLOG
+        )
     except SocketPathError as e:
         raise ServerError(str(e)) from e

@@ -75,8 +75,9 @@ class StatusServer:
     def start(self) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self._inode = unix_socket.bind_private(sock, self.path, what="status socket")
-            sock.listen(16)
+            self._inode = unix_socket.bind_private(
+                sock, self.path, what="status socket", backlog=16
+            )
         except SocketPathError as e:
             sock.close()
             raise ServerError(str(e)) from e

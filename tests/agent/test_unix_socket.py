@@ -72,13 +72,12 @@ def test_a_symlink_swapped_in_cannot_redirect_the_chmod(short_dir: Path, attack:
     os.chmod(victim, 0o644)
     path = run / "pluginevent.sock"
     with Attacked(run, path.name, victim, attack) as sock:
-        inode = bind_private(sock, str(path), what="pod server socket")
+        inode = bind_private(sock, str(path), what="pod server socket", backlog=1)
         assert sock.swapped, "the attacker had a name to swap"
         assert stat.S_IMODE(victim.stat().st_mode) == 0o644, "the victim's mode is untouched"
         mode = os.lstat(path).st_mode
         assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o600
         assert os.lstat(path).st_ino == inode
-        sock.listen()
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
             client.connect(str(path))
     remove_if_ours(str(path), inode)
@@ -88,6 +87,26 @@ def test_a_symlink_swapped_in_cannot_redirect_the_chmod(short_dir: Path, attack:
 def test_nothing_is_left_beside_the_socket(short_dir: Path) -> None:
     path = short_dir / "run" / "ztunnel.sock"
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        bind_private(sock, str(path), what="ZDS socket")
+        bind_private(sock, str(path), what="ZDS socket", backlog=1)
     assert os.listdir(path.parent) == ["ztunnel.sock"]
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+
+
+def test_the_path_names_the_socket_only_once_it_listens(
+    short_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client's connect between a bind and its listen is refused: the rename that makes the
+    path name the socket comes after the listen (a plugin's ADD at that instant failed)."""
+    path = short_dir / "run" / "pluginevent.sock"
+    listening_at_rename: list[int] = []
+    real_replace = os.replace
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+
+        def replace(*args: object, **kwargs: object) -> None:
+            listening_at_rename.append(sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN))
+            real_replace(*args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr("agent.unix_socket.os.replace", replace)
+        bind_private(sock, str(path), what="pod server socket", backlog=1)
+    assert listening_at_rename == [1]

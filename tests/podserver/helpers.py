@@ -182,7 +182,11 @@ class UnixHTTPConnection(http.client.HTTPConnection):
     def connect(self) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self.timeout)  # non-blocking connect, as the plugin does
-        sock.connect(self._path)
+        try:
+            sock.connect(self._path)
+        except BaseException:
+            sock.close()
+            raise
         self.sock = sock
 
 
