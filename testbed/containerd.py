@@ -189,20 +189,16 @@ class Containerd:
     def alive(self) -> bool:
         return self.daemon.alive()
 
+    def ctr_argv(self, *args: str) -> list[str]:
+        """The ctr command line for `args` against this instance, in the CRI's namespace."""
+        # A stopped containerd fails at once instead of ctr waiting for it.
+        argv = [str(self.ctr_binary), "--address", str(self.dirs.socket)]
+        return [*argv, "--connect-timeout", "5s", "-n", NAMESPACE, *args]
+
     def ctr(
         self, *args: str, check: bool = True, timeout: float = 300.0
     ) -> subprocess.CompletedProcess[str]:
-        # A stopped containerd fails at once instead of ctr waiting for it.
-        argv = [
-            str(self.ctr_binary),
-            "--address",
-            str(self.dirs.socket),
-            "--connect-timeout",
-            "5s",
-            "-n",
-            NAMESPACE,
-            *args,
-        ]
+        argv = self.ctr_argv(*args)
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
         if check and done.returncode != 0:
             raise RuntimeError(
@@ -233,11 +229,8 @@ class Containerd:
     def exec_argv(self, container_id: str, exec_id: str, *, cwd: str | None = None) -> list[str]:
         """`ctr tasks exec` into a running container (where `kubectl exec` ends): the command to
         put in front of the process's own; its stdio is the caller's."""
-        argv = [str(self.ctr_binary), "--address", str(self.dirs.socket), "-n", NAMESPACE]
-        argv += ["tasks", "exec", "--exec-id", exec_id]
-        if cwd is not None:
-            argv += ["--cwd", cwd]
-        return [*argv, container_id]
+        where = [] if cwd is None else ["--cwd", cwd]
+        return self.ctr_argv("tasks", "exec", "--exec-id", exec_id, *where, container_id)
 
     def running_container(self, pod_uid: str, name: str) -> tuple[str, int]:
         """(container id, pid) of the pod's running container `name`."""

@@ -184,8 +184,10 @@ class PodServer:
         """Bind the socket's path again when it no longer names ours and nobody answers there
         (agent.socket_keeper); True when it did."""
         server = self._server
-        taken = self._path_keeper.take_back(self._inode) if server is not None else None
-        if server is None or taken is None:
+        if server is None:
+            return False
+        taken = self._path_keeper.take_back(self._inode)
+        if taken is None:
             return False
         sock, self._inode = taken
         server.replace_listener(sock)

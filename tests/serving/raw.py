@@ -27,6 +27,20 @@ def read_responses(sock: socket.socket, count: int) -> list[bytes]:
     return replies
 
 
+def probe(port: int, source: str = "127.0.0.1") -> bytes:
+    """The status line of a GET /healthz to 127.0.0.1:`port` from `source`; b"" when the
+    connection was closed unanswered (refused over a budget)."""
+    try:
+        with socket.create_connection(
+            ("127.0.0.1", port), timeout=5.0, source_address=(source, 0)
+        ) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: n\r\n\r\n")
+            replies = read_responses(sock, 1)
+    except (ConnectionResetError, BrokenPipeError):
+        return b""
+    return replies[0].split(b"\r\n", 1)[0] if replies else b""
+
+
 def read_response(sock: socket.socket) -> bytes:
     """The next reply (b"" when the server closed first)."""
     replies = read_responses(sock, 1)

@@ -15,7 +15,7 @@ import pytest
 from agent.http_server import HttpServer
 from agent.liveness import Liveness
 from agent.serving.budget import HTTP, Budget, Rates
-from tests.serving.raw import closed, read_responses
+from tests.serving.raw import closed, probe, read_responses
 
 RATES = Rates(
     rate=100.0,
@@ -110,17 +110,6 @@ def connect(port: int, source: str, timeout: float = 10.0) -> socket.socket:
     return socket.create_connection(
         ("127.0.0.1", port), timeout=timeout, source_address=(source, 0)
     )
-
-
-def probe(port: int, source: str) -> bytes:
-    """The status line of a /healthz answer; b"" when the connection was closed unanswered."""
-    try:
-        with connect(port, source, timeout=5.0) as sock:
-            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: n\r\n\r\n")
-            replies = read_responses(sock, 1)
-    except (ConnectionResetError, BrokenPipeError):
-        return b""
-    return replies[0].split(b"\r\n", 1)[0] if replies else b""
 
 
 def test_a_pipelined_flood_is_cut_at_its_budget_with_a_429(port: int) -> None:

@@ -23,7 +23,7 @@ from agent.serving.budget import HTTP, Budget
 from agent.serving.node_processes import NodeProcesses
 from agent.serving.origins import MAX_WAITING, Origins
 from agent.serving.socket_diag import peer_socket_inode
-from tests.serving.raw import read_responses
+from tests.serving.raw import probe
 
 NODE_CGROUP = (
     "12:pids:/system.slice/kubelet.service\n1:name=systemd:/system.slice/kubelet.service\n"
@@ -152,16 +152,6 @@ def serve(proc_dir: Path | None) -> HttpServer:
     )
     srv.start()
     return srv
-
-
-def probe(port: int) -> bytes:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=5.0) as sock:
-            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: n\r\n\r\n")
-            replies = read_responses(sock, 1)
-    except (ConnectionResetError, BrokenPipeError):
-        return b""
-    return replies[0].split(b"\r\n", 1)[0] if replies else b""
 
 
 def flooded_probes(port: int, pod_proc: Path) -> tuple[list[bytes], dict[str, int]]:
