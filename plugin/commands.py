@@ -197,10 +197,11 @@ class Plugin:
             )
         except AgentUnavailable as e:
             log.agent_unreachable()  # its lines go to the run dir's file, not another connect
-            why = plain.plain_pod(conf) if command == "ADD" else None
+            # CHECK as ADD: CRI-O checks a sandbox's network right after its ADD.
+            why = plain.plain_pod(conf) if command in ("ADD", "CHECK") else None
             if why is not None:
                 log.warn(
-                    "ADD passes a plain pod without the agent",
+                    f"{command} passes a plain pod without the agent",
                     reason=why,
                     error=e.msg,
                     details=e.details,

@@ -1,4 +1,4 @@
-"""Can an ADD pass a pod without the agent? Only a plain pod of a sidecar-only install.
+"""Can an ADD (or CHECK) pass a pod without the agent? Only a plain pod of a sidecar-only install.
 
 With the agent unreachable, failing every ADD turns an agent outage into a node outage; only the
 pods the agent would capture need it. The agent (ambient off) captures a pod only when it carries

@@ -32,6 +32,7 @@ from testbed.multus import nad_crd
 from testbed.platforms import CILIUM, PLATFORMS, RUNTIME_VARIANTS, Platform
 from testbed.realnode import RealCluster
 from testbed.wait import wait_for
+from tests.node.agent_away import pods_while_agent_away
 
 pytestmark = [pytest.mark.node, pytest.mark.platforms]
 
@@ -545,3 +546,29 @@ def test_a_primary_rewriting_in_a_loop_gets_an_event_and_no_tight_loop(
     assert f"{platform.conflist_name} lost istio-cni's entry" in events, events
     # The writer stopped: the entry comes back.
     wait_for(lambda: has_our_entry(primary), "our entry back after the fight", 5)
+
+
+def test_a_down_agent_on_crio_stops_only_the_meshed_pods(
+    layouts: RealCluster,
+    node_helm: Any,
+    node_core: Any,
+    agent_image: Image,
+    workload_ns: str,
+) -> None:
+    """CRI-O hands the plugin the pod's annotations as containerd does (its
+    `io.kubernetes.cri.pod-annotations` runtimeConfig): with the agent away a plain pod starts,
+    a meshed one waits and starts captured once it is back (containerd:
+    tests/node/test_agent_away.py)."""
+    platform = RUNTIME_VARIANTS["minikube-on-crio"]
+    layouts.relayout(platform)
+    helm = node_helm("4")
+    runtime_values = dict(platform.runtime_values)
+    install_preset(helm, agent_image, platform.name, "values file", **runtime_values)
+    try:
+        agent_mod.ready_agent(node_core, layouts, image=agent_image)
+        run_dir = layouts.host_path("/var/run/istio-cni")  # the chart's cniAgentRunDir
+        pods_while_agent_away(layouts, node_core, workload_ns, agent_image, run_dir)
+        for pod in ("plain", "meshed"):
+            kubepods.delete_and_wait(node_core, workload_ns, pod)
+    finally:
+        agent_mod.uninstall(helm, node_core)

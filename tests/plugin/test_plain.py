@@ -115,8 +115,13 @@ def test_annotations_not_handed_fail_closed(runtime_config: Any, tmp_path: Path)
     assert run.out["code"] == wire.TRY_AGAIN_LATER
 
 
-def test_check_of_a_plain_pod_still_needs_the_agent(tmp_path: Path) -> None:
+def test_check_follows_the_same_rule(tmp_path: Path) -> None:
+    """CRI-O checks a sandbox's network right after its ADD: a plain pod's CHECK passes too,
+    a meshed pod's fails closed."""
     run = run_plugin(cni_env("CHECK"), conf_with(tmp_path))
+    assert run.code == 0, run.raw
+    assert "CHECK passes a plain pod without the agent" in run.err
+    run = run_plugin(cni_env("CHECK"), conf_with(tmp_path, {**PLAIN, **MESHED["status"]}))
     assert run.code == 1
     assert run.out["code"] == wire.TRY_AGAIN_LATER
 
