@@ -20,15 +20,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-OUTBOUND_PORT = 15001
-INBOUND_PORT = 15006
-READINESS_PORT = 15021
-ADMIN_PORT = 15000
-PROXY_UID = 1337
-PROXY_GID = 1337
-ORIGINAL_SRC_MARK = 1337
-INBOUND_PASSTHROUGH_V4 = "127.0.0.6"
-INBOUND_PASSTHROUGH_V6 = "::6"
+from agent import constants
+
+# The numbers the agent's rules are built from (agent.constants), so both sides agree.
+OUTBOUND_PORT = int(constants.PROXY_OUTBOUND_PORT)
+INBOUND_PORT = int(constants.PROXY_INBOUND_CAPTURE_PORT)
+READINESS_PORT = 15021  # one of constants.ALWAYS_EXCLUDED_INBOUND: kubelet's probes reach it
+ADMIN_PORT = 15000  # Istio's admin port, on 127.0.0.1 only
+PROXY_UID = int(constants.PROXY_ID)
+PROXY_GID = int(constants.PROXY_ID)
+ORIGINAL_SRC_MARK = int(constants.TPROXY_MARK)  # Istio's original_src mark, the rules' fwmark
+INBOUND_PASSTHROUGH_V4 = constants.INBOUND_PASSTHROUGH_V4.split("/")[0]
+INBOUND_PASSTHROUGH_V6 = constants.INBOUND_PASSTHROUGH_V6.split("/")[0]
 OUTBOUND_LOG = "outbound.log"
 INBOUND_LOG = "inbound.log"
 
