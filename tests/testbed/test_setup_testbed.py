@@ -67,6 +67,7 @@ def test_cached_parts_are_reused_without_building(tmp_path: Path) -> None:
         f"crio/{crio_version}/crio",
         f"crio/{crio_version}/pinns",
         f"multus/{parts.setup_testbed_version('MULTUS_VERSION')}/multus",
+        str(parts.envoy().path.relative_to(parts.cache_dir())),
         *(
             f"prometheus-operator-crds/{operator_crds.VERSION}/{f}"
             for f in operator_crds.FILES.values()
@@ -74,7 +75,8 @@ def test_cached_parts_are_reused_without_building(tmp_path: Path) -> None:
     )
     result = _run(tmp_path)
     assert result.returncode == 0, result.stderr
-    assert result.stderr.count("cached at") == 15
+    assert result.stderr.count("cached at") == 16
+    assert f"envoy {tmp_path}/envoy/{parts.envoy_version()}/envoy" in result.stdout
     assert f"kube-apiserver {tmp_path}/kube/{version}/kube-apiserver" in result.stdout
     discovery = f"pilot-discovery {tmp_path}/istio/{istio_version()}/pilot-discovery"
     assert discovery in result.stdout
