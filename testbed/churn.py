@@ -80,9 +80,11 @@ class Churn:
         image: str,
         nodes: Sequence[str] = (),
         interval: float = INTERVAL,
+        settle_timeout: float = SETTLE_TIMEOUT,
     ) -> None:
         self.core = core
         self.interval = interval
+        self.settle_timeout = settle_timeout
         self.cluster = cluster
         self.namespace = namespace
         self.image = image
@@ -112,15 +114,17 @@ class Churn:
     ) -> None:
         self._creating.clear()
         self._threads[0].join()
-        if exc is None:
-            kubepods.wait_for(
-                self._all_ran,
-                "every churn pod to run",
-                SETTLE_TIMEOUT,
-                on_timeout=self._stuck,
-            )
-        self._checking.clear()
-        self._threads[1].join()
+        try:
+            if exc is None:
+                kubepods.wait_for(
+                    self._all_ran,
+                    "every churn pod to run",
+                    self.settle_timeout,
+                    on_timeout=self._stuck,
+                )
+        finally:  # the checker stops even when some pod never ran
+            self._checking.clear()
+            self._threads[1].join()
 
     def _all_ran(self) -> bool:
         with self._lock:

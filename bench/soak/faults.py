@@ -137,14 +137,14 @@ CATALOGUE: tuple[FaultKind, ...] = (
         "helm_upgrade",
         "`helm upgrade` of the chart (a new pod template)",
         "cluster",
-        60.0,
+        30.0,
         group="helm",
     ),
     FaultKind(
         "helm_rollback",
         "`helm rollback` of the chart to its previous revision",
         "cluster",
-        60.0,
+        30.0,
         group="helm",
     ),
     FaultKind(

@@ -110,8 +110,12 @@ def _place(
     low, high = bounds[0], bounds[1] - kind.seconds
     if high < low:
         return None
-    for attempt in range(PLACE_ATTEMPTS):
-        start = min(max(at if attempt == 0 else rng.uniform(low, high), low), high)
+    # `at` first, then random starts, then every second of the bounds in order: a gap that
+    # exists is found, however crowded the plan.
+    grid = [low + i for i in range(int(high - low) + 1)]
+    starts = [at] + [rng.uniform(low, high) for _ in range(PLACE_ATTEMPTS)] + grid
+    for start in starts:
+        start = min(max(start, low), high)
         node = None if kind.scope == "cluster" else rng.choice(list(nodes))
         candidate = Window(kind.name, node, round(start, 3), round(start + kind.seconds, 3))
         clash = any(

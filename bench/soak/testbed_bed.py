@@ -47,8 +47,12 @@ from testbed.realnode import RealCluster
 PRESET = Path(__file__).resolve().parents[2] / "values-examples" / "kind.yaml"
 NODE_COUNT = 3
 ROLLOUT_TIMEOUT = 300.0
-UNINSTALLED = re.compile(r'msg="?uninstalled\b')
-"""The agent's log line when it removed what it installed (agent/lifecycle.py)."""
+UNINSTALLED = re.compile(r'msg"?[=:]"?uninstalled\b')
+"""The agent's log line when it removed what it installed (agent/lifecycle.py), logfmt or JSON."""
+SETTLE_S = 60.0
+"""How long the pods created last may take to run once the churn stops (then they are the
+report's: stuck), and how long the nodes may take to clean up after the churn's pods (kubelet
+removes a deleted pod's cgroups on its housekeeping) before what is left is a leftover."""
 PROXY_FAULTS = {
     "silence": ProxyFault("silence"),
     "429": ProxyFault("status", code=429, retry_after=5),
@@ -143,7 +147,13 @@ class TestbedBed:
         namespace = self.stack.enter_context(_namespace(self.core, "soak"))
         image = self.cluster.first.images["workload"].ref
         self.churn = Churn(
-            self.core, self.cluster, namespace, image, nodes=self.names, interval=self.interval
+            self.core,
+            self.cluster,
+            namespace,
+            image,
+            nodes=self.names,
+            interval=self.interval,
+            settle_timeout=SETTLE_S,
         )
         self.churn.__enter__()
 
@@ -211,12 +221,24 @@ class TestbedBed:
         self.stack.close()  # the churn namespace's pods deleted and waited away
 
     def leftovers(self) -> list[str]:
+        """What each node holds now and did not before the churn (netns, links, chains,
+        tables, sets, files), and pod cgroups of no pod the API server knows; looked at again
+        for SETTLE_S while anything is found, so a cleanup still under way is no leftover."""
+        deadline = time.monotonic() + SETTLE_S
+        while True:
+            found = self._left_now()
+            if not found or time.monotonic() > deadline:
+                return found
+            time.sleep(2.0)
+
+    def _left_now(self) -> list[str]:
+        pods = {p.metadata.uid for p in self.core.list_pod_for_all_namespaces().items}
         found = []
         for node in self.cluster.members:
             before = self._baseline.get(node.node_name, set())
-            found += [
-                f"{node.node_name}: {item}" for item in sorted(self._node_state(node) - before)
-            ]
+            left = self._node_state(node) - before
+            left |= {f"cgroup pod{uid}" for uid in self._pod_cgroups(node) - pods}
+            found += [f"{node.node_name}: {item}" for item in sorted(left)]
         return found
 
     def stop(self) -> None:
@@ -256,6 +278,8 @@ class TestbedBed:
     def _rolled_out(self) -> bool:
         apps = self.cluster.first.apps()
         for ds in apps.list_namespaced_daemon_set(agent_mod.AGENT_NAMESPACE).items:
+            if not ds.metadata.name.startswith(agent_mod.RELEASE):
+                continue
             s = ds.status
             want = s.desired_number_scheduled
             if not (
@@ -394,8 +418,8 @@ class TestbedBed:
 
     def _node_state(self, node: RealCluster) -> set[str]:
         """Everything on the node a pod could leave behind, one line each: netns files, links,
-        iptables chains and nft tables of the node's netns, ipset sets and members, the pods'
-        cgroups, and the files of the CNI dirs."""
+        iptables chains (both backends, both families) and nft tables of the node's netns,
+        ipset sets and members, and the files of the CNI dirs."""
         ns = node.network.netns_name
         state: set[str] = set()
         netns_dir = node.host_path("/var/run/netns")
@@ -403,24 +427,32 @@ class TestbedBed:
             state |= {f"netns {p.name}" for p in netns_dir.iterdir()}
         for line in _in_netns(ns, "ip", "-o", "link", "show").splitlines():
             state.add("link " + line.split(":")[1].strip().split("@")[0])
-        table = ""
-        for line in _in_netns(ns, "iptables-save").splitlines():
-            if line.startswith("*"):
-                table = line[1:]
-            elif line.startswith(":"):
-                state.add(f"chain {table} {line[1:].split()[0]}")
+        for save in ("iptables-legacy-save", "iptables-nft-save", "ip6tables-legacy-save",
+                     "ip6tables-nft-save"):  # fmt: skip
+            table = ""
+            for line in _in_netns(ns, save).splitlines():
+                if line.startswith("*"):
+                    table = line[1:]
+                elif line.startswith(":"):
+                    state.add(f"chain {save.removesuffix('-save')} {table} {line[1:].split()[0]}")
         for line in _in_netns(ns, "nft", "list", "tables").splitlines():
             state.add(line.strip())
         for line in _in_netns(ns, "ipset", "save").splitlines():
             state.add(f"ipset {line.strip()}")
-        root = node.record.kubelet_cgroup_root if node.record else ""
-        pods_cgroups = Path("/sys/fs/cgroup/pids") / root.lstrip("/")
-        if root and pods_cgroups.is_dir():
-            state |= {f"cgroup {p.name}" for p in pods_cgroups.rglob("pod*") if p.is_dir()}
         for d in (LAYOUT.conf_dir, LAYOUT.bin_dir):
             with contextlib.suppress(OSError):
                 state |= {f"file {d}/{p.name}" for p in node.host_path(d).iterdir()}
         return state
+
+    @staticmethod
+    def _pod_cgroups(node: RealCluster) -> set[str]:
+        """UIDs of the pods with a cgroup under the node's kubelet root (pids hierarchy)."""
+        root = node.record.kubelet_cgroup_root if node.record else ""
+        base = Path("/sys/fs/cgroup/pids") / root.lstrip("/")
+        if not root or not base.is_dir():
+            return set()
+        # kubelet's cgroupfs names: pod<uid> (the uid's dashes kept)
+        return {p.name[3:] for p in base.rglob("pod*") if p.is_dir()}
 
 
 def _in_netns(ns: str, *argv: str) -> str:
