@@ -47,7 +47,7 @@ from testbed.realnode import RealCluster
 PRESET = Path(__file__).resolve().parents[2] / "values-examples" / "kind.yaml"
 NODE_COUNT = 3
 ROLLOUT_TIMEOUT = 300.0
-UNINSTALLED = re.compile(r'msg"?[=:]"?uninstalled\b')
+UNINSTALLED = re.compile(r'msg(=uninstalled(\s|$)|="uninstalled"|":"uninstalled")')
 """The agent's log line when it removed what it installed (agent/lifecycle.py), logfmt or JSON."""
 SETTLE_S = 60.0
 """How long the pods created last may take to run once the churn stops (then they are the
