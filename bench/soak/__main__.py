@@ -4,7 +4,8 @@ The soak on the three-node test bed: pods churned in sidecar and ambient namespa
 seeded timeline of faults runs, alone and overlapping; every invariant checked throughout. The
 report is written to FILE (markdown), FILE's .png (plot) and .json beside it; with --json the
 JSON object is also printed, last. Exit 0 when nothing was violated, 1 on any violation, 2 when
-the bed cannot run here (the message names what is missing). `--list-faults` prints the
+the bed cannot run here (the message names what is missing), 130 when interrupted (SIGINT: the
+bed is torn down and the partial report written). `--list-faults` prints the
 catalogue, each kind available or not and why.
 """
 
@@ -73,6 +74,8 @@ def main(argv: list[str]) -> int:
     print(report.markdown(data))
     if args.json:
         print(json.dumps(data))
+    if result.interrupted_at is not None:
+        return 130
     return 1 if data["violations"] else 0
 
 

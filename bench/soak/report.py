@@ -42,6 +42,9 @@ class RunResult:
     unavailable: dict[str, str] = field(default_factory=dict)
     fault_errors: list[str] = field(default_factory=list)
     """Faults that could not be fired (the act raised): named, never counted as fired."""
+    interrupted_at: float | None = None
+    """Seconds into the run when it was interrupted (SIGINT): the figures are partial, the
+    leftovers not scanned."""
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -108,6 +111,7 @@ def summary(result: RunResult) -> dict[str, Any]:
         "unrecovered": sorted(f.label for f in result.firings if f.recovered is None),
         "fault_errors": list(result.fault_errors),
         "unavailable_faults": dict(result.unavailable),
+        "interrupted_at_s": _rounded(result.interrupted_at),
         "minutes": result.minutes,
         "seed": result.seed,
         "mode": result.mode,
@@ -128,6 +132,11 @@ def markdown(data: dict[str, Any]) -> str:
     lines = [
         f"# Soak: {data['minutes']} min, seed {data['seed']}, {data['mode']}",
         "",
+        *(
+            [f"Interrupted at {data['interrupted_at_s']} s: partial figures, no leftover scan.", ""]
+            if data["interrupted_at_s"] is not None
+            else []
+        ),
         "| figure | value |",
         "|---|---|",
         f"| pods started | {data['pods_started']} (never started: {never}) |",

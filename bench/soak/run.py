@@ -107,9 +107,27 @@ class Runner:
             self.tick()
             self.bed.drain()
             self._finish()
+        except KeyboardInterrupt:  # SIGINT (a deadline): what was seen so far, marked as such
+            self.result.interrupted_at = self.now()
+            self.result.firings = self.activity.firings
+            self.result.violations = self.invariants.violations
         finally:
+            self._end_held()
             self.bed.stop()
         return self.result
+
+    def _end_held(self) -> None:
+        """Held faults still on (an interrupted run) ended before the bed is torn down, so the
+        teardown meets a whole bed; best effort, each failure named."""
+        for live in self.live:
+            if live.fault.instant or live.stopping or live.firing.stopped is not None:
+                continue
+            if live.worker is not None:
+                live.worker.join(30)
+            try:
+                live.fault.stop()
+            except Exception as e:
+                self.result.fault_errors.append(f"{live.firing.label} stop at the end: {e}")
 
     def tick(self) -> None:
         now = self.now()

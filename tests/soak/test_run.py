@@ -169,3 +169,25 @@ def test_the_bed_is_stopped_when_the_run_fails() -> None:
 
 def test_the_catalogue_kinds_are_what_the_cli_plans_with() -> None:
     assert set(faults.catalogue_by_name()) >= {k.name for k in faults.available()}
+
+
+def test_an_interrupted_run_keeps_what_it_saw_and_stops_the_bed() -> None:
+    bed = StandInBed()
+    calls = 0
+    events = bed.pod_events
+
+    def interrupted() -> list[PodEvent]:
+        nonlocal calls
+        calls += 1
+        if calls == 10:
+            raise KeyboardInterrupt
+        return events()
+
+    bed.pod_events = interrupted  # type: ignore[method-assign]
+    windows = [Window("break", "n1", 0.1, 5.0)]
+    result = Runner(bed, windows, KINDS, settings(10.0)).run()
+    assert result.interrupted_at is not None and result.interrupted_at < 2.0
+    assert [f.kind for f in result.firings] == ["break"]
+    assert "leftovers" not in bed.calls and bed.calls[-1] == "stop"
+    assert bed.broken == set()  # the held fault was ended before the teardown
+    assert "Interrupted at" in report.markdown(report.summary(result))
