@@ -155,6 +155,9 @@ def markdown(data: dict[str, Any]) -> str:
         lines.append(f"| {kind} | {count} | {fmt(data['recovery_s_max'].get(kind))} |")
     for kind, why in data["unavailable_faults"].items():
         lines.append(f"| {kind} | not available: {why} | - |")
+    if data["fault_errors"]:
+        lines += ["", "Faults not fired (their act failed):", ""]
+        lines += [f"- {e}" for e in data["fault_errors"]]
     if data["violations"]:
         lines += [
             "",
@@ -171,7 +174,7 @@ def markdown(data: dict[str, Any]) -> str:
 
 def plot(result: RunResult, path: Path) -> None:
     """Three panels sharing the time axis: pods started (cumulative), each fault's windows
-    (start to recovered, one row per kind), and every agent process's RSS."""
+    (one row per kind: on, then recovering), and every agent process's RSS."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display on a node
@@ -184,12 +187,16 @@ def plot(result: RunResult, path: Path) -> None:
     kinds = sorted({f.kind for f in result.firings})
     end = result.minutes * 60.0
     for row, kind in enumerate(kinds):
-        bars = [
-            (f.started, (end if f.recovered is None else f.recovered) - f.started)
-            for f in result.firings
-            if f.kind == kind
+        # Dark while the fault is on, light while the bed recovers from it.
+        mine = [f for f in result.firings if f.kind == kind]
+        held = [(f.started, (f.stopped or end) - f.started) for f in mine]
+        healing = [
+            (f.stopped, (end if f.recovered is None else f.recovered) - f.stopped)
+            for f in mine
+            if f.stopped is not None
         ]
-        faults_ax.broken_barh(bars, (row - 0.4, 0.8))
+        faults_ax.broken_barh(healing, (row - 0.4, 0.8), color="tab:orange", alpha=0.4)
+        faults_ax.broken_barh(held, (row - 0.4, 0.8), color="tab:red")
     faults_ax.set_yticks(range(len(kinds)), kinds, fontsize=7)
     faults_ax.set_ylabel("faults")
     by_process: dict[tuple[str, int], list[AgentSample]] = defaultdict(list)

@@ -38,6 +38,7 @@ def a_result() -> report.RunResult:
         for t in range(0, 300, 2)
     ]
     result.leftovers = ["netns cni-1"]
+    result.fault_errors = ["helm_rollback start: HelmError: no revision (at 50.0 s)"]
     result.unavailable = {"node_reboot": "waits for the reboot bed"}
     return result
 
@@ -70,6 +71,7 @@ def test_the_markdown_names_faults_unavailable_kinds_and_violations() -> None:
     assert "| agent_kill9 | 2 | 12.5 |" in text
     assert "| node_reboot | not available: waits for the reboot bed | - |" in text
     assert "| 31.0 | uncaptured | n1 | agent_kill9@n1 | pod p7 |" in text
+    assert "- helm_rollback start: HelmError: no revision (at 50.0 s)" in text
 
 
 def test_write_puts_markdown_json_and_a_png_beside_each_other(tmp_path: Path) -> None:
