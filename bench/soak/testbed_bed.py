@@ -66,7 +66,7 @@ LACKS = {
 }
 
 
-def open_bed(workdir: Path | None, *, pods_per_minute: float) -> TestbedBed:
+def open_bed(workdir: Path | None, *, pods_per_minute: float) -> NodesBed:
     """The bed, not started; BedUnavailable naming what this machine lacks for it."""
     missing = []
     if os.geteuid() != 0:
@@ -86,7 +86,7 @@ def open_bed(workdir: Path | None, *, pods_per_minute: float) -> TestbedBed:
         import tempfile
 
         workdir = Path(tempfile.mkdtemp(prefix="soak-"))
-    return TestbedBed(workdir, helm, pods_per_minute=pods_per_minute)
+    return NodesBed(workdir, helm, pods_per_minute=pods_per_minute)
 
 
 def _newest_helm() -> Path:
@@ -96,7 +96,7 @@ def _newest_helm() -> Path:
     return found[max(found, key=lambda v: tuple(int(x) for x in v.split(".")))]
 
 
-class TestbedBed:
+class NodesBed:
     def __init__(self, workdir: Path, helm_binary: Path, *, pods_per_minute: float) -> None:
         self.workdir = workdir
         self.interval = 60.0 / pods_per_minute
