@@ -113,6 +113,7 @@ class NodesBed:
         self._emitted: dict[str, tuple[float | None, bool | None]] = {}
         self._log_seen: dict[Path, int] = {}
         self._baseline: dict[str, set[str]] = {}
+        self._pids: dict[str, tuple[str, int]] = {}
 
     # -- Bed -----------------------------------------------------------------------------------
 
@@ -344,8 +345,16 @@ class NodesBed:
         return max(pods, key=lambda p: p.metadata.creation_timestamp)
 
     def _agent_pid(self, node: RealCluster) -> int:
-        pod = self._agent_pod(node)
-        return node.cri.running_container(pod.metadata.uid, agent_mod.AGENT_CONTAINER)[1]
+        """The pid of the node's agent process; the runtime is asked again only when the pod
+        changed or the process is gone (a kill -9: kubelet starts another in the same pod), so
+        sampling does not wait on `ctr` every round."""
+        uid = self._agent_pod(node).metadata.uid
+        known = self._pids.get(node.node_name)
+        if known is not None and known[0] == uid and Path(f"/proc/{known[1]}").exists():
+            return known[1]
+        pid = node.cri.running_container(uid, agent_mod.AGENT_CONTAINER)[1]
+        self._pids[node.node_name] = (uid, pid)
+        return pid
 
     def _delete_agent_pod(self, name: str) -> None:
         pod = self._agent_pod(self._member(name))
