@@ -1,7 +1,7 @@
-"""Meshed pods created on the real node every second while something changes under them (the
-CNI agent is replaced, upgraded, restarted): each pod, once Running, is checked to hold Istio's
-rules in its network namespace (it started captured) and then deleted, so the node holds a few
-churn pods at a time however long the change takes.
+"""Meshed pods created on the real node every second (or every `interval`) while something
+changes under them (the CNI agent is replaced, upgraded, restarted): each pod, once Running, is
+checked to hold Istio's rules in its network namespace (it started captured) and then deleted,
+so the node holds a few churn pods at a time however long the change takes.
 
     with Churn(core, cluster, namespace, image) as churn:
         ...                        # the change
@@ -79,8 +79,12 @@ class Churn:
         namespace: str,
         image: str,
         nodes: Sequence[str] = (),
+        interval: float = INTERVAL,
+        settle_timeout: float = SETTLE_TIMEOUT,
     ) -> None:
         self.core = core
+        self.interval = interval
+        self.settle_timeout = settle_timeout
         self.cluster = cluster
         self.namespace = namespace
         self.image = image
@@ -110,15 +114,17 @@ class Churn:
     ) -> None:
         self._creating.clear()
         self._threads[0].join()
-        if exc is None:
-            kubepods.wait_for(
-                self._all_ran,
-                "every churn pod to run",
-                SETTLE_TIMEOUT,
-                on_timeout=self._stuck,
-            )
-        self._checking.clear()
-        self._threads[1].join()
+        try:
+            if exc is None:
+                kubepods.wait_for(
+                    self._all_ran,
+                    "every churn pod to run",
+                    self.settle_timeout,
+                    on_timeout=self._stuck,
+                )
+        finally:  # the checker stops even when some pod never ran
+            self._checking.clear()
+            self._threads[1].join()
 
     def _all_ran(self) -> bool:
         with self._lock:
@@ -136,20 +142,22 @@ class Churn:
             began = time.monotonic()
             name = f"churn-{index}"
             manifest = kubepods.pod_manifest(name, self.image, app_command=["sleep"], sidecar=True)
-            if self.nodes:
-                node = self.nodes[index % len(self.nodes)]
+            node = self.nodes[index % len(self.nodes)] if self.nodes else None
+            if node is not None:
                 manifest["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
             try:
                 self.core.create_namespaced_pod(self.namespace, manifest)
             except ApiException as e:
                 self.report.errors.append(f"create {name}: {e.status} {e.reason}")
+            except Exception as e:  # the API server unreachable: the next pod is tried
+                self.report.errors.append(f"create {name}: {type(e).__name__}: {e}")
             else:
-                pod = ChurnPod(name, time.monotonic())
+                pod = ChurnPod(name, time.monotonic(), node=node)
                 with self._lock:
                     self._by_name[name] = pod
                     self.report.pods.append(pod)
             index += 1
-            time.sleep(max(0.0, INTERVAL - (time.monotonic() - began)))
+            time.sleep(max(0.0, self.interval - (time.monotonic() - began)))
 
     def _check_loop(self) -> None:
         while self._checking.is_set():

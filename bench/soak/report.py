@@ -1,0 +1,223 @@
+"""The run's report: the JSON object the contract names (printed last with --json), a short
+markdown table, and a plot (PNG: pods started, fault windows and the agents' RSS over time)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.soak import trend
+from bench.soak.invariants import Firing, Violation
+from bench.soak.procstats import AgentSample
+
+
+@dataclass(frozen=True)
+class PodStart:
+    name: str
+    node: str
+    created: float
+    running: float | None
+    faulted: bool
+    """A fault affecting its node was active while it waited."""
+
+    @property
+    def start_s(self) -> float | None:
+        return None if self.running is None else self.running - self.created
+
+
+@dataclass
+class RunResult:
+    minutes: float
+    seed: int
+    mode: str
+    pods: list[PodStart] = field(default_factory=list)
+    firings: list[Firing] = field(default_factory=list)
+    violations: list[Violation] = field(default_factory=list)
+    samples: list[AgentSample] = field(default_factory=list)
+    leftovers: list[str] = field(default_factory=list)
+    unavailable: dict[str, str] = field(default_factory=dict)
+    fault_errors: list[str] = field(default_factory=list)
+    """Faults that could not be fired (the act raised): named, never counted as fired."""
+    interrupted_at: float | None = None
+    """Seconds into the run when it was interrupted (SIGINT): the figures are partial, the
+    leftovers not scanned."""
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * q // 100))
+    return ordered[int(rank) - 1]
+
+
+def slopes(samples: Sequence[AgentSample]) -> dict[str, trend.Slope | None]:
+    """Per resource, the slope common to every agent process (segments by node and pid)."""
+    segments: dict[tuple[str, int], list[AgentSample]] = defaultdict(list)
+    for s in sorted(samples, key=lambda s: s.at):
+        segments[(s.node, s.pid)].append(s)
+    return {
+        name: trend.slope(
+            [[(s.at, float(getattr(s, name))) for s in seg] for seg in segments.values()]
+        )
+        for name in ("rss_mib", "fds", "threads")
+    }
+
+
+def _rounded(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def summary(result: RunResult) -> dict[str, Any]:
+    """The JSON object: the contract's keys first, then the figures behind them."""
+    starts = [p.start_s for p in result.pods if p.start_s is not None]
+    quiet = [p.start_s for p in result.pods if p.start_s is not None and not p.faulted]
+    faulted = [p.start_s for p in result.pods if p.start_s is not None and p.faulted]
+    found = slopes(result.samples)
+    recoveries: dict[str, list[float]] = defaultdict(list)
+    for f in result.firings:
+        if f.recovery_s is not None:
+            recoveries[f.kind].append(f.recovery_s)
+
+    def per_h(name: str) -> float | None:
+        s = found[name]
+        return None if s is None else round(s.per_h, 3)
+
+    return {
+        "pods_started": len(starts),
+        "violations": [v.as_dict() for v in result.violations],
+        "start_p99_s": _rounded(percentile(starts, 99)),
+        "faults": dict(sorted(Counter(f.kind for f in result.firings).items())),
+        "rss_slope_mib_per_h": per_h("rss_mib"),
+        "fd_slope_per_h": per_h("fds"),
+        "leftovers": list(result.leftovers),
+        "threads_slope_per_h": per_h("threads"),
+        "slope_intervals_per_h": {
+            k: None if s is None else [round(s.low_per_h, 3), round(s.high_per_h, 3)]
+            for k, s in found.items()
+        },
+        "start_p50_s": _rounded(percentile(starts, 50)),
+        "start_p50_s_quiet": _rounded(percentile(quiet, 50)),
+        "start_p99_s_quiet": _rounded(percentile(quiet, 99)),
+        "start_p50_s_faulted": _rounded(percentile(faulted, 50)),
+        "start_p99_s_faulted": _rounded(percentile(faulted, 99)),
+        "pods_never_started": sum(1 for p in result.pods if p.running is None),
+        "recovery_s_max": {k: round(max(v), 3) for k, v in sorted(recoveries.items())},
+        "unrecovered": sorted(f.label for f in result.firings if f.recovered is None),
+        "fault_errors": list(result.fault_errors),
+        "unavailable_faults": dict(result.unavailable),
+        "interrupted_at_s": _rounded(result.interrupted_at),
+        "minutes": result.minutes,
+        "seed": result.seed,
+        "mode": result.mode,
+    }
+
+
+def markdown(data: dict[str, Any]) -> str:
+    def fmt(v: Any) -> str:
+        return "-" if v is None else str(v)
+
+    def pair(a: str, b: str) -> str:
+        return f"{fmt(data[a])} / {fmt(data[b])}"
+
+    def slope(key: str, interval: str) -> str:
+        return f"{fmt(data[key])} {fmt(data['slope_intervals_per_h'][interval])}"
+
+    never = data["pods_never_started"]
+    lines = [
+        f"# Soak: {data['minutes']} min, seed {data['seed']}, {data['mode']}",
+        "",
+        *(
+            [f"Interrupted at {data['interrupted_at_s']} s: partial figures, no leftover scan.", ""]
+            if data["interrupted_at_s"] is not None
+            else []
+        ),
+        "| figure | value |",
+        "|---|---|",
+        f"| pods started | {data['pods_started']} (never started: {never}) |",
+        f"| start p50 / p99 s, no fault | {pair('start_p50_s_quiet', 'start_p99_s_quiet')} |",
+        f"| start p50 / p99 s, faulted | {pair('start_p50_s_faulted', 'start_p99_s_faulted')} |",
+        f"| RSS slope MiB/h (95% interval) | {slope('rss_slope_mib_per_h', 'rss_mib')} |",
+        f"| fd slope /h (95% interval) | {slope('fd_slope_per_h', 'fds')} |",
+        f"| threads slope /h (95% interval) | {slope('threads_slope_per_h', 'threads')} |",
+        f"| violations | {len(data['violations'])} |",
+        f"| leftovers | {len(data['leftovers'])} |",
+        "",
+        "| fault | fired | longest recovery s |",
+        "|---|---|---|",
+    ]
+    for kind, count in data["faults"].items():
+        lines.append(f"| {kind} | {count} | {fmt(data['recovery_s_max'].get(kind))} |")
+    for kind, why in data["unavailable_faults"].items():
+        lines.append(f"| {kind} | not available: {why} | - |")
+    if data["fault_errors"]:
+        lines += ["", "Faults not fired (their act failed):", ""]
+        lines += [f"- {e}" for e in data["fault_errors"]]
+    if data["violations"]:
+        lines += [
+            "",
+            "| at s | invariant | node | faults active | detail |",
+            "|---|---|---|---|---|",
+        ]
+        for v in data["violations"]:
+            lines.append(
+                f"| {v['at_s']} | {v['invariant']} | {fmt(v['node'])} | "
+                f"{', '.join(v['faults']) or '-'} | {v['detail']} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: RunResult, path: Path) -> None:
+    """Three panels sharing the time axis: pods started (cumulative), each fault's windows
+    (one row per kind: on, then recovering), and every agent process's RSS."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on a node
+    import matplotlib.pyplot as plt
+
+    fig, (pods_ax, faults_ax, rss_ax) = plt.subplots(3, 1, sharex=True, figsize=(10, 8))
+    started = sorted(p.running for p in result.pods if p.running is not None)
+    pods_ax.step(started, range(1, len(started) + 1), where="post")
+    pods_ax.set_ylabel("pods started")
+    kinds = sorted({f.kind for f in result.firings})
+    end = result.minutes * 60.0
+    for row, kind in enumerate(kinds):
+        # Dark while the fault is on, light while the bed recovers from it.
+        mine = [f for f in result.firings if f.kind == kind]
+        held = [(f.started, (f.stopped or end) - f.started) for f in mine]
+        healing = [
+            (f.stopped, (end if f.recovered is None else f.recovered) - f.stopped)
+            for f in mine
+            if f.stopped is not None
+        ]
+        faults_ax.broken_barh(healing, (row - 0.4, 0.8), color="tab:orange", alpha=0.4)
+        faults_ax.broken_barh(held, (row - 0.4, 0.8), color="tab:red")
+    faults_ax.set_yticks(range(len(kinds)), kinds, fontsize=7)
+    faults_ax.set_ylabel("faults")
+    by_process: dict[tuple[str, int], list[AgentSample]] = defaultdict(list)
+    for s in result.samples:
+        by_process[(s.node, s.pid)].append(s)
+    for (node, pid), seg in sorted(by_process.items()):
+        rss_ax.plot([s.at for s in seg], [s.rss_mib for s in seg], label=f"{node} {pid}")
+    rss_ax.set_ylabel("agent RSS MiB")
+    rss_ax.set_xlabel("seconds since start")
+    if len(by_process) <= 12:
+        rss_ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    plt.close(fig)
+
+
+def write(result: RunResult, report: Path) -> dict[str, Any]:
+    """FILE.md, FILE.png beside it and FILE.json (FILE as given, its suffix replaced)."""
+    data = summary(result)
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.with_suffix(".md").write_text(markdown(data))
+    report.with_suffix(".json").write_text(json.dumps(data, indent=2) + "\n")
+    plot(result, report.with_suffix(".png"))
+    return data

@@ -1,0 +1,79 @@
+"""Whether a resource of the agents grows over a run: a least-squares slope over (t, value)
+samples, per hour, with its 95% confidence interval.
+
+An agent killed or replaced starts again from its first bytes, so the samples come in segments
+(one per agent process: node and pid), and the slope is the one common to all segments, each
+with its own intercept (least squares on values centred per segment). A restart is then neither
+a drop that hides a leak nor a rise that fakes one. Each segment's first WARMUP_S seconds are
+left out: a process fills its caches once as it starts.
+
+The rule for "no upward trend": the slope is indistinguishable from 0 when its 95% interval
+includes 0, or when it is under the resource's stated floor (FLOORS_PER_H: what a day-long run
+could gain and still be noise, e.g. 1 MiB of RSS an hour). It is a leak only when the whole
+interval is above 0 and the slope is above the floor.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+WARMUP_S = 30.0
+FLOORS_PER_H: Mapping[str, float] = {"rss_mib": 1.0, "fds": 1.0, "threads": 1.0}
+# Student's t at 97.5% for 1..30 degrees of freedom; 1.96 beyond.
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Slope:
+    per_h: float
+    low_per_h: float
+    high_per_h: float
+    samples: int
+    segments: int
+
+    def leaking(self, floor_per_h: float) -> bool:
+        return self.low_per_h > 0.0 and self.per_h > floor_per_h
+
+
+def t975(dof: int) -> float:
+    if dof < 1:
+        return math.inf
+    return _T975[dof - 1] if dof <= len(_T975) else 1.96
+
+
+def slope(
+    segments: Iterable[Sequence[tuple[float, float]]], *, warmup_s: float = WARMUP_S
+) -> Slope | None:
+    """The common slope of `segments` (each a process's (t seconds, value) samples in time
+    order); None when fewer than three samples are left after each segment's warm-up."""
+    kept: list[list[tuple[float, float]]] = []
+    for seg in segments:
+        if not seg:
+            continue
+        t0 = seg[0][0]
+        rest = [(t, v) for t, v in seg if t - t0 >= warmup_s]
+        if len(rest) >= 2:
+            kept.append(rest)
+    n = sum(len(s) for s in kept)
+    if n < 3:
+        return None
+    sxx = sxy = 0.0
+    centred: list[tuple[float, float]] = []
+    for seg in kept:
+        mt = sum(t for t, _ in seg) / len(seg)
+        mv = sum(v for _, v in seg) / len(seg)
+        for t, v in seg:
+            sxx += (t - mt) ** 2
+            sxy += (t - mt) * (v - mv)
+            centred.append((t - mt, v - mv))
+    if sxx == 0.0:
+        return None
+    b = sxy / sxx
+    dof = n - len(kept) - 1
+    sse = sum((dv - b * dt) ** 2 for dt, dv in centred)
+    half = t975(dof) * math.sqrt(sse / dof / sxx) if dof > 0 else math.inf
+    return Slope(b * 3600, (b - half) * 3600, (b + half) * 3600, n, len(kept))
