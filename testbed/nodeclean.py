@@ -221,14 +221,18 @@ def sweep_stale() -> None:
 
 
 def _shim_sockets(base: Path) -> list[Path]:
-    """The shims' ttrpc sockets, from the `address` file in each task bundle (they live in
-    /run/containerd/s whatever containerd's state dir is)."""
+    """The shims' ttrpc sockets, from the `address` file in each task bundle (containerd 1.6)
+    or its `bootstrap.json` (containerd 2): they live in /run/containerd/s whatever containerd's
+    state dir is."""
     found = []
-    for address in base.glob("**/io.containerd.runtime.v2.task/*/*/address"):
+    for bundle in base.glob("**/io.containerd.runtime.v2.task/*/*/"):
+        text = ""
         with contextlib.suppress(OSError):
-            text = address.read_text().strip()
-            if text.startswith("unix://"):
-                found.append(Path(text.removeprefix("unix://")))
+            text = (bundle / "address").read_text().strip()
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            text = text or str(json.loads((bundle / "bootstrap.json").read_text())["address"])
+        if text.startswith("unix://"):
+            found.append(Path(text.removeprefix("unix://")))
     return found
 
 
