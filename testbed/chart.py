@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from testbed import kubepods
+from testbed.containerd import Containerd
 from testbed.helm import CHART as CHART  # the one chart path; chart.CHART for callers
 from testbed.helm import Helm
 from testbed.images import Image
@@ -175,9 +176,10 @@ _exec_ids = itertools.count()
 def agent_status(cluster: RealCluster, agent: Agent, *argv: str) -> tuple[int, str]:
     """`istio-cni-agent status ARGV` run in the agent's container by the runtime (where `kubectl
     exec` ends): (exit code, stdout and stderr)."""
-    assert cluster.runtime is not None
-    container, _ = cluster.runtime.running_container(agent.pod.uid, AGENT_CONTAINER)
-    done = cluster.runtime.ctr(
+    runtime = cluster.cri  # containerd 1.6 or 2: ctr reaches into containers
+    assert isinstance(runtime, Containerd), f"no ctr exec on {type(runtime).__name__}"
+    container, _ = runtime.running_container(agent.pod.uid, AGENT_CONTAINER)
+    done = runtime.ctr(
         "tasks", "exec", "--exec-id", f"status-{os.getpid()}-{next(_exec_ids)}", container,
         "istio-cni-agent", "status", *argv, check=False, timeout=60,
     )  # fmt: skip

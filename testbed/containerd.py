@@ -35,6 +35,8 @@ DISABLED_PLUGINS = (
 @dataclass(frozen=True)
 class ContainerdDirs:
     base: Path
+    runc_dir: Path | None = None
+    """runc's --root when not below `base` (another containerd's, which nodeclean sweeps)."""
 
     @property
     def root(self) -> Path:
@@ -51,7 +53,7 @@ class ContainerdDirs:
     @property
     def runc_root(self) -> Path:
         """runc's --root for the CRI's runtime; the shim adds the namespace below it."""
-        return self.base / "runc"
+        return self.runc_dir or self.base / "runc"
 
     @property
     def netns_dir(self) -> Path:
@@ -135,10 +137,7 @@ class Containerd:
         cni_conf_dir: Path,
     ) -> None:
         self.dirs = dirs
-        self.binary = parts.debian_tool("containerd", "containerd").require()
-        self.ctr_binary = parts.debian_tool("ctr", "containerd").require()
-        parts.debian_tool("runc", "runc").require()
-        parts.debian_tool("containerd-shim-runc-v2", "containerd").require()
+        self.binary, self.ctr_binary = self.binaries()
         self.prefix = prefix
         self.sandbox_image = sandbox_image
         self.cni_bin_dir = cni_bin_dir
@@ -146,18 +145,28 @@ class Containerd:
         self.netns_under_state = True
         self.daemon = Daemon("containerd", [], log_path)
 
+    def binaries(self) -> tuple[Path, Path]:
+        """(containerd, ctr), each checked there, as are the shim and runc it runs."""
+        parts.debian_tool("runc", "runc").require()
+        parts.debian_tool("containerd-shim-runc-v2", "containerd").require()
+        return (
+            parts.debian_tool("containerd", "containerd").require(),
+            parts.debian_tool("ctr", "containerd").require(),
+        )
+
+    def render_config(self) -> str:
+        return render_config(
+            self.dirs,
+            sandbox_image=self.sandbox_image,
+            cni_bin_dir=self.cni_bin_dir,
+            cni_conf_dir=self.cni_conf_dir,
+            netns_under_state=self.netns_under_state,
+        )
+
     def start(self, timeout: float = 60.0) -> None:
         for d in (self.dirs.root, self.dirs.state, self.dirs.runc_root):
             d.mkdir(parents=True, exist_ok=True)
-        self.dirs.config.write_text(
-            render_config(
-                self.dirs,
-                sandbox_image=self.sandbox_image,
-                cni_bin_dir=self.cni_bin_dir,
-                cni_conf_dir=self.cni_conf_dir,
-                netns_under_state=self.netns_under_state,
-            )
-        )
+        self.dirs.config.write_text(self.render_config())
         self.daemon.argv = [
             *self.prefix,
             str(self.binary),

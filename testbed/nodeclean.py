@@ -70,6 +70,9 @@ class NodeRecord:
     """Empty dirs made on the machine as mount points of a platform layout (mountns.py)."""
     extra_netns: list[str] = field(default_factory=list)
     """Network namespaces made beside the node's (the fabric between several nodes, nodes.py)."""
+    other_runtime_sockets: list[str] = field(default_factory=list)
+    """Sockets of the node's other containerd (containerd 2, containerd2.py): its shims'
+    `-address`."""
 
     @property
     def path(self) -> Path:
@@ -102,7 +105,8 @@ def clean(record: NodeRecord) -> list[str]:
 
     shim_sockets = _shim_sockets(Path(record.base))
     attempt("runc containers", lambda: _delete_runc_containers(Path(record.runc_root)))
-    attempt("containerd shims", lambda: _kill_shims(record.runtime_socket))
+    for socket in (record.runtime_socket, *record.other_runtime_sockets):
+        attempt("containerd shims", functools.partial(_kill_shims, socket))
     attempt("processes in the node netns", lambda: _kill_netns_processes(record.netns_name))
     attempt("mounts", lambda: unmount_below(Path(record.base)))
     attempt("node netns", lambda: netns.delete(record.netns_name))
@@ -191,7 +195,8 @@ def kill_containers(record: NodeRecord) -> None:
     # names it: collect them first.
     sockets = _shim_sockets(Path(record.base))
     _delete_runc_containers(Path(record.runc_root))
-    _kill_shims(record.runtime_socket)
+    for socket in (record.runtime_socket, *record.other_runtime_sockets):
+        _kill_shims(socket)
     for sock in sockets:
         with contextlib.suppress(OSError):
             sock.unlink()
@@ -216,14 +221,18 @@ def sweep_stale() -> None:
 
 
 def _shim_sockets(base: Path) -> list[Path]:
-    """The shims' ttrpc sockets, from the `address` file in each task bundle (they live in
-    /run/containerd/s whatever containerd's state dir is)."""
+    """The shims' ttrpc sockets, from the `address` file in each task bundle (containerd 1.6)
+    or its `bootstrap.json` (containerd 2): they live in /run/containerd/s whatever containerd's
+    state dir is."""
     found = []
-    for address in base.glob("**/io.containerd.runtime.v2.task/*/*/address"):
+    for bundle in base.glob("**/io.containerd.runtime.v2.task/*/*/"):
+        text = ""
         with contextlib.suppress(OSError):
-            text = address.read_text().strip()
-            if text.startswith("unix://"):
-                found.append(Path(text.removeprefix("unix://")))
+            text = (bundle / "address").read_text().strip()
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            text = text or str(json.loads((bundle / "bootstrap.json").read_text())["address"])
+        if text.startswith("unix://"):
+            found.append(Path(text.removeprefix("unix://")))
     return found
 
 

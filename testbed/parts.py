@@ -124,6 +124,19 @@ def envoy() -> Part:
     return Part("envoy", cache_dir() / "envoy" / envoy_version() / "envoy", SETUP_TESTBED)
 
 
+def containerd2(name: str = "containerd") -> Part:
+    """containerd 2's `containerd`, `containerd-shim-runc-v2` or `ctr`."""
+    path = cache_dir() / "containerd2" / setup_testbed_version("CONTAINERD2_VERSION") / name
+    return Part(f"{name} (containerd 2)", path, SETUP_TESTBED)
+
+
+def cni_plugin_1_1(name: str) -> Part:
+    """The reference plugin `name` (ptp, host-local, portmap) at the release pinned in
+    ci/go/cni-plugins, which speaks CNI 1.1.0 (STATUS)."""
+    version = pinned_version("cni-plugins", "github.com/containernetworking/plugins")
+    return Part(name, cache_dir() / "cni-plugins" / version / name, SETUP_TESTBED)
+
+
 def debian_tool(name: str, package: str) -> Part:
     """A program from a Debian package ci/setup-apt installs (containerd, runc, ...)."""
     found = shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/bin:/sbin:/bin")

@@ -6,7 +6,8 @@ which of its plugins are real (Debian's reference plugins) or test doubles (test
 RealCluster.relayout(platform) builds one on the real node: the platform's paths exist only in
 the node's mount namespace (testbed/mountns.py), as binds of dirs under `<node>/platform/`.
 OpenShift's runs CRI-O instead of containerd (testbed/crio.py), and Multus's thin plugin (built
-from its source) as the CNI the runtime calls.
+from its source) as the CNI the runtime calls; RUNTIME_VARIANTS lay a preset's platform out on
+another runtime it runs (CRI-O, containerd 2: testbed/containerd2.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.crio import PINNED_DIRS
-from testbed.parts import Part, multus
+from testbed.parts import Part, cni_plugin_1_1, multus
 
 REAL_WORLD = Path(__file__).resolve().parent.parent / "tests/testdata/istio-conformance/real-world"
 
@@ -62,7 +63,8 @@ class Platform:
     built: tuple[Part, ...] = ()
     """Plugins of the primary the test bed builds from their source (real ones: Multus)."""
     runtime: str = "containerd"
-    """The node's container runtime: containerd, or crio (testbed/crio.py)."""
+    """The node's container runtime: containerd (Debian's 1.6), containerd2 (testbed/
+    containerd2.py) or crio (testbed/crio.py)."""
     kubeconfig: str = ""
     """A node path where the primary expects a kubeconfig (Multus's), written by the layout."""
     delegate_conf_dir: str = ""
@@ -244,6 +246,13 @@ PLATFORMS: dict[str, Platform] = {
 }
 
 RUNTIME_VARIANTS: dict[str, Platform] = {
+    # kind's node image runs containerd 2 (since kind v0.27): the same layout, containerd 2
+    # (testbed/containerd2.py) reading kindnet's conflist, pod netns in /var/run/netns.
+    "kind-on-containerd2": replace(
+        PLATFORMS["kind"],
+        runtime="containerd2",
+        runtime_note="containerd 2 (kind's node image since v0.27)",
+    ),
     # minikube also runs CRI-O (--container-runtime=cri-o): the same layout, CRI-O reading the
     # chained conflist (and reloading it when the agent writes our entry in).
     "minikube-on-crio": replace(
@@ -254,6 +263,23 @@ RUNTIME_VARIANTS: dict[str, Platform] = {
     ),
 }
 """Layouts of a preset's platform on another runtime it supports, by test id."""
+
+
+def _kind_cni_1_1(config: dict[str, Any], subnet: str) -> None:
+    _ranges_subnet(config, subnet)
+    config["cniVersion"] = "1.1.0"
+
+
+KIND_CNI_1_1 = replace(
+    RUNTIME_VARIANTS["kind-on-containerd2"],
+    edit=_kind_cni_1_1,
+    built=(cni_plugin_1_1("ptp"), cni_plugin_1_1("host-local"), cni_plugin_1_1("portmap")),
+    runtime_note="containerd 2 loading kindnet's conflist at cniVersion 1.1.0",
+)
+"""kind on containerd 2 with kindnet's conflist at cniVersion 1.1.0 and plugins that speak it
+(ci/go/cni-plugins, in place of Debian's): containerd's CRI Status calls the CNI STATUS verb of
+each plugin of the conflist it loaded, ours when chained, and kubelet turns a failed STATUS into
+the node's NetworkReady false."""
 
 CILIUM = Platform(
     "cilium",

@@ -7,7 +7,8 @@ controllers pods need), and a node run by kubelet and containerd in its own netw
       node dir, made a shared mount (the DaemonSet's HostToContainer mounts need one)
       CNI dirs                     (Debian's reference plugins, bridge + host-local + portmap)
       containerd + images          (containerd.py, images.py; relayout() to OpenShift's layout
-                                    swaps in CRI-O, crio.py)
+                                    swaps in CRI-O, crio.py, to a layout on containerd 2 that,
+                                    containerd2.py)
       kubelet                      (kubelet.py), then waits for the Node to be Ready
     RealCluster.stop(): the reverse, then nodeclean.clean(): nothing stays behind.
 
@@ -36,6 +37,7 @@ from testbed import images, nodeclean, parts
 from testbed.cni import bridge_plugin, link_plugins, reference_conflist
 from testbed.cni_double import write_double
 from testbed.containerd import Containerd, ContainerdDirs
+from testbed.containerd2 import Containerd2
 from testbed.controlplane import (
     NODE_CONTROLLERS,
     SERVICE_CIDR,
@@ -122,6 +124,8 @@ class RealCluster:
         self.runtime: Containerd | None = None
         self.crio: Crio | None = None
         """CRI-O, made by the first layout of a platform that runs it (OpenShift)."""
+        self.containerd2: Containerd2 | None = None
+        """containerd 2, made by the first layout that runs it (its own dirs and images)."""
         self.kubelet: Kubelet | None = None
         self.record: nodeclean.NodeRecord | None = None
         self.platform: Platform | None = None
@@ -151,11 +155,14 @@ class RealCluster:
 
     @property
     def cri(self) -> Containerd | Crio:
-        """The runtime kubelet talks to now: the layout's (CRI-O for OpenShift), else
-        containerd."""
+        """The runtime kubelet talks to now: the layout's (CRI-O for OpenShift, containerd 2),
+        else containerd."""
         if self.platform is not None and self.platform.runtime == "crio":
             assert self.crio is not None
             return self.crio
+        if self.platform is not None and self.platform.runtime == "containerd2":
+            assert self.containerd2 is not None
+            return self.containerd2
         assert self.runtime is not None
         return self.runtime
 
@@ -268,6 +275,7 @@ class RealCluster:
             ("kubelet", self.kubelet.stop if self.kubelet else None),
             ("containerd", self.runtime.stop if self.runtime else None),
             ("crio", self.crio.stop if self.crio else None),
+            ("containerd2", self.containerd2.stop if self.containerd2 else None),
         ):
             if stop is not None:
                 try:
@@ -336,6 +344,8 @@ class RealCluster:
         self.kubelet.prefix = prefix
         if platform is not None and platform.runtime == "crio":
             socket = self._start_crio(prefix, platform)
+        elif platform is not None and platform.runtime == "containerd2":
+            socket = self._start_containerd2(prefix, bin_dir, conf_dir, under_state)
         else:
             self.runtime.prefix = prefix
             self.runtime.cni_bin_dir, self.runtime.cni_conf_dir = bin_dir, conf_dir
@@ -380,6 +390,36 @@ class RealCluster:
         self.crio.start()
         return self.crio.socket
 
+    def _start_containerd2(
+        self, prefix: list[str], bin_dir: Path, conf_dir: Path, under_state: bool
+    ) -> Path:
+        """containerd 2 in the layout's namespace with its CNI dirs, in dirs of its own below the
+        node's (its runc root the node's, which nodeclean sweeps), every image of the node
+        imported (kept across layouts); returns its socket."""
+        assert self.record is not None
+        if self.containerd2 is None:
+            dirs = ContainerdDirs(self.base / "containerd2", runc_dir=self.runtime_dirs.runc_root)
+            self.containerd2 = Containerd2(
+                dirs,
+                self.log_dir / "containerd2.log",
+                prefix=prefix,
+                sandbox_image=self.images["pause"].ref,
+                cni_bin_dir=bin_dir,
+                cni_conf_dir=conf_dir,
+            )
+            self.record.other_runtime_sockets.append(str(dirs.socket))
+            self.record.save()
+        runtime = self.containerd2
+        runtime.prefix = prefix
+        runtime.cni_bin_dir, runtime.cni_conf_dir = bin_dir, conf_dir
+        runtime.netns_under_state = under_state
+        runtime.start()
+        present = runtime.images()
+        for image in self.images.values():
+            if image.ref not in present:
+                runtime.import_image(image.archive)
+        return runtime.dirs.socket
+
     def _platform_namespace(self, platform: Platform) -> MountNamespace:
         assert self.record is not None
         root = self.platform_root(platform)
@@ -399,6 +439,7 @@ class RealCluster:
         for double in platform.doubles:
             write_double(bin_dir, double.plugin_type, double.mode, delegate)
         for part in platform.built:  # plugins the test bed builds (Multus), linked as Debian's
+            (bin_dir / part.name).unlink(missing_ok=True)  # in place of Debian's of that name
             (bin_dir / part.name).symlink_to(part.require())
         if platform.kubeconfig:  # the primary's credentials (the admin's, here)
             kubeconfig = self.host_path(platform.kubeconfig)
@@ -423,12 +464,14 @@ class RealCluster:
         return namespace
 
     def import_image(self, image: images.Image) -> None:
-        """Into containerd, and into CRI-O's storage when it runs the node now (else at its
-        next start)."""
+        """Into containerd, and into CRI-O's storage or containerd 2 when it runs the node now
+        (else at its next start)."""
         assert self.runtime is not None
         self.runtime.import_image(image.archive)
         if self.crio is not None and self.cri is self.crio:
             self.crio.import_images([image])
+        if self.containerd2 is not None and self.cri is self.containerd2:
+            self.containerd2.import_image(image.archive)
         self.images[image.name] = image
 
     def runtime_images(self) -> set[str]:

@@ -69,19 +69,29 @@ def test_cached_parts_are_reused_without_building(tmp_path: Path) -> None:
         f"multus/{parts.setup_testbed_version('MULTUS_VERSION')}/multus",
         str(parts.envoy().path.relative_to(parts.cache_dir())),
         *(
+            str(parts.containerd2(name).path.relative_to(parts.cache_dir()))
+            for name in ("containerd", "containerd-shim-runc-v2", "ctr")
+        ),
+        *(
+            str(parts.cni_plugin_1_1(name).path.relative_to(parts.cache_dir()))
+            for name in ("ptp", "host-local", "portmap")
+        ),
+        *(
             f"prometheus-operator-crds/{operator_crds.VERSION}/{f}"
             for f in operator_crds.FILES.values()
         ),
     )
     result = _run(tmp_path)
     assert result.returncode == 0, result.stderr
-    assert result.stderr.count("cached at") == 16
+    assert result.stderr.count("cached at") == 20
     assert f"envoy {tmp_path}/envoy/{parts.envoy_version()}/envoy" in result.stdout
     assert f"kube-apiserver {tmp_path}/kube/{version}/kube-apiserver" in result.stdout
     discovery = f"pilot-discovery {tmp_path}/istio/{istio_version()}/pilot-discovery"
     assert discovery in result.stdout
     assert f"install-cni {tmp_path}/istio/{istio_version()}/install-cni" in result.stdout
     assert f"crio {tmp_path}/crio/{crio_version}/crio" in result.stdout
+    containerd2 = parts.setup_testbed_version("CONTAINERD2_VERSION")
+    assert f"containerd2 {tmp_path}/containerd2/{containerd2}/containerd" in result.stdout
 
 
 def test_the_demo_needs_only_the_kubernetes_parts(tmp_path: Path) -> None:
