@@ -171,6 +171,9 @@ class Settings:
     """Where the node's /proc is mounted, to find pod network namespaces for repair."""
     mountedNetnsDir: str = field(default="/host/var/run/netns", metadata=ABS_PATH)
     """Where the node's netns dir (runtime-named pod namespaces) is mounted, for repair."""
+    mountedCniCacheDir: str = field(default="/host/var/lib/cni", metadata=ABS_PATH)
+    """Where the node's libcni cache dir is mounted (read-only): uninstall keeps the plugin while
+    a sandbox its runtime will tear down with a cached config still names it."""
     cniNetnsDir: str = field(default="/var/run/netns", metadata=ABS_PATH)
     """Node path of that dir, mounted at the same path (the runtime names namespaces by it):
     readiness checks that it holds the runtime's pod namespaces."""

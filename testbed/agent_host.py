@@ -102,6 +102,7 @@ def make_node(tmp_path: pathlib.Path) -> Node:
         pluginSourceDir=str(src_dir),
         metricsAddress="127.0.0.1",
         cniAgentRunDir=str(tmp_path / "run"),
+        mountedCniCacheDir=str(tmp_path / "cni-cache"),
     )
     return Node(tmp_path, bin_dir, conf_dir, src_dir, settings)
 

@@ -315,6 +315,11 @@ def count_ours(config: Mapping[str, Any]) -> int:
     return sum(1 for p in plugins if is_ours(p)) if isinstance(plugins, list) else 0
 
 
+def is_ours_anywhere(config: Mapping[str, Any]) -> bool:
+    """Our plugin, as the whole config or as one of its list's plugins."""
+    return is_ours(config) or count_ours(config) > 0
+
+
 def has_entry(config: Mapping[str, Any], entry: Mapping[str, Any]) -> bool:
     """Our entry is there, exactly once, last, and as we would write it."""
     plugins = config.get("plugins")

@@ -3,7 +3,8 @@
 Install writes the binaries before the config (an entry must never name a missing plugin) and
 records each change in an undo log; uninstall removes the config entry before the binaries, from
 that log plus whatever of ours it finds on disk (a fresh `uninstall` process has no log), runs
-every step even when one fails, and reports all failures together.
+every step even when one fails, and reports all failures together (the binaries stay while a
+pod sandbox will still run the plugin at its teardown: teardown_users.py).
 
 File modes, as Istio's install does: a config file of ours (the standalone config, the
 Istio-owned conflist) is 0600, or 0640 with cniConfGroupRead (Istio's CNI_CONF_GROUP_READ), and
@@ -45,6 +46,7 @@ from agent.install.plan import (
     plan_config,
 )
 from agent.install.takeover import remove_istio_leftovers
+from agent.install.teardown_users import plugin_needed_at_teardown
 
 log = logging.getLogger(__name__)
 
@@ -375,6 +377,8 @@ class Installer:
 
     def _undo_once(self, step: UndoStep) -> list[str]:
         if step.kind == "binaries":
+            if plugin_needed_at_teardown(self.settings, step.path):
+                return []
             removed, errors = uninstall_binaries(
                 self.settings.pluginSourceDir, step.path, self.ledger
             )
@@ -394,7 +398,7 @@ class Installer:
         origin = None if conflist.is_single(config) else conflist.converted_from(config, name)
         if origin is not None:
             return self._give_back_conf(step.path, config, *origin)
-        if not _is_ours_anywhere(config):
+        if not conflist.is_ours_anywhere(config):
             return []
         self._refuse_symlink(step.path)
         if conflist.owned_copy_of(config) is not None:
@@ -442,7 +446,3 @@ class Installer:
             extra={"fields": {"from": path, "to": conf_path}},
         )
         return [conf_path, *self._delete(path)]
-
-
-def _is_ours_anywhere(config: dict[str, Any]) -> bool:
-    return conflist.is_ours(config) or conflist.count_ours(config) > 0

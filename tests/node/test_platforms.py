@@ -558,17 +558,31 @@ def test_a_down_agent_on_crio_stops_only_the_meshed_pods(
     """CRI-O hands the plugin the pod's annotations as containerd does (its
     `io.kubernetes.cri.pod-annotations` runtimeConfig): with the agent away a plain pod starts,
     a meshed one waits and starts captured once it is back (containerd:
-    tests/node/test_agent_away.py)."""
+    tests/node/test_agent_away.py).
+
+    Then `helm uninstall` with both pods still running: CRI-O tears a sandbox down with the
+    config libcni cached at its set-up, which names our plugin, so uninstall keeps the binary
+    and the pods are deleted in bounded time instead of staying Terminating on "failed to find
+    plugin"."""
     platform = RUNTIME_VARIANTS["minikube-on-crio"]
     layouts.relayout(platform)
     helm = node_helm("4")
     runtime_values = dict(platform.runtime_values)
     install_preset(helm, agent_image, platform.name, "values file", **runtime_values)
+    plugin = layouts.host_path(platform.bin_dir) / "istio-cni"
+    primary = layouts.host_path(platform.conf_dir) / platform.conflist_name
+    uninstalled = False
     try:
         agent_mod.ready_agent(node_core, layouts, image=agent_image)
         run_dir = layouts.host_path("/var/run/istio-cni")  # the chart's cniAgentRunDir
         pods_while_agent_away(layouts, node_core, workload_ns, agent_image, run_dir)
-        for pod in ("plain", "meshed"):
-            kubepods.delete_and_wait(node_core, workload_ns, pod)
-    finally:
         agent_mod.uninstall(helm, node_core)
+        uninstalled = True
+        assert "istio-cni" not in [p["type"] for p in json.loads(primary.read_text())["plugins"]]
+        assert plugin.is_file(), "uninstall removed the plugin CRI-O still runs at DEL"
+        for pod in ("plain", "meshed"):
+            kubepods.delete_and_wait(node_core, workload_ns, pod, timeout=45.0)
+    finally:
+        if not uninstalled:
+            agent_mod.uninstall(helm, node_core)
+        plugin.unlink(missing_ok=True)  # what the operator does once those pods are gone

@@ -47,6 +47,7 @@ istio.io/rev: {{ .revision | default "default" | quote }}
 {{- define "istio-cni.mountedCniConfDir" -}}/host/etc/cni/net.d{{- end -}}
 {{- define "istio-cni.hostProcDir" -}}/host/proc{{- end -}}
 {{- define "istio-cni.mountedNetnsDir" -}}/host/var/run/netns{{- end -}}
+{{- define "istio-cni.mountedCniCacheDir" -}}/host/var/lib/cni{{- end -}}
 {{/* Where the image keeps the plugin built by ci/build-plugin (see Dockerfile). */}}
 {{- define "istio-cni.pluginSourceDir" -}}/opt/istio-cni/bin{{- end -}}
 {{- define "istio-cni.configDir" -}}/etc/istio-cni{{- end -}}
@@ -102,6 +103,7 @@ istio.io/rev: {{ .revision | default "default" | quote }}
   "cniAgentRunDir" $v.cniAgentRunDir
   "hostProcDir" (include "istio-cni.hostProcDir" .)
   "mountedNetnsDir" (include "istio-cni.mountedNetnsDir" .)
+  "mountedCniCacheDir" (include "istio-cni.mountedCniCacheDir" .)
   "cniNetnsDir" $v.cniNetnsDir
   "metricsPort" (int $v.metricsPort)
   "metricsAddress" $v.metricsAddress
