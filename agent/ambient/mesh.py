@@ -184,11 +184,18 @@ class MeshDataplane(StartupReconcile):
         *,
         sandbox: str = "",
         ips: tuple[str, ...] = (),
-    ) -> AmbientPod:
+        unless_enabled: bool = False,
+    ) -> AmbientPod | None:
         """Enroll the pod; `netns_path`, `sandbox` (container id) and `ips` (the CNI result's,
         as Istio's AddPodToMesh takes them) from a CNI ADD; no netns to find it (a running pod,
-        its status IPs)."""
-        with self._pod_lock(str(_meta(pod).get("uid", ""))):
+        its status IPs). `unless_enabled`: the caller decided on a state read before this pod's
+        lock (the watch), so a pod a CNI ADD enrolled meanwhile is left as it is (None), not
+        given to ztunnel a second time."""
+        uid = str(_meta(pod).get("uid", ""))
+        with self._pod_lock(uid):
+            if unless_enabled and self.state(uid) == "enabled":
+                log.debug("pod enrolled meanwhile", extra={"fields": {"pod": _ref(pod)}})
+                return None
             return self._add(pod, netns_path, sandbox, ips)
 
     def remove(self, pod: Mapping[str, Any], *, deleted: bool, sandbox: str = "") -> None:
@@ -291,11 +298,12 @@ class MeshDataplane(StartupReconcile):
         known: AmbientPod | None,
     ) -> AmbientPod:
         ref, uid = _ref(pod), str(_meta(pod).get("uid", ""))
+        # A failure below leaves a pod enrolled before as it was (its rules stay: a rule write
+        # is atomic), so ztunnel's snapshot and the pod's removal still cover it.
         try:  # the pod's own values first: at an ADD a refused one programs nothing
             options = self._options(pod, running=not netns_path)
             podinput.pod_ips(pod)
         except InvalidPodInputError as e:
-            self._take(uid)
             raise NonRetryableAdd(f"pod {ref}: {e}") from e
         netns = netns_path or self._known_or_found_netns(pod, known)
         if not sandbox and known is not None and known.netns_path == netns:
@@ -304,7 +312,6 @@ class MeshDataplane(StartupReconcile):
         try:
             backend = self._rules.apply(netns, options)
         except Exception as e:
-            self._take(uid)
             raise NonRetryableAdd(f"pod {ref}: in-pod rules in {netns}: {e}") from e
         self._put(enrolled)
         with self._lock:

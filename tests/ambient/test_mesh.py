@@ -74,6 +74,33 @@ def test_rules_failure_is_not_retryable_and_leaves_nothing(parts: Parts) -> None
     assert parts.annotator.values == {} and parts.host.entries == {}
 
 
+def test_a_failed_re_enrolment_keeps_the_pod_enrolled_as_before(parts: Parts) -> None:
+    """ztunnel still serves the pod and its former rules are in place: dropping the record
+    would leave it out of the next snapshot (ztunnel lets it go, its rules point nowhere)
+    while its annotation still says enabled."""
+    parts.mesh.add(pod(), str(parts.netns))
+    parts.rules.fail_apply = True
+    with pytest.raises(NonRetryableAdd, match=r"app/web-0: in-pod rules"):
+        parts.mesh.add(pod())  # enrolled again while running (the watch, a changed value)
+    assert parts.mesh.enrolled("uid-1") is not None
+    assert parts.mesh.state("uid-1") == "enabled"
+    assert [p.uid for p in parts.ztunnel.reconnect()] == ["uid-1"]
+    with pytest.raises(NonRetryableAdd, match="app/web-0"):
+        parts.mesh.add(pod(ips=("10.0.0.5", "not-an-address")))  # a refused value
+    assert [p.uid for p in parts.ztunnel.reconnect()] == ["uid-1"]
+
+
+def test_a_watch_add_leaves_a_pod_a_cni_add_enrolled_meanwhile(parts: Parts) -> None:
+    """The watch read `none`, then the pod's CNI ADD enrolled it before the watch's add took
+    the pod's lock: ztunnel gets one AddWorkload, not two."""
+    parts.mesh.add(pod(), str(parts.netns))
+    assert parts.mesh.add(pod(), unless_enabled=True) is None
+    assert [c for c in parts.journal if c[0] in ("ztunnel.add", "rules.apply")] == [
+        ("rules.apply", str(parts.netns)),
+        ("ztunnel.add", "uid-1"),
+    ]
+
+
 def test_ztunnel_away_is_a_partial_add(parts: Parts) -> None:
     parts.ztunnel.connected = False
     with pytest.raises(ZtunnelPending, match="no ztunnel connection"):

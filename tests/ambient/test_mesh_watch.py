@@ -50,7 +50,8 @@ class FakeMesh:
     def state(self, uid: str) -> RedirectionState:
         return "enabled" if uid in self.enrolled else "none"
 
-    def add(self, p: Any, netns_path: str = "") -> object:
+    def add(self, p: Any, *, unless_enabled: bool = False) -> object:
+        assert unless_enabled, "the watch decides on a state read before the pod's lock"
         self.calls.append(("add", p["metadata"]["name"]))
         if self.non_retryable:
             raise NonRetryableAdd("no netns")
