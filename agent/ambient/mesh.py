@@ -9,8 +9,8 @@ net_linux.go at the version of our conformance data):
             -> ztunnel del -> annotation removed (a failure ignored when the pod is deleted)
 
 Failures, as Istio treats them:
-- no netns, or the rules failed: `NonRetryableAdd`; the pod leaves the enrolled set, no annotation
-  (a CNI ADD fails; the watch does not retry).
+- no netns, or the rules failed: `NonRetryableAdd` (a CNI ADD fails; the watch does not retry);
+  a pod not enrolled stays out, one enrolled before stays as it was (a rule write is atomic).
 - ztunnel away or refusing: the rules stay, the pod stays in the set (sent with the next
   snapshot), annotation `pending`, `ZtunnelPending` raised (a CNI ADD fails and the runtime
   retries; the watch retries until enabled).
@@ -24,23 +24,21 @@ Failures, as Istio treats them:
   it is captured with the node-wide options, none of its own overrides (inbound captured, DNS as
   the node says, no virtual interfaces), and the refusal logged once per distinct reason.
 
-The enrolled set (uid -> AmbientPod) is what ztunnel gets as its snapshot on each connect, and
-the agent's own record of each pod's state (`state`): the pod-writable annotation is written for
-others to read, never read back as the truth. After a restart the set is rebuilt from what the
-node shows: a pod is enrolled when its netns, found by its identity, holds our in-pod rules; a
-pod claimed enrolled whose netns is not found stays in the set without one (ztunnel gets
-KeepWorkload for it, as from Istio, and keeps what it had) and `pending`, so the watch looks for
-its netns again. The annotation is made to match the record by the watch (agent.ambient.watch).
+The enrolled set (uid -> AmbientPod) is ztunnel's snapshot on each connect and the agent's own
+record of each pod's state: the pod-writable annotation is never read back as the truth. After
+a restart the set is rebuilt from what the node shows: a pod is enrolled when its netns, found
+by its identity, holds our in-pod rules; a pod claimed enrolled whose netns is not found stays
+in the set without one (ztunnel gets KeepWorkload for it, as from Istio, and keeps what it had)
+and `pending`, so the watch looks for its netns again. The watch makes the annotation match.
 
 At a CNI ADD the pod's IPs are those of the CNI chain's result (Istio: prevResult), not its
 status, which still holds the old sandbox's IP when a sandbox is re-created; the sandbox is
 recorded, and only its DEL releases the pod (a stale sandbox's DEL after the new one's ADD
 leaves the pod enrolled).
 
-One DelWorkload per removal, as Istio sends one at a pod's delete event or terminal phase (its
-CNI DEL does nothing): a deleted pod's last sandbox DEL and delete event, in either order, send
-one between them (`remove`). Any other delete event sends one, enrolled or not: ztunnel may hold
-a pod this agent does not know (enrolled before a restart that did not find it).
+One DelWorkload per removal, as Istio sends one at a pod's delete event or terminal phase: a
+deleted pod's last sandbox DEL and delete event, in either order, send one between them. Any
+other delete event sends one, enrolled or not: ztunnel may hold a pod this agent does not know.
 """
 
 from __future__ import annotations
@@ -188,9 +186,8 @@ class MeshDataplane(StartupReconcile):
     ) -> AmbientPod | None:
         """Enroll the pod; `netns_path`, `sandbox` (container id) and `ips` (the CNI result's,
         as Istio's AddPodToMesh takes them) from a CNI ADD; no netns to find it (a running pod,
-        its status IPs). `unless_enabled`: the caller decided on a state read before this pod's
-        lock (the watch), so a pod a CNI ADD enrolled meanwhile is left as it is (None), not
-        given to ztunnel a second time."""
+        its status IPs). `unless_enabled` (the watch, deciding before this lock): a pod a CNI
+        ADD enrolled meanwhile is left as it is (None), not given to ztunnel twice."""
         uid = str(_meta(pod).get("uid", ""))
         with self._pod_lock(uid):
             if unless_enabled and self.state(uid) == "enabled":
@@ -298,8 +295,6 @@ class MeshDataplane(StartupReconcile):
         known: AmbientPod | None,
     ) -> AmbientPod:
         ref, uid = _ref(pod), str(_meta(pod).get("uid", ""))
-        # A failure below leaves a pod enrolled before as it was (its rules stay: a rule write
-        # is atomic), so ztunnel's snapshot and the pod's removal still cover it.
         try:  # the pod's own values first: at an ADD a refused one programs nothing
             options = self._options(pod, running=not netns_path)
             podinput.pod_ips(pod)
