@@ -131,6 +131,8 @@ PLATFORMS: dict[str, Platform] = {
             "gke-ptp.conflist",
             edit=_ranges_subnet,
             real=("ptp", "host-local", "portmap"),
+            runtime="containerd2",
+            runtime_note="containerd 2 (GKE's node images since 1.33)",
         ),
         Platform(
             "eks",
@@ -140,6 +142,8 @@ PLATFORMS: dict[str, Platform] = {
             "aws-vpc-cni.conflist",
             doubles=(Double("aws-cni", "delegate"), Double("egress-cni", "pass")),
             real=("portmap",),
+            runtime="containerd2",
+            runtime_note="containerd 2 (EKS's AL2023 node images since 1.33)",
         ),
         Platform(
             "aks",
