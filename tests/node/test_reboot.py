@@ -7,6 +7,17 @@ the other pods. Every meshed pod comes back captured (sidecar) or enrolled with 
 
 Cases: the node's conflist kept (our entry in it) or lost (the primary's installer rewrote its
 file at boot, without our entry), and the plugin binary kept or lost (gone from the bin dir).
+With the conflist kept the plugin (or the runtime, its binary lost) refuses every meshed pod's
+sandbox until the agent is back. With it lost, our entry chained into the primary's file
+(the chart's default) is gone and the pods start without the plugin: they run uncaptured until
+the agent's repair (sidecar) or start-up enrolment (ambient) reaches them, a known gap this module
+shows (strict xfail); the Istio-owned copy (`istioOwnedCNIConfig`, a file of its own that the
+runtime loads first) survives the primary's rewrite and closes it.
+
+After the reboot ztunnel is a new process that holds nothing, and the agent, started anew,
+finds the pods annotated enrolled whose namespaces are gone: it sends KeepWorkload for them in
+its first snapshot (as Istio's agent does for a pod whose netns it cannot find), which the
+ztunnel double counts as a violation. Only that violation is let through here, named.
 """
 
 from __future__ import annotations
@@ -39,6 +50,7 @@ OUTSIDE = ("203.0.113.10", 80)  # TEST-NET-3: never routed; the node netns has n
 LOOP = ["connect-loop", OUTSIDE[0], str(OUTSIDE[1]), "0.5"]
 PLATFORM = RUNTIME_VARIANTS["kind-on-containerd2"]
 PODS = ("web-0", "web-1")
+OWNED = "02-istio-cni.conflist"  # the chart's istioOwnedCNIConfigFileName
 
 
 @pytest.fixture(scope="module")
@@ -139,13 +151,29 @@ def first_connections(
     )
 
 
+class RanUncaptured(AssertionError):
+    """A recreated pod's connection left it before it was captured."""
+
+
+KEEP_UNHELD = "KeepWorkload {uid}: a pod this ztunnel does not hold"
+
+
 @contextlib.contextmanager
 def ztunnel_for(mode: str, socket: Path, core: Any) -> Iterator[ZtunnelDouble | None]:
+    """The ztunnel double for ambient; at the end every violation it saw fails the test but
+    KeepWorkload of a pod the restarted ztunnel does not hold (the module's doc)."""
     if mode != "ambient":
         yield None
         return
-    with ZtunnelDouble(str(socket), identity=api_identity(core)) as ztunnel:
+    ztunnel = ZtunnelDouble(str(socket), identity=api_identity(core), strict=False)
+    try:
         yield ztunnel
+    finally:
+        ztunnel.close()
+    pods = [p.metadata.uid for p in core.list_pod_for_all_namespaces().items]
+    allowed = {KEEP_UNHELD.format(uid=uid) for uid in pods}
+    other = [v for v in ztunnel.violations if v not in allowed]
+    assert not other, f"the agent sent what ztunnel would not take: {other}"
 
 
 def reconnect(ztunnel: ZtunnelDouble, timeout: float = 120.0) -> None:
@@ -172,21 +200,40 @@ def boot_changes(cluster: RealCluster, conflist: str, binary: str) -> Callable[[
     return at_boot
 
 
+GAP = pytest.mark.xfail(
+    raises=RanUncaptured,
+    strict=True,
+    reason="the primary rewrote its conflist at boot without our chained entry: pods start "
+    "without the plugin and run uncaptured until the agent is back",
+)
 CASES = [
-    (mode, conflist, binary)
-    for conflist in ("kept", "lost")
-    for binary in ("kept", "lost")
-    for mode in ("sidecar", "ambient")
+    pytest.param(
+        mode,
+        conflist,
+        binary,
+        config,
+        id=f"{mode}-conflist-{conflist}-binary-{binary}-{config}",
+        marks=[GAP] if (conflist, config) == ("lost", "chained") else [],
+    )
+    for mode, conflist, binary, config in (
+        ("sidecar", "kept", "kept", "chained"),
+        ("ambient", "kept", "kept", "chained"),
+        ("sidecar", "kept", "lost", "chained"),
+        ("ambient", "kept", "lost", "chained"),
+        ("sidecar", "lost", "kept", "owned"),
+        ("ambient", "lost", "lost", "owned"),
+        ("sidecar", "lost", "kept", "chained"),
+        ("ambient", "lost", "kept", "chained"),
+    )
 ]
 
 
-@pytest.mark.parametrize(
-    ("mode", "conflist", "binary"), CASES, ids=[f"{m}-conflist-{c}-binary-{b}" for m, c, b in CASES]
-)
+@pytest.mark.parametrize(("mode", "conflist", "binary", "config"), CASES)
 def test_meshed_pods_come_back_captured_after_a_reboot(
     mode: str,
     conflist: str,
     binary: str,
+    config: str,
     kind_node: RealCluster,
     ztunnel_socket: Path,
     node_helm: Any,
@@ -196,13 +243,14 @@ def test_meshed_pods_come_back_captured_after_a_reboot(
     workload_ns: str,
 ) -> None:
     cluster = kind_node
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"istioOwnedCNIConfig": config == "owned"}
     if mode == "ambient":
         set_mode_label(node_core, workload_ns, "ambient")
         extra["ambient"] = {"enabled": True, "ztunnelSocketPath": str(ztunnel_socket)}
     install_preset(node_helm("4"), agent_image, PLATFORM.name, "platform value", **extra)
     agent_mod.ready_agent(node_core, cluster, image=agent_image)
-    primary = cluster.host_path(PLATFORM.conf_dir) / PLATFORM.conflist_name
+    conf_dir = cluster.host_path(PLATFORM.conf_dir)
+    loaded = conf_dir / (OWNED if config == "owned" else PLATFORM.conflist_name)
     with ztunnel_for(mode, ztunnel_socket, node_core) as ztunnel:
         if ztunnel is not None:
             ztunnel.connect()
@@ -217,7 +265,7 @@ def test_meshed_pods_come_back_captured_after_a_reboot(
         for pod in PODS:
             kubepods.wait_running(node_core, workload_ns, pod)
             old[pod] = app_container_id(node_core, workload_ns, pod)
-        chained = [p["type"] for p in json.loads(primary.read_text())["plugins"]]
+        chained = [p["type"] for p in json.loads(loaded.read_text())["plugins"]]
         assert chained[-1] == "istio-cni", chained
 
         times = node_reboot(
@@ -232,7 +280,7 @@ def test_meshed_pods_come_back_captured_after_a_reboot(
             first_connections(node_core, workload_ns, pod, mode, str(old[pod])) for pod in PODS
         ]
         agent_mod.ready_agent(node_core, cluster, image=agent_image)
-        report(mode, conflist, binary, times, results)
+        report(f"{mode}-conflist-{conflist}-binary-{binary}-{config}", times, results)
         for pod in PODS:
             view = kubepods.wait_running(node_core, workload_ns, pod)
             netns = cluster.pod_netns(view.uid)
@@ -249,18 +297,17 @@ def test_meshed_pods_come_back_captured_after_a_reboot(
                 assert workload is not None, f"{pod} not enrolled anew: {ztunnel.requests}"
                 assert workload.netns_inode == os.stat(netns).st_ino
         for result in results:
-            assert not result.escaped, f"{result.pod} ran uncaptured: {result}"
+            if result.escaped:
+                raise RanUncaptured(f"{result.pod} ran uncaptured: {result}")
             assert result.first == result.captured, result
-        assert [p["type"] for p in json.loads(primary.read_text())["plugins"]][-1] == "istio-cni"
+        assert [p["type"] for p in json.loads(loaded.read_text())["plugins"]][-1] == "istio-cni"
 
 
-def report(
-    mode: str, conflist: str, binary: str, times: RebootTimes, results: list[FirstConnections]
-) -> None:
+def report(case: str, times: RebootTimes, results: list[FirstConnections]) -> None:
     """The numbers of the case, on stdout (`pytest -s`, or the captured output of a failure)."""
     start = times.kubelet_started
     line = {
-        "case": f"{mode}-conflist-{conflist}-binary-{binary}",
+        "case": case,
         "pods_recreated": len(results),
         "agent_image_back_s": round((times.agent_image_back or start) - start, 1),
         "first_captured_s": {r.pod: round(r.captured - start, 1) for r in results},
