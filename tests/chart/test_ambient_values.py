@@ -433,6 +433,15 @@ def test_notes_say_ambient_is_on(helm4: Helm, sets: list[str]) -> None:  # noqa:
     assert "WARNING: global.hub" not in text and "ambient" not in text[text.find("Ignored:") :]
 
 
+def test_notes_point_a_chained_ambient_install_to_its_own_file(helm4: Helm) -> None:  # noqa: F811
+    """A primary that rewrites its file at boot drops a chained entry: ambient pods restarted by
+    the reboot start unenrolled until the agent runs (tests/node/test_reboot.py measures it)."""
+    note = "Set istioOwnedCNIConfig=true to close that window"
+    assert note in notes(helm4, "ambient.enabled=true")
+    assert note not in notes(helm4, "ambient.enabled=true", "istioOwnedCNIConfig=true")
+    assert note not in notes(helm4)  # sidecar only: istio-validation holds such a pod back
+
+
 def test_notes_say_ambient_is_off_by_default(helm4: Helm) -> None:  # noqa: F811
     text = notes(helm4)
     assert "Ambient mode: off" in text and "Ignored:" not in text
