@@ -7,7 +7,9 @@ import ctypes
 import os
 import signal
 import subprocess
+import threading
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -45,7 +47,7 @@ class Daemon:
 
     def start(self) -> None:
         with self.log_path.open("ab") as log:
-            self._proc = subprocess.Popen(
+            self._proc = _spawn(
                 self.argv,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -95,6 +97,19 @@ class Daemon:
                 proc.wait()
         else:
             _signal_group(proc.pid, signal.SIGKILL)  # leftovers of an exited leader
+
+
+_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="daemon-spawner")
+"""The thread that forks daemons started off the main thread: PR_SET_PDEATHSIG fires when the
+forking *thread* exits, so a daemon forked by a short-lived worker (a fault's restart in
+bench/soak) would be killed the moment that worker returned. This one lives as long as the
+process."""
+
+
+def _spawn(argv: Sequence[str], **kwargs: object) -> subprocess.Popen[bytes]:
+    if threading.current_thread() is threading.main_thread():
+        return subprocess.Popen(argv, **kwargs)  # type: ignore[call-overload, no-any-return]
+    return _SPAWNER.submit(subprocess.Popen, argv, **kwargs).result()
 
 
 def _die_with_parent() -> None:

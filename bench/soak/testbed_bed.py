@@ -390,7 +390,12 @@ class NodesBed:
         node = self._member(name)
         pod = self._agent_pod(node)
         conditions = {c.type: c.status for c in pod.status.conditions or []}
-        return conditions.get("Ready") == "True" and self._files(node).working
+        if conditions.get("Ready") != "True" or not self._files(node).working:
+            return False
+        # The runtime itself asked (the API's Ready is stale for a while after a kill -9 or a
+        # runtime restart): it answers and runs the agent. Raises when it does not.
+        node.cri.running_container(pod.metadata.uid, agent_mod.AGENT_CONTAINER)
+        return True
 
     def _cluster_healthy(self) -> bool:
         plane = self.cluster.first.plane
