@@ -11,6 +11,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -106,10 +107,13 @@ bench/soak) would be killed the moment that worker returned. This one lives as l
 process."""
 
 
-def _spawn(argv: Sequence[str], **kwargs: object) -> subprocess.Popen[bytes]:
+def _spawn(argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+    def popen() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(argv, **kwargs)
+
     if threading.current_thread() is threading.main_thread():
-        return subprocess.Popen(argv, **kwargs)  # type: ignore[call-overload, no-any-return]
-    return _SPAWNER.submit(subprocess.Popen, argv, **kwargs).result()
+        return popen()
+    return _SPAWNER.submit(popen).result()
 
 
 def _die_with_parent() -> None:
