@@ -37,7 +37,7 @@ from bench.soak.bed import BedUnavailable, FilesState, PodEvent
 from bench.soak.faults import Fault, FaultKind
 from bench.soak.procstats import AgentSample
 from testbed import chart as agent_mod
-from testbed import images
+from testbed import images, kubepods
 from testbed.apifaults import ApiFaultProxy
 from testbed.apifaults import Fault as ProxyFault
 from testbed.churn import Churn
@@ -81,6 +81,7 @@ def open_bed(workdir: Path | None, *, pods_per_minute: float) -> NodesBed:
     try:
         images.image("istio-cni")
         images.image("workload")
+        images.image("proxy")
     except MissingPartError as e:
         missing.append(f"the test bed's images ({e}; run ci/build-testbed-images, ci/build-image)")
     try:
@@ -113,6 +114,7 @@ class NodesBed:
         self.stack = contextlib.ExitStack()
         self.core: Any = None
         self.image: images.Image | None = None
+        self.proxy_image = ""
         self.proxy: ApiFaultProxy | None = None
         self.churn: Churn | None = None
         self.epoch = 0.0
@@ -139,6 +141,10 @@ class NodesBed:
         self.core = self.cluster.core()
         self.helm.kubeconfig = self.cluster.kubeconfig
         self.image = self.cluster.first.images["istio-cni"]
+        proxy = images.image("proxy")
+        for node in self.cluster.members:
+            node.import_image(proxy)
+        self.proxy_image = proxy.ref
         self._proxy_in_front()
         self.helm.install(
             agent_mod.RELEASE,
@@ -156,6 +162,10 @@ class NodesBed:
             self._baseline[node.node_name] = self._node_state(node)
         namespace = self.stack.enter_context(_namespace(self.core, "soak"))
         image = self.cluster.first.images["workload"].ref
+        # Pods as Istio injects them with the CNI on: istio-validation before the app, so a
+        # pod whose sandbox got no redirect (the runtime loaded a conflist without our entry
+        # that a primary had just rewritten) waits for the agent's repair instead of running.
+        validation = kubepods.validation_container(self.proxy_image)
         self.churn = Churn(
             self.core,
             self.cluster,
@@ -164,6 +174,7 @@ class NodesBed:
             nodes=self.names,
             interval=self.interval,
             settle_timeout=SETTLE_S,
+            init_containers=[validation],
         )
         self.churn.__enter__()
 
