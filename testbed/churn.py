@@ -81,8 +81,11 @@ class Churn:
         nodes: Sequence[str] = (),
         interval: float = INTERVAL,
         settle_timeout: float = SETTLE_TIMEOUT,
+        init_containers: Sequence[dict[str, Any]] = (),
     ) -> None:
+        """`init_containers`: before each pod's app (istio-validation, as Istio injects it)."""
         self.core = core
+        self.init_containers = list(init_containers)
         self.interval = interval
         self.settle_timeout = settle_timeout
         self.cluster = cluster
@@ -141,7 +144,10 @@ class Churn:
         while self._creating.is_set():
             began = time.monotonic()
             name = f"churn-{index}"
-            manifest = kubepods.pod_manifest(name, self.image, app_command=["sleep"], sidecar=True)
+            manifest = kubepods.pod_manifest(
+                name, self.image, app_command=["sleep"], sidecar=True,
+                init_containers=self.init_containers or None,
+            )  # fmt: skip
             node = self.nodes[index % len(self.nodes)] if self.nodes else None
             if node is not None:
                 manifest["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}

@@ -39,6 +39,35 @@ def container(
     return spec
 
 
+VALIDATION = "istio-validation"
+VALIDATION_ARGS = [
+    "istio-iptables", "-p", "15001", "-z", "15006", "-u", "1337", "-m", "REDIRECT",
+    "-i", "*", "-x", "", "-b", "*", "-d", "15090,15021,15020",
+    "--log_output_level=default:info", "--run-validation", "--skip-rule-apply",
+]  # fmt: skip
+"""Istio's injected check that the pod's traffic is redirected, as its injector writes it when
+the CNI node agent programs pods: exits 126 (the pod does not start) when it is not."""
+
+
+def validation_container(proxy_image: str) -> dict[str, Any]:
+    """istio-validation as Istio's injector writes it with the CNI on (the test bed's proxy
+    image holds Istio's pilot-agent): a pod whose sandbox got no redirect fails there, before
+    its app, until the agent's repair programs it."""
+    return {
+        "name": VALIDATION,
+        "image": proxy_image,
+        "imagePullPolicy": "Never",
+        "args": VALIDATION_ARGS,
+        "securityContext": {
+            "runAsUser": 1337,
+            "runAsGroup": 1337,
+            "runAsNonRoot": True,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+
+
 def pod_manifest(
     name: str,
     image: str,

@@ -7,8 +7,11 @@ import ctypes
 import os
 import signal
 import subprocess
+import threading
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -45,7 +48,7 @@ class Daemon:
 
     def start(self) -> None:
         with self.log_path.open("ab") as log:
-            self._proc = subprocess.Popen(
+            self._proc = _spawn(
                 self.argv,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -95,6 +98,22 @@ class Daemon:
                 proc.wait()
         else:
             _signal_group(proc.pid, signal.SIGKILL)  # leftovers of an exited leader
+
+
+_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="daemon-spawner")
+"""The thread that forks daemons started off the main thread: PR_SET_PDEATHSIG fires when the
+forking *thread* exits, so a daemon forked by a short-lived worker (a fault's restart in
+bench/soak) would be killed the moment that worker returned. This one lives as long as the
+process."""
+
+
+def _spawn(argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+    def popen() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(argv, **kwargs)
+
+    if threading.current_thread() is threading.main_thread():
+        return popen()
+    return _SPAWNER.submit(popen).result()
 
 
 def _die_with_parent() -> None:

@@ -133,6 +133,9 @@ class Parts:
     helm: dict[str, Callable[[], None]] = field(default_factory=dict)
     """upgrade, rollback -> the Helm operation on the chart's release."""
     ztunnel_restart: Callable[[str], None] | None = None
+    node_reboot: Callable[[str], None] | None = None
+    """node -> the node hard-rebooted (every process killed, its run dirs emptied, then started
+    again); None until the bed can. The kind's `unavailable` in faults.py goes with it."""
 
 
 def build(kind: FaultKind, node: str | None, parts: Parts) -> Fault:
@@ -184,6 +187,11 @@ def _node_fault(name: str, node: str, parts: Parts) -> Fault:
         if restart is None:
             raise ActError("ztunnel_restart: the bed runs no ztunnel stand-in")
         return instant(lambda: restart(node))
+    if name == "node_reboot":
+        reboot = parts.node_reboot
+        if reboot is None:
+            raise ActError("node_reboot: the bed cannot reboot a node")
+        return instant(lambda: reboot(node))
     raise ActError(f"{name}: no node act")
 
 

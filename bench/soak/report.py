@@ -42,6 +42,9 @@ class RunResult:
     unavailable: dict[str, str] = field(default_factory=dict)
     fault_errors: list[str] = field(default_factory=list)
     """Faults that could not be fired (the act raised): named, never counted as fired."""
+    trends_unjudged: list[str] = field(default_factory=list)
+    """Resources whose slope was not judged: no agent process sampled long enough
+    (trend.JUDGED_SPAN_S)."""
     interrupted_at: float | None = None
     """Seconds into the run when it was interrupted (SIGINT): the figures are partial, the
     leftovers not scanned."""
@@ -108,6 +111,7 @@ def summary(result: RunResult) -> dict[str, Any]:
         "start_p99_s_faulted": _rounded(percentile(faulted, 99)),
         "pods_never_started": sum(1 for p in result.pods if p.running is None),
         "recovery_s_max": {k: round(max(v), 3) for k, v in sorted(recoveries.items())},
+        "trends_unjudged": list(result.trends_unjudged),
         "unrecovered": sorted(f.label for f in result.firings if f.recovered is None),
         "fault_errors": list(result.fault_errors),
         "unavailable_faults": dict(result.unavailable),
@@ -126,7 +130,9 @@ def markdown(data: dict[str, Any]) -> str:
         return f"{fmt(data[a])} / {fmt(data[b])}"
 
     def slope(key: str, interval: str) -> str:
-        return f"{fmt(data[key])} {fmt(data['slope_intervals_per_h'][interval])}"
+        unjudged = f" (not judged: no agent process sampled {trend.JUDGED_SPAN_S / 60:.0f} min)"
+        note = unjudged if interval in data.get("trends_unjudged", ()) else ""
+        return f"{fmt(data[key])} {fmt(data['slope_intervals_per_h'][interval])}{note}"
 
     never = data["pods_never_started"]
     lines = [
@@ -214,10 +220,18 @@ def plot(result: RunResult, path: Path) -> None:
 
 
 def write(result: RunResult, report: Path) -> dict[str, Any]:
-    """FILE.md, FILE.png beside it and FILE.json (FILE as given, its suffix replaced)."""
+    """FILE.md, FILE.png beside it, FILE.json and FILE.samples.csv (FILE as given, its suffix
+    replaced)."""
     data = summary(result)
     report.parent.mkdir(parents=True, exist_ok=True)
     report.with_suffix(".md").write_text(markdown(data))
     report.with_suffix(".json").write_text(json.dumps(data, indent=2) + "\n")
+    # Every agent sample, for judging a slope by eye (the plot shows RSS only).
+    rows = [
+        f"{s.at:.2f},{s.node},{s.pid},{s.rss_mib:.3f},{s.threads},{s.fds}" for s in result.samples
+    ]
+    report.with_suffix(".samples.csv").write_text(
+        "\n".join(["at_s,node,pid,rss_mib,threads,fds", *rows]) + "\n"
+    )
     plot(result, report.with_suffix(".png"))
     return data

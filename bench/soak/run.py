@@ -230,7 +230,9 @@ class Runner:
         self.invariants.leftovers(now, leftovers)
         for name, found in report.slopes(self.result.samples).items():
             floor = trend.FLOORS_PER_H[name]
-            if found is not None and found.leaking(floor):
+            if found is not None and not found.judged:
+                self.result.trends_unjudged.append(name)
+            elif found is not None and found.leaking(floor):
                 interval = f"[{found.low_per_h:.2f}, {found.high_per_h:.2f}]"
                 detail = f"{found.per_h:.2f}/h, 95% interval {interval} above 0, floor {floor}/h"
                 self.invariants.trend(now, name, detail)

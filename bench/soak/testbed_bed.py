@@ -9,9 +9,12 @@ What this bed cannot do yet is returned by `lacks()` and named by the CLI:
 - ambient namespaces: one ZDS socket path is shared by the chart's agents on every node here
   (the nodes share the machine's file system outside their layout's dirs), so a ztunnel
   stand-in per node needs the socket dir in the layout first; with it go `ztunnel_restart`
-  and the enrolment check;
-- `conf_dir_full`: the layout's conf dir is a dir on the machine's disk, not a small file system
-  of its own (actions.fill refuses to fill the machine's disk).
+  and the enrolment check.
+
+Each node's conf dir is a small tmpfs of its own (CONF_TMPFS_SIZE), mounted in the node's mount
+namespace before the chart is installed, so that `conf_dir_full` fills that file system and not
+the machine's disk; the bed reads the conf dir as the node sees it (through its namespace's
+/proc/PID/root).
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +37,7 @@ from bench.soak.bed import BedUnavailable, FilesState, PodEvent
 from bench.soak.faults import Fault, FaultKind
 from bench.soak.procstats import AgentSample
 from testbed import chart as agent_mod
-from testbed import images
+from testbed import images, kubepods
 from testbed.apifaults import ApiFaultProxy
 from testbed.apifaults import Fault as ProxyFault
 from testbed.churn import Churn
@@ -53,6 +57,9 @@ SETTLE_S = 60.0
 """How long the pods created last may take to run once the churn stops (then they are the
 report's: stuck), and how long the nodes may take to clean up after the churn's pods (kubelet
 removes a deleted pod's cgroups on its housekeeping) before what is left is a leftover."""
+API_WAIT_S = 120.0
+"""How long a Helm operation of the catalogue waits for the API server to answer (another fault
+may have stopped it), as an operator would retry, before it fails."""
 PROXY_FAULTS = {
     "silence": ProxyFault("silence"),
     "429": ProxyFault("status", code=429, retry_after=5),
@@ -61,9 +68,9 @@ PROXY_FAULTS = {
 LACKS = {
     "ztunnel_restart": "the bed churns sidecar namespaces only: ambient needs a ZDS socket dir "
     "per node in the layout and a ztunnel stand-in on each",
-    "conf_dir_full": "the layout's conf dir is on the machine's disk, not a small file system "
-    "of its own",
 }
+CONF_TMPFS_SIZE = "512k"
+"""Room for the conflist, the agent's kubeconfig and its temp files, many times over."""
 
 
 def open_bed(workdir: Path | None, *, pods_per_minute: float) -> NodesBed:
@@ -74,6 +81,7 @@ def open_bed(workdir: Path | None, *, pods_per_minute: float) -> NodesBed:
     try:
         images.image("istio-cni")
         images.image("workload")
+        images.image("proxy")
     except MissingPartError as e:
         missing.append(f"the test bed's images ({e}; run ci/build-testbed-images, ci/build-image)")
     try:
@@ -106,6 +114,7 @@ class NodesBed:
         self.stack = contextlib.ExitStack()
         self.core: Any = None
         self.image: images.Image | None = None
+        self.proxy_image = ""
         self.proxy: ApiFaultProxy | None = None
         self.churn: Churn | None = None
         self.epoch = 0.0
@@ -127,9 +136,15 @@ class NodesBed:
     def start(self) -> None:
         self.cluster.start()
         self.names = [n.node_name for n in self.cluster.members]
+        for node in self.cluster.members:
+            self._small_conf_dir(node)
         self.core = self.cluster.core()
         self.helm.kubeconfig = self.cluster.kubeconfig
         self.image = self.cluster.first.images["istio-cni"]
+        proxy = images.image("proxy")
+        for node in self.cluster.members:
+            node.import_image(proxy)
+        self.proxy_image = proxy.ref
         self._proxy_in_front()
         self.helm.install(
             agent_mod.RELEASE,
@@ -147,6 +162,10 @@ class NodesBed:
             self._baseline[node.node_name] = self._node_state(node)
         namespace = self.stack.enter_context(_namespace(self.core, "soak"))
         image = self.cluster.first.images["workload"].ref
+        # Pods as Istio injects them with the CNI on: istio-validation before the app, so a
+        # pod whose sandbox got no redirect (the runtime loaded a conflist without our entry
+        # that a primary had just rewritten) waits for the agent's repair instead of running.
+        validation = kubepods.validation_container(self.proxy_image)
         self.churn = Churn(
             self.core,
             self.cluster,
@@ -155,6 +174,7 @@ class NodesBed:
             nodes=self.names,
             interval=self.interval,
             settle_timeout=SETTLE_S,
+            init_containers=[validation],
         )
         self.churn.__enter__()
 
@@ -276,6 +296,24 @@ class NodesBed:
     def _rollback(self) -> None:
         self.helm.run("rollback", agent_mod.RELEASE, "--namespace", agent_mod.AGENT_NAMESPACE)
 
+    def _once_api_answers(self, op: Callable[[], None]) -> Callable[[], None]:
+        """`op` run once the API server answers (up to API_WAIT_S): Helm needs it."""
+
+        def run() -> None:
+            plane = self.cluster.first.plane
+            assert plane is not None
+            deadline = time.monotonic() + API_WAIT_S
+            while True:
+                with contextlib.suppress(OSError):
+                    if plane.readyz()[0]:
+                        break
+                if time.monotonic() > deadline:
+                    raise actions.ActError(f"the API server not ready in {API_WAIT_S:.0f} s")
+                time.sleep(1.0)
+            op()
+
+        return run
+
     def _rolled_out(self) -> bool:
         apps = self.cluster.first.apps()
         for ds in apps.list_namespaced_daemon_set(agent_mod.AGENT_NAMESPACE).items:
@@ -348,8 +386,13 @@ class NodesBed:
         """The pid of the node's agent process; the runtime is asked again only when the pod
         changed or the process is gone (a kill -9: kubelet starts another in the same pod), so
         sampling does not wait on `ctr` every round."""
-        uid = self._agent_pod(node).metadata.uid
         known = self._pids.get(node.node_name)
+        try:
+            uid = self._agent_pod(node).metadata.uid
+        except Exception:  # the API down (another fault): the process last seen, if alive
+            if known is not None and Path(f"/proc/{known[1]}").exists():
+                return known[1]
+            raise
         if known is not None and known[0] == uid and Path(f"/proc/{known[1]}").exists():
             return known[1]
         pid = node.cri.running_container(uid, agent_mod.AGENT_CONTAINER)[1]
@@ -366,7 +409,21 @@ class NodesBed:
         runtime.start()
 
     def _conflist(self, name: str) -> Path:
-        return self._member(name).host_path(LAYOUT.conf_dir) / LAYOUT.conflist_name
+        return _conf_view(self._member(name)) / LAYOUT.conflist_name
+
+    def _small_conf_dir(self, node: RealCluster) -> None:
+        """The node's conf dir a tmpfs of its own, holding what the dir held; the runtime
+        restarted, as it watches the dir it found at its start and would miss every later
+        change (its containers keep running)."""
+        assert node.mount_ns is not None
+        node.mount_ns.run(["mount", "-t", "tmpfs", "-o", f"size={CONF_TMPFS_SIZE},mode=0755",
+                           "tmpfs", LAYOUT.conf_dir])  # fmt: skip
+        view = _conf_view(node)
+        for f in node.host_path(LAYOUT.conf_dir).iterdir():
+            if f.is_file():
+                shutil.copy2(f, view / f.name)
+        node.cri.stop()
+        node.cri.start()
 
     def _primary(self, name: str) -> dict[str, Any]:
         return dict(json.loads(LAYOUT.conflist(self._member(name).pod_subnet)))
@@ -390,7 +447,12 @@ class NodesBed:
         node = self._member(name)
         pod = self._agent_pod(node)
         conditions = {c.type: c.status for c in pod.status.conditions or []}
-        return conditions.get("Ready") == "True" and self._files(node).working
+        if conditions.get("Ready") != "True" or not self._files(node).working:
+            return False
+        # The runtime itself asked (the API's Ready is stale for a while after a kill -9 or a
+        # runtime restart): it answers and runs the agent. Raises when it does not.
+        node.cri.running_container(pod.metadata.uid, agent_mod.AGENT_CONTAINER)
+        return True
 
     def _cluster_healthy(self) -> bool:
         plane = self.cluster.first.plane
@@ -420,7 +482,10 @@ class NodesBed:
             cluster_healthy=self._cluster_healthy,
             daemons={d: self._daemon(d) for d in ("kube-apiserver", "etcd")},
             api_fault=self._set_proxy_fault,
-            helm={"upgrade": self._upgrade, "rollback": self._rollback},
+            helm={
+                "upgrade": self._once_api_answers(self._upgrade),
+                "rollback": self._once_api_answers(self._rollback),
+            },
         )
 
     # -- what a node holds ---------------------------------------------------------------------
@@ -448,9 +513,10 @@ class NodesBed:
             state.add(line.strip())
         for line in _in_netns(ns, "ipset", "save").splitlines():
             state.add(f"ipset {line.strip()}")
-        for d in (LAYOUT.conf_dir, LAYOUT.bin_dir):
+        for d, path in ((LAYOUT.conf_dir, _conf_view(node)),
+                        (LAYOUT.bin_dir, node.host_path(LAYOUT.bin_dir))):  # fmt: skip
             with contextlib.suppress(OSError):
-                state |= {f"file {d}/{p.name}" for p in node.host_path(d).iterdir()}
+                state |= {f"file {d}/{p.name}" for p in path.iterdir()}
         return state
 
     @staticmethod
@@ -462,6 +528,13 @@ class NodesBed:
             return set()
         # kubelet's cgroupfs names: pod<uid> (the uid's dashes kept)
         return {p.name[3:] for p in base.rglob("pod*") if p.is_dir()}
+
+
+def _conf_view(node: RealCluster) -> Path:
+    """The node's conf dir as its runtime and agents see it (the tmpfs in its mount namespace),
+    from the machine: through the namespace holder's root."""
+    assert node.mount_ns is not None
+    return Path(node.mount_ns.path).parent.parent / "root" / LAYOUT.conf_dir.lstrip("/")
 
 
 def _in_netns(ns: str, *argv: str) -> str:

@@ -11,6 +11,12 @@ The rule for "no upward trend": the slope is indistinguishable from 0 when its 9
 includes 0, or when it is under the resource's stated floor (FLOORS_PER_H: what a day-long run
 could gain and still be noise, e.g. 1 MiB of RSS an hour). It is a leak only when the whole
 interval is above 0 and the slope is above the floor.
+
+A trend is judged only when one agent process was sampled past its warm-up for JUDGED_SPAN_S
+at least: over a few minutes a process still settling (its heap sized by the pods and events it
+has seen so far, a thread more while a watch reconnects) rises as steeply as a leak does (a
+4-minute run on the three-node bed: +1 MiB of RSS per process, 24 MiB/h), so a short run reports
+its slopes without a verdict.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 WARMUP_S = 30.0
+JUDGED_SPAN_S = 15 * 60.0
 FLOORS_PER_H: Mapping[str, float] = {"rss_mib": 1.0, "fds": 1.0, "threads": 1.0}
 # Student's t at 97.5% for 1..30 degrees of freedom; 1.96 beyond.
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
@@ -34,6 +41,12 @@ class Slope:
     high_per_h: float
     samples: int
     segments: int
+    longest_s: float = 0.0
+    """The longest span of one process's samples after its warm-up."""
+
+    @property
+    def judged(self) -> bool:
+        return self.longest_s >= JUDGED_SPAN_S
 
     def leaking(self, floor_per_h: float) -> bool:
         return self.low_per_h > 0.0 and self.per_h > floor_per_h
@@ -76,4 +89,5 @@ def slope(
     dof = n - len(kept) - 1
     sse = sum((dv - b * dt) ** 2 for dt, dv in centred)
     half = t975(dof) * math.sqrt(sse / dof / sxx) if dof > 0 else math.inf
-    return Slope(b * 3600, (b - half) * 3600, (b + half) * 3600, n, len(kept))
+    longest = max(seg[-1][0] - seg[0][0] for seg in kept)
+    return Slope(b * 3600, (b - half) * 3600, (b + half) * 3600, n, len(kept), longest)

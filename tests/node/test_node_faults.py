@@ -254,32 +254,13 @@ def without_entry(conf: dict[str, Any]) -> dict[str, Any]:
     return {**conf, "plugins": [p for p in conf["plugins"] if p.get("type") != "istio-cni"]}
 
 
-VALIDATION = "istio-validation"
-VALIDATION_ARGS = [
-    "istio-iptables", "-p", "15001", "-z", "15006", "-u", "1337", "-m", "REDIRECT",
-    "-i", "*", "-x", "", "-b", "*", "-d", "15090,15021,15020",
-    "--log_output_level=default:info", "--run-validation", "--skip-rule-apply",
-]  # fmt: skip
-"""Istio's injected check that the pod's traffic is redirected, as its injector writes it when
-the CNI node agent programs pods: exits 126 (the pod does not start) when it is not."""
+VALIDATION = kubepods.VALIDATION
 
 
 def sidecar_pod(core: Any, ns: str, image: str, proxy_image: str, name: str) -> str:
     """A pod as Istio's injector leaves it with the CNI on: istio-validation (the test bed's
     proxy image, Istio's pilot-agent) before the app and istio-proxy."""
-    validation = {
-        "name": VALIDATION,
-        "image": proxy_image,
-        "imagePullPolicy": "Never",
-        "args": VALIDATION_ARGS,
-        "securityContext": {
-            "runAsUser": 1337,
-            "runAsGroup": 1337,
-            "runAsNonRoot": True,
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-        },
-    }
+    validation = kubepods.validation_container(proxy_image)
     manifest = kubepods.pod_manifest(
         name, image, app_command=LOOP, sidecar=True, init_containers=[validation]
     )

@@ -3,6 +3,7 @@ real processes and files where the act can run without a node."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -207,6 +208,21 @@ def test_a_kind_the_parts_cannot_do_is_refused_naming_why(
 ) -> None:
     with pytest.raises(actions.ActError, match=match):
         actions.build(kind(name), node, parts_on(tmp_path))
+
+
+def test_a_node_reboot_is_an_instant_act_on_the_beds_hook(tmp_path: Path) -> None:
+    # Declared unavailable in the catalogue until the bed reboots nodes; the hook is ready.
+    available = dataclasses.replace(kind("node_reboot"), unavailable="")
+    (tmp_path / "without").mkdir()
+    (tmp_path / "with").mkdir()
+    with pytest.raises(actions.ActError, match="cannot reboot"):
+        actions.build(available, "n1", parts_on(tmp_path / "without"))
+    rebooted: list[str] = []
+    parts = parts_on(tmp_path / "with", node_reboot=rebooted.append)
+    fault = actions.build(available, "n2", parts)
+    assert fault.instant and fault.nodes == ("n2",)
+    fault.start()
+    assert rebooted == ["n2"]
 
 
 def test_every_available_kind_builds_on_a_bed_with_every_part(tmp_path: Path) -> None:

@@ -67,3 +67,12 @@ def test_each_process_warm_up_is_left_out() -> None:
 def test_too_few_samples_give_no_slope() -> None:
     assert trend.slope([[(0.0, 1.0), (40.0, 2.0)]]) is None
     assert trend.slope([]) is None
+
+
+def test_a_short_run_reports_its_slope_without_a_verdict() -> None:
+    # 24 MiB/h over 4 minutes: steep and significant, but no process lived long enough to
+    # tell a leak from a process still settling.
+    short = trend.slope([series(240, per_h=24.0, noise=0.05, seed=3)])
+    assert short is not None and short.leaking(FLOOR) and not short.judged, short
+    long = trend.slope([series(trend.JUDGED_SPAN_S + 60, per_h=24.0, noise=0.05, seed=3)])
+    assert long is not None and long.leaking(FLOOR) and long.judged, long
