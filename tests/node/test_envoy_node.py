@@ -178,6 +178,11 @@ def test_meshed_to_meshed_through_both_envoys(mesh: Mesh) -> None:
         upstream_local=f"{PASSTHROUGH_SOURCE}:",
     )
     assert inbound["cluster"] == envoy.INBOUND_PASSTHROUGH and inbound["flags"] == "-", inbound
+    # ... which the server's app saw coming from that leg's source (127.0.0.6:port).
+    seen = f"app port={PORT} peer={inbound['upstream_local']}"
+    kubepods.wait_log_line(
+        mesh.core, mesh.namespace, "mesh-server", "app", lambda s: seen in s, f"'{seen}'"
+    )
 
 
 def test_meshed_to_plain_through_the_client_envoy(mesh: Mesh) -> None:
