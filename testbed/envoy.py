@@ -12,7 +12,9 @@ What istiod sends a sidecar for traffic it has no Service for, reduced to that:
   against a loop through the capture port).
 - 15021 answers /healthz/ready from Envoy's own readiness (the admin's /ready): Istio's
   readiness port, served there by pilot-agent, which is not run here.
-- One access log file per capture listener (outbound.log, inbound.log), a JSON object a line.
+- One access log file per capture listener (outbound.log, inbound.log), a JSON object a line
+  naming its listener; or both on Envoy's stdout (`log_dir=None`), as the sidecar image
+  (ci/build-testbed-images, `envoy`) runs it so the container log shows every leg.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ INBOUND_PASSTHROUGH_V4 = constants.INBOUND_PASSTHROUGH_V4.split("/")[0]
 INBOUND_PASSTHROUGH_V6 = constants.INBOUND_PASSTHROUGH_V6.split("/")[0]
 OUTBOUND_LOG = "outbound.log"
 INBOUND_LOG = "inbound.log"
+STDOUT = Path("/dev/stdout")
+OUTBOUND_LISTENER = "virtualOutbound"
+INBOUND_LISTENER = "virtualInbound"
 
 PASSTHROUGH = "PassthroughCluster"
 INBOUND_PASSTHROUGH = "InboundPassthroughCluster"
@@ -62,27 +67,29 @@ def _address(ip: str, port: int) -> dict[str, Any]:
     return {"socket_address": {"address": ip, "port_value": port}}
 
 
-def _access_log(path: Path) -> list[dict[str, Any]]:
+def _access_log(path: Path, listener: str) -> list[dict[str, Any]]:
     return [
         {
             "name": "envoy.access_loggers.file",
             "typed_config": {
                 "@type": f"{TYPES}.access_loggers.file.v3.FileAccessLog",
                 "path": str(path),
-                "log_format": {"json_format": LOG_FIELDS},
+                "log_format": {"json_format": {"listener": listener, **LOG_FIELDS}},
             },
         }
     ]
 
 
-def _tcp_proxy(stat_prefix: str, cluster: str, log: Path | None) -> dict[str, Any]:
+def _tcp_proxy(
+    stat_prefix: str, cluster: str, log: Path | None, listener: str = ""
+) -> dict[str, Any]:
     config: dict[str, Any] = {
         "@type": f"{TYPES}.filters.network.tcp_proxy.v3.TcpProxy",
         "stat_prefix": stat_prefix,
         "cluster": cluster,
     }
     if log is not None:
-        config["access_log"] = _access_log(log)
+        config["access_log"] = _access_log(log, listener)
     return {"name": "envoy.filters.network.tcp_proxy", "typed_config": config}
 
 
@@ -118,7 +125,7 @@ def _capture_listener(
                 "filter_chain_match": {"destination_port": port},
                 "filters": [_tcp_proxy(BLACKHOLE, BLACKHOLE, None)],
             },
-            {"filters": [_tcp_proxy(cluster, cluster, log)]},
+            {"filters": [_tcp_proxy(cluster, cluster, log, name)]},
         ],
     }
 
@@ -178,27 +185,30 @@ def _admin_cluster() -> dict[str, Any]:
     }
 
 
-def sidecar_config(*, log_dir: Path, tproxy: bool = False) -> dict[str, Any]:
-    """The bootstrap of a sidecar Envoy; access logs go to `log_dir`. `tproxy`: the pod's
-    interception mode is TPROXY (transparent listeners, original_src on inbound)."""
+def sidecar_config(*, log_dir: Path | None, tproxy: bool = False) -> dict[str, Any]:
+    """The bootstrap of a sidecar Envoy; access logs go to `log_dir`, or with None both to
+    Envoy's stdout (each line names its listener). `tproxy`: the pod's interception mode is
+    TPROXY (transparent listeners, original_src on inbound)."""
+    outbound_log = log_dir / OUTBOUND_LOG if log_dir else STDOUT
+    inbound_log = log_dir / INBOUND_LOG if log_dir else STDOUT
     return {
         "node": {"id": "sidecar~testbed", "cluster": "testbed"},
         "admin": {"address": _address("127.0.0.1", ADMIN_PORT)},
         "static_resources": {
             "listeners": [
                 _capture_listener(
-                    "virtualOutbound",
+                    OUTBOUND_LISTENER,
                     OUTBOUND_PORT,
                     PASSTHROUGH,
-                    log_dir / OUTBOUND_LOG,
+                    outbound_log,
                     tproxy=tproxy,
                     original_src=False,
                 ),
                 _capture_listener(
-                    "virtualInbound",
+                    INBOUND_LISTENER,
                     INBOUND_PORT,
                     INBOUND_PASSTHROUGH,
-                    log_dir / INBOUND_LOG,
+                    inbound_log,
                     tproxy=tproxy,
                     original_src=tproxy,
                 ),
@@ -212,3 +222,11 @@ def sidecar_config(*, log_dir: Path, tproxy: bool = False) -> dict[str, Any]:
             ],
         },
     }
+
+
+if __name__ == "__main__":  # ci/build-testbed-images writes the sidecar image's bootstrap
+    import json
+    import sys
+
+    json.dump(sidecar_config(log_dir=None), sys.stdout, indent=1)
+    sys.stdout.write("\n")

@@ -3,8 +3,10 @@ state, their logs (the API's pod log endpoint, as `kubectl logs`), and where a r
 network namespace is (for looking at its rules from the test).
 
 Sidecar pods look as Istio's injector leaves them: annotation `sidecar.istio.io/status` and an
-`istio-proxy` container, here the Envoy test double (`/testbed/proxy-double.py`, as UID 1337 like
-Envoy, so its own connections are not captured).
+`istio-proxy` container, by default the Envoy test double (`/testbed/proxy-double.py`, as UID 1337
+like Envoy, so its own connections are not captured), which answers on the capture ports and
+forwards nothing. With `proxy_image` (the test bed's `envoy` image) it is a real Envoy that
+carries the traffic, Ready once Envoy is (15021), its access log lines on its stdout.
 """
 
 from __future__ import annotations
@@ -23,17 +25,16 @@ PROXY_UID = 1337
 APP = ["/usr/bin/python3", "/testbed/app.py"]
 PROXY = ["/usr/bin/python3", "/testbed/proxy-double.py"]
 SIDECAR_STATUS = '{"containers":["istio-proxy"],"initContainers":null}'
+READINESS_PORT = 15021  # Istio's, never captured inbound: kubelet's probe reaches it
 
 
 def container(
-    name: str, image: str, command: list[str], *, uid: int | None = None
+    name: str, image: str, command: list[str] | None, *, uid: int | None = None
 ) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "name": name,
-        "image": image,
-        "imagePullPolicy": "Never",
-        "command": command,
-    }
+    """`command` None: the image's own entrypoint."""
+    spec: dict[str, Any] = {"name": name, "image": image, "imagePullPolicy": "Never"}
+    if command is not None:
+        spec["command"] = command
     if uid is not None:
         spec["securityContext"] = {"runAsUser": uid, "runAsGroup": uid}
     return spec
@@ -77,13 +78,19 @@ def pod_manifest(
     annotations: Mapping[str, str] | None = None,
     labels: Mapping[str, str] | None = None,
     init_containers: list[dict[str, Any]] | None = None,
+    proxy_image: str | None = None,
 ) -> dict[str, Any]:
     """A pod for the scheduler to place (no nodeName): an `app` container running app.py, and
-    with `sidecar` the injector's marks and an `istio-proxy` container."""
+    with `sidecar` the injector's marks and an `istio-proxy` container: the double, or with
+    `proxy_image` that image's Envoy."""
     containers = [container("app", image, [*APP, *app_command])]
     notes = dict(annotations or {})
     if sidecar:
-        containers.append(container("istio-proxy", image, PROXY, uid=PROXY_UID))
+        containers.append(
+            envoy_container(proxy_image)
+            if proxy_image
+            else container("istio-proxy", image, PROXY, uid=PROXY_UID)
+        )
         notes.setdefault("sidecar.istio.io/status", SIDECAR_STATUS)
     spec: dict[str, Any] = {
         "containers": containers,
@@ -98,6 +105,16 @@ def pod_manifest(
         "metadata": {"name": name, "annotations": notes, "labels": dict(labels or {})},
         "spec": spec,
     }
+
+
+def envoy_container(image: str) -> dict[str, Any]:
+    """istio-proxy as a real Envoy (the image's entrypoint), Ready when Envoy says so."""
+    spec = container("istio-proxy", image, None, uid=PROXY_UID)
+    spec["readinessProbe"] = {
+        "httpGet": {"path": "/healthz/ready", "port": READINESS_PORT},
+        "periodSeconds": 1,
+    }
+    return spec
 
 
 def escaped(line: str) -> bool:

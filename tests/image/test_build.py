@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from testbed import envoy
 from testbed.parts import REPO_ROOT
 from tests.image.archive import Archive
-from tests.image.conftest import BuildRun, Built, manifest, run_build
+from tests.image.conftest import BuildRun, Built, built, manifest, run_build
 
 pytestmark = pytest.mark.node
 
@@ -79,6 +80,25 @@ def test_agent_image_config(agent_archive: Archive) -> None:
     text = json.dumps(agent_archive.config) + json.dumps(agent_archive.manifest)
     for host in REGISTRY_HOSTS:
         assert host not in text, f"the image config names {host}"
+
+
+def test_envoy_image_runs_the_sidecar_bootstrap_as_the_proxy(
+    build_runs: dict[str, BuildRun],
+) -> None:
+    image = built("envoy", "ci/build-testbed-images")
+    assert f"envoy {image.ref} {image.archive}" in build_runs["ci/build-testbed-images"].stdout
+    archive = Archive(image.archive)
+    cfg = archive.config["config"]
+    assert cfg["User"] == f"{envoy.PROXY_UID}:{envoy.PROXY_GID}", cfg.get("User")
+    assert cfg["Entrypoint"][:3] == [
+        "/usr/local/bin/envoy",
+        "--config-path",
+        "/etc/istio/proxy/envoy.json",
+    ]
+    # The bootstrap in the image is testbed/envoy.py's, access logs on stdout.
+    bootstrap = json.loads(archive.read_file("/etc/istio/proxy/envoy.json"))
+    assert bootstrap == envoy.sidecar_config(log_dir=None)
+    assert archive.files["usr/local/bin/envoy"].mode & 0o111
 
 
 def test_agent_image_has_few_layers(agent_archive: Archive, images: dict[str, Built]) -> None:

@@ -1,0 +1,250 @@
+"""A real Envoy as the sidecar of pods on the real node (kubelet, containerd, the agent installed
+by Helm): meshed pods' istio-proxy is the test bed's `envoy` image (testbed/envoy.py's static
+sidecar bootstrap), and the apps' own connections are carried by it. Each leg is read from the
+Envoys' access logs (their container logs, through the API) and from the apps' logs:
+
+- meshed -> meshed: the client Envoy's outbound leg to the server pod's IP:port, the server
+  Envoy's inbound leg to its app, which sees the connection from 127.0.0.6;
+- meshed -> plain and plain -> meshed: the one Envoy on the way logs its leg;
+- `traffic.sidecar.istio.io/excludeOutboundPorts`: that port leaves without the client Envoy.
+
+One agent, one namespace and the four pods serve the module's tests (the pods' connect loops
+run from the start; each test reads its own leg)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from testbed import chart as agent_mod
+from testbed import envoy, images, kubepods
+from testbed.helm import Helm
+from testbed.images import Image
+from testbed.parts import MissingPartError
+from testbed.realnode import RealCluster
+from tests.node.conftest import helm_by_major, release_node
+
+pytestmark = [pytest.mark.node, pytest.mark.dataplane]
+
+PORT = 8080
+EXCLUDED_PORT = 8081  # excluded from the meshed client's outbound capture by annotation
+PASSTHROUGH_SOURCE = envoy.INBOUND_PASSTHROUGH_V4
+
+
+@dataclass(frozen=True)
+class Mesh:
+    core: Any
+    namespace: str
+    ips: dict[str, str]
+    """pod name -> its IP"""
+
+
+@pytest.fixture(scope="module")
+def mesh(
+    real_cluster: RealCluster,
+    node_core: Any,
+    agent_image: Image,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Mesh]:
+    """The agent installed, the Envoy image on the node, and in a fresh namespace: a meshed and
+    a plain server (app.py serve), then a meshed client whose apps call both servers (and the
+    meshed one on the excluded port) and a plain client calling the meshed server."""
+    try:
+        real_cluster.import_image(images.image("envoy"))
+    except MissingPartError as e:
+        pytest.fail(str(e), pytrace=False)
+    home = tmp_path_factory.mktemp("helm")
+    helm = Helm(binary=helm_by_major("4"), kubeconfig=real_cluster.kubeconfig, home=home)
+    reference = json.dumps(real_cluster.reference_conflist(), indent=2) + "\n"
+    with contextlib.ExitStack() as stack:
+        stack.callback(release_node, real_cluster, node_core, [helm], reference)
+        agent_mod.install(helm, real_cluster, node_core, agent_image)
+        namespace = stack.enter_context(kubepods.pod_namespace(node_core, "envoy"))
+        ips = start_pods(real_cluster, node_core, namespace)
+        yield Mesh(node_core, namespace, ips)
+
+
+def start_pods(cluster: RealCluster, core: Any, namespace: str) -> dict[str, str]:
+    workload = cluster.images["workload"].ref
+    proxy = cluster.images["envoy"].ref
+
+    def create(name: str, command: list[str], meshed: bool, **extra: Any) -> None:
+        manifest = kubepods.pod_manifest(
+            name,
+            workload,
+            app_command=command,
+            sidecar=meshed,
+            proxy_image=proxy if meshed else None,
+            **extra,
+        )
+        core.create_namespaced_pod(namespace, manifest)
+
+    create("mesh-server", ["serve", str(PORT), str(EXCLUDED_PORT)], True)
+    create("plain-server", ["serve", str(PORT)], False)
+    ips = {}
+    for name in ("mesh-server", "plain-server"):
+        view = kubepods.wait_running(core, namespace, name)
+        assert view.ip, view
+        ips[name] = view.ip
+
+    def loop(server: str, port: int) -> list[str]:
+        return ["connect-loop", ips[server], str(port), "1"]
+
+    client = kubepods.pod_manifest(
+        "mesh-client",
+        workload,
+        app_command=loop("mesh-server", PORT),
+        sidecar=True,
+        proxy_image=proxy,
+        annotations={"traffic.sidecar.istio.io/excludeOutboundPorts": str(EXCLUDED_PORT)},
+    )
+    client["spec"]["containers"] += [
+        kubepods.container("to-plain", workload, [*kubepods.APP, *loop("plain-server", PORT)]),
+        kubepods.container(
+            "excluded", workload, [*kubepods.APP, *loop("mesh-server", EXCLUDED_PORT)]
+        ),
+    ]
+    core.create_namespaced_pod(namespace, client)
+    create("plain-client", loop("mesh-server", PORT), False)
+    for name in ("mesh-client", "plain-client"):
+        view = kubepods.wait_running(core, namespace, name)
+        assert view.ip, view
+        ips[name] = view.ip
+    return ips
+
+
+def access_log(mesh: Mesh, pod: str) -> list[dict[str, str]]:
+    """The access log lines of the pod's Envoy (its container log's JSON lines)."""
+    text = kubepods.logs(mesh.core, mesh.namespace, pod, "istio-proxy")
+    return [json.loads(s) for s in text.splitlines() if s.startswith("{")]
+
+
+def wait_leg(mesh: Mesh, pod: str, listener: str, **fields: str) -> dict[str, str]:
+    """The first access log line of the pod's Envoy on `listener` whose fields start with
+    `fields`' values (an address 'IP:' matches any port)."""
+
+    def check() -> dict[str, str] | None:
+        for line in access_log(mesh, pod):
+            if line["listener"] == listener and all(
+                str(line.get(k, "")).startswith(v) for k, v in fields.items()
+            ):
+                return line
+        return None
+
+    line: dict[str, str] = kubepods.wait_for(
+        check,
+        f"a {listener} leg {fields} in the access log of {pod}",
+        60,
+        interval=0.5,
+        on_timeout=lambda: "\n".join(map(str, access_log(mesh, pod)[-10:])),
+    )
+    return line
+
+
+def answer(mesh: Mesh, pod: str, container: str, server: str, port: int) -> str:
+    """The first answer the pod's app got from `server`'s app on `port`."""
+    target = f"connect {mesh.ips[server]}:{port} app port={port} "
+    return kubepods.wait_log_line(
+        mesh.core, mesh.namespace, pod, container, lambda s: target in s, f"an answer ({target})"
+    )
+
+
+def test_meshed_to_meshed_through_both_envoys(mesh: Mesh) -> None:
+    client, server = mesh.ips["mesh-client"], mesh.ips["mesh-server"]
+    # The app's answer: the server's app saw the connection from Envoy's inbound passthrough.
+    line = answer(mesh, "mesh-client", "app", "mesh-server", PORT)
+    assert f"peer={PASSTHROUGH_SOURCE}:" in line and "echo=hello" in line, line
+    out = wait_leg(
+        mesh,
+        "mesh-client",
+        envoy.OUTBOUND_LISTENER,
+        downstream_remote=f"{client}:",
+        upstream_host=f"{server}:{PORT}",
+    )
+    assert out["cluster"] == envoy.PASSTHROUGH and out["flags"] == "-", out
+    # The server Envoy's leg of that very connection (the client Envoy's source port) to its app.
+    inbound = wait_leg(
+        mesh,
+        "mesh-server",
+        envoy.INBOUND_LISTENER,
+        downstream_remote=out["upstream_local"],
+        downstream_local=f"{server}:{PORT}",
+        upstream_host=f"{server}:{PORT}",
+        upstream_local=f"{PASSTHROUGH_SOURCE}:",
+    )
+    assert inbound["cluster"] == envoy.INBOUND_PASSTHROUGH and inbound["flags"] == "-", inbound
+    # ... which the server's app saw coming from that leg's source (127.0.0.6:port).
+    seen = f"app port={PORT} peer={inbound['upstream_local']}"
+    kubepods.wait_log_line(
+        mesh.core, mesh.namespace, "mesh-server", "app", lambda s: seen in s, f"'{seen}'"
+    )
+
+
+def test_meshed_to_plain_through_the_client_envoy(mesh: Mesh) -> None:
+    client, server = mesh.ips["mesh-client"], mesh.ips["plain-server"]
+    line = answer(mesh, "mesh-client", "to-plain", "plain-server", PORT)
+    assert f"peer={client}:" in line, line  # Envoy's upstream leaves from the pod's address
+    out = wait_leg(
+        mesh,
+        "mesh-client",
+        envoy.OUTBOUND_LISTENER,
+        downstream_remote=f"{client}:",
+        upstream_host=f"{server}:{PORT}",
+    )
+    assert out["cluster"] == envoy.PASSTHROUGH and out["flags"] == "-", out
+    assert line.split(f"peer={client}:")[1].split()[0] in {
+        leg["upstream_local"].rsplit(":", 1)[1]
+        for leg in access_log(mesh, "mesh-client")
+        if leg["upstream_host"] == f"{server}:{PORT}"
+    }, line  # the port the plain app saw is one of the client Envoy's upstream legs
+
+
+def test_plain_to_meshed_through_the_server_envoy(mesh: Mesh) -> None:
+    client, server = mesh.ips["plain-client"], mesh.ips["mesh-server"]
+    line = answer(mesh, "plain-client", "app", "mesh-server", PORT)
+    assert f"peer={PASSTHROUGH_SOURCE}:" in line, line
+    inbound = wait_leg(
+        mesh,
+        "mesh-server",
+        envoy.INBOUND_LISTENER,
+        downstream_remote=f"{client}:",
+        downstream_local=f"{server}:{PORT}",
+        upstream_host=f"{server}:{PORT}",
+        upstream_local=f"{PASSTHROUGH_SOURCE}:",
+    )
+    assert inbound["cluster"] == envoy.INBOUND_PASSTHROUGH, inbound
+
+
+def test_excluded_outbound_port_bypasses_the_client_envoy(mesh: Mesh) -> None:
+    client, server = mesh.ips["mesh-client"], mesh.ips["mesh-server"]
+    line = answer(mesh, "mesh-client", "excluded", "mesh-server", EXCLUDED_PORT)
+    # Still captured inbound by the meshed server, straight from the client app's socket.
+    assert f"peer={PASSTHROUGH_SOURCE}:" in line, line
+    wait_leg(
+        mesh,
+        "mesh-server",
+        envoy.INBOUND_LISTENER,
+        downstream_remote=f"{client}:",
+        downstream_local=f"{server}:{EXCLUDED_PORT}",
+    )
+
+    # The other port goes through the client Envoy (the app's loop on 8080): once two more of
+    # its legs are logged after that answer, a leg on the excluded port would be too (one log).
+    def legs_to(port: int) -> list[dict[str, str]]:
+        return [
+            leg
+            for leg in access_log(mesh, "mesh-client")
+            if leg["listener"] == envoy.OUTBOUND_LISTENER
+            and leg["upstream_host"] == f"{server}:{port}"
+        ]
+
+    before = len(legs_to(PORT))
+    kubepods.wait_for(
+        lambda: len(legs_to(PORT)) >= before + 2, f"two more outbound legs to {PORT}", 30
+    )
+    assert not legs_to(EXCLUDED_PORT), legs_to(EXCLUDED_PORT)
