@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from agent.errors import RedirectError
+from agent.netns.userns import enter_as_root, foreign_owner
 
 CLONE_NEWNET = 0x40000000
 T = TypeVar("T")
@@ -84,11 +85,37 @@ the liveness bounds of the workers that run them are made of (agent.liveness).""
 
 
 def run_command(
-    path: str, argv: list[str], stdin: str = "", *, timeout: float = COMMAND_TIMEOUT_SECONDS
+    path: str,
+    argv: list[str],
+    stdin: str = "",
+    *,
+    timeout: float = COMMAND_TIMEOUT_SECONDS,
+    as_owner: bool = False,
 ) -> subprocess.CompletedProcess[str]:
-    """Run a program inside the namespace at `path`: forked from a thread that entered it."""
+    """Run a program inside the namespace at `path`: forked from a thread that entered it. With
+    `as_owner` (iptables-restore: owner matches), in a namespace owned by another user namespace
+    (a user-namespaced pod's) the program runs as that namespace's root (agent.netns.userns says
+    why), with the namespace itself as iptables-legacy's lock file (its root cannot open the
+    node's /run/xtables.lock; the tables it guards are the namespace's own). Readers stay the
+    agent's: that root may not read the legacy tables' /proc/net files."""
+    owner = foreign_owner(path) if as_owner else None
+    if owner is None:
 
-    def call() -> subprocess.CompletedProcess[str]:
-        return subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout)
+        def call() -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                argv, input=stdin, capture_output=True, text=True, timeout=timeout
+            )
 
-    return run_in_netns(path, call)
+        return run_in_netns(path, call)
+
+    def call_as_owner() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            argv, input=stdin, capture_output=True, text=True, timeout=timeout,
+            pass_fds=(owner,), preexec_fn=enter_as_root(owner),
+            env={**os.environ, "XTABLES_LOCKFILE": path},
+        )  # fmt: skip
+
+    try:
+        return run_in_netns(path, call_as_owner)
+    finally:
+        os.close(owner)

@@ -4,15 +4,21 @@ python-iptables keeps one handle per table for the whole process, bound to the n
 handle was opened in. So every use holds one module-wide lock, runs in a thread that entered the
 pod's namespace, and refreshes each table there before reading or changing it. A table is
 changed in memory and committed once: the kernel swaps it in one step.
+
+A namespace owned by another user namespace (a user-namespaced pod's) takes no owner match from
+this process (agent.netns.userns): its IPv4 rules go through iptables-legacy-restore run as that
+namespace's root, into the same legacy tables.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
 from agent.errors import RedirectError
 from agent.netns import run_in_netns
+from agent.netns.userns import foreign_owner
 from agent.rules import backend_restore
 from agent.rules.model import RuleSet, TableRules
 from agent.rules.ownership import OUR_TABLES, SIDECAR, Ownership, builtin
@@ -36,7 +42,11 @@ def apply(netns_path: str, ruleset: RuleSet | None, owner: Ownership = SIDECAR) 
         for name in sorted(set(wanted) | set(OUR_TABLES)):
             _apply_table(name, wanted.get(name), owner)
 
-    _locked(netns_path, work)
+    if (userns := foreign_owner(netns_path)) is None:
+        _locked(netns_path, work)
+    else:
+        os.close(userns)
+        backend_restore.apply_family(netns_path, ruleset, "legacy", 4, owner=owner)
     backend_restore.apply_family(netns_path, ruleset, "legacy", 6, owner=owner)
 
 

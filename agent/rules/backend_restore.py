@@ -32,12 +32,12 @@ def binary(variant: Variant, family: Family, tool: str) -> str:
     return f"{prefix}-{variant}-{tool}" if tool else f"{prefix}-{variant}"
 
 
-def run(netns_path: str, argv: list[str], stdin: str = "") -> str:
+def run(netns_path: str, argv: list[str], stdin: str = "", *, writes: bool = False) -> str:
     """Run a command inside the namespace; its failure names the command and summarizes its
-    error output (logged in full)."""
+    error output (logged in full). `writes`: it writes rules (as the namespace's owner)."""
 
     try:
-        done = run_command(netns_path, argv, stdin)
+        done = run_command(netns_path, argv, stdin, as_owner=writes)
     except FileNotFoundError as e:
         raise RedirectError(f"{argv[0]}: not installed ({e.strerror})") from e
     if done.returncode != 0:
@@ -94,7 +94,12 @@ def apply_family(
         return
     script = restore_script(state, tables, owner)
     if script:
-        run(netns_path, [binary(variant, fam, "restore"), "--noflush", "--wait"], script)
+        run(
+            netns_path,
+            [binary(variant, fam, "restore"), "--noflush", "--wait"],
+            script,
+            writes=True,
+        )
 
 
 def restore_script(
