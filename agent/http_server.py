@@ -43,7 +43,11 @@ Failing = Callable[[], Sequence[tuple[str, str]]]
 """(check, why) of each failing readiness check (agent.readiness), or of each loop that ended
 (agent.liveness); empty when ready, or live."""
 TEXT = "text/plain; charset=utf-8"
-LISTEN_BACKLOG = 1024
+LISTEN_BACKLOG = 4096
+"""Connections the kernel completes before the loop accepts them (capped by net.core.somaxconn,
+4096 by default since Linux 5.4). A hostNetwork pod can open thousands in a burst; once the queue
+is full the kernel drops the next handshake, and that peer waits out TCP's 1 s retransmit, a
+whole kubelet probe timeout."""
 METRICS_PATH = "/metrics"
 METRICS_PERIOD = 1.0
 """Seconds between two builds of the /metrics page at most."""
