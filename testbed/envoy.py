@@ -224,9 +224,20 @@ def sidecar_config(*, log_dir: Path | None, tproxy: bool = False) -> dict[str, A
     }
 
 
-if __name__ == "__main__":  # ci/build-testbed-images writes the sidecar image's bootstrap
+IMAGE_BOOTSTRAP = "/etc/istio/proxy/envoy.json"
+IMAGE_TPROXY_BOOTSTRAP = "/etc/istio/proxy/envoy-tproxy.json"
+"""The sidecar image's two bootstraps (ci/image/envoy.Containerfile): its entrypoint runs the
+first; a pod in TPROXY mode names the second (testbed/kubepods.envoy_container)."""
+IMAGE_FLAGS = (
+    "--disable-hot-restart", "--concurrency", "1", "--log-level", "warning",
+    "--file-flush-interval-msec", "100",
+)  # fmt: skip
+"""The image entrypoint's flags after its bootstrap."""
+
+
+if __name__ == "__main__":  # ci/build-testbed-images writes the sidecar image's bootstraps
     import json
     import sys
 
-    json.dump(sidecar_config(log_dir=None), sys.stdout, indent=1)
+    json.dump(sidecar_config(log_dir=None, tproxy="--tproxy" in sys.argv), sys.stdout, indent=1)
     sys.stdout.write("\n")

@@ -19,12 +19,14 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from testbed import envoy
 from testbed.wait import wait_for as wait_for  # kubepods.wait_for: callers use it by this name
 
 PROXY_UID = 1337
 APP = ["/usr/bin/python3", "/testbed/app.py"]
 PROXY = ["/usr/bin/python3", "/testbed/proxy-double.py"]
 SIDECAR_STATUS = '{"containers":["istio-proxy"],"initContainers":null}'
+INTERCEPTION_MODE = "sidecar.istio.io/interceptionMode"
 READINESS_PORT = 15021  # Istio's, never captured inbound: kubelet's probe reaches it
 
 
@@ -82,12 +84,13 @@ def pod_manifest(
 ) -> dict[str, Any]:
     """A pod for the scheduler to place (no nodeName): an `app` container running app.py, and
     with `sidecar` the injector's marks and an `istio-proxy` container: the double, or with
-    `proxy_image` that image's Envoy."""
+    `proxy_image` that image's Envoy (in TPROXY mode when the annotations say so)."""
     containers = [container("app", image, [*APP, *app_command])]
     notes = dict(annotations or {})
+    tproxy = notes.get(INTERCEPTION_MODE) == "TPROXY"
     if sidecar:
         containers.append(
-            envoy_container(proxy_image)
+            envoy_container(proxy_image, tproxy=tproxy)
             if proxy_image
             else container("istio-proxy", image, PROXY, uid=PROXY_UID)
         )
@@ -107,9 +110,22 @@ def pod_manifest(
     }
 
 
-def envoy_container(image: str) -> dict[str, Any]:
-    """istio-proxy as a real Envoy (the image's entrypoint), Ready when Envoy says so."""
-    spec = container("istio-proxy", image, None, uid=PROXY_UID)
+def envoy_container(image: str, *, tproxy: bool = False) -> dict[str, Any]:
+    """istio-proxy as a real Envoy (the image's entrypoint), Ready when Envoy says so. `tproxy`:
+    the pod's interception mode is TPROXY: its bootstrap, run as Istio's injector runs the
+    proxy then (UID 0, GID 1337, NET_ADMIN only: transparent sockets and original_src's mark;
+    the rules let GID 1337's traffic out)."""
+    if tproxy:
+        command = ["/usr/local/bin/envoy", "--config-path", envoy.IMAGE_TPROXY_BOOTSTRAP]
+        spec = container("istio-proxy", image, [*command, *envoy.IMAGE_FLAGS])
+        spec["securityContext"] = {
+            "runAsUser": 0,
+            "runAsGroup": PROXY_UID,
+            "runAsNonRoot": False,
+            "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN"]},
+        }
+    else:
+        spec = container("istio-proxy", image, None, uid=PROXY_UID)
     spec["readinessProbe"] = {
         "httpGet": {"path": "/healthz/ready", "port": READINESS_PORT},
         "periodSeconds": 1,

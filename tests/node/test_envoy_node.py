@@ -6,9 +6,11 @@ Envoys' access logs (their container logs, through the API) and from the apps' l
 - meshed -> meshed: the client Envoy's outbound leg to the server pod's IP:port, the server
   Envoy's inbound leg to its app, which sees the connection from 127.0.0.6;
 - meshed -> plain and plain -> meshed: the one Envoy on the way logs its leg;
-- `traffic.sidecar.istio.io/excludeOutboundPorts`: that port leaves without the client Envoy.
+- `traffic.sidecar.istio.io/excludeOutboundPorts`: that port leaves without the client Envoy;
+- a server in TPROXY mode (`sidecar.istio.io/interceptionMode`): its app sees the client's own
+  address, not 127.0.0.6.
 
-One agent, one namespace and the four pods serve the module's tests (the pods' connect loops
+One agent, one namespace and the five pods serve the module's tests (the pods' connect loops
 run from the start; each test reads its own leg)."""
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ pytestmark = [pytest.mark.node, pytest.mark.dataplane]
 PORT = 8080
 EXCLUDED_PORT = 8081  # excluded from the meshed client's outbound capture by annotation
 PASSTHROUGH_SOURCE = envoy.INBOUND_PASSTHROUGH_V4
+TPROXY = {kubepods.INTERCEPTION_MODE: "TPROXY"}
 
 
 @dataclass(frozen=True)
@@ -86,8 +89,9 @@ def start_pods(cluster: RealCluster, core: Any, namespace: str) -> dict[str, str
 
     create("mesh-server", ["serve", str(PORT), str(EXCLUDED_PORT)], True)
     create("plain-server", ["serve", str(PORT)], False)
+    create("tproxy-server", ["serve", str(PORT)], True, annotations=TPROXY)
     ips = {}
-    for name in ("mesh-server", "plain-server"):
+    for name in ("mesh-server", "plain-server", "tproxy-server"):
         view = kubepods.wait_running(core, namespace, name)
         assert view.ip, view
         ips[name] = view.ip
@@ -108,9 +112,16 @@ def start_pods(cluster: RealCluster, core: Any, namespace: str) -> dict[str, str
         kubepods.container(
             "excluded", workload, [*kubepods.APP, *loop("mesh-server", EXCLUDED_PORT)]
         ),
+        kubepods.container("to-tproxy", workload, [*kubepods.APP, *loop("tproxy-server", PORT)]),
     ]
     core.create_namespaced_pod(namespace, client)
-    create("plain-client", loop("mesh-server", PORT), False)
+    plain = kubepods.pod_manifest(
+        "plain-client", workload, app_command=loop("mesh-server", PORT), sidecar=False
+    )
+    plain["spec"]["containers"].append(
+        kubepods.container("to-tproxy", workload, [*kubepods.APP, *loop("tproxy-server", PORT)])
+    )
+    core.create_namespaced_pod(namespace, plain)
     for name in ("mesh-client", "plain-client"):
         view = kubepods.wait_running(core, namespace, name)
         assert view.ip, view
@@ -248,3 +259,28 @@ def test_excluded_outbound_port_bypasses_the_client_envoy(mesh: Mesh) -> None:
         lambda: len(legs_to(PORT)) >= before + 2, f"two more outbound legs to {PORT}", 30
     )
     assert not legs_to(EXCLUDED_PORT), legs_to(EXCLUDED_PORT)
+
+
+@pytest.mark.parametrize("client", ["plain-client", "mesh-client"])
+def test_tproxy_inbound_hands_the_app_the_clients_own_address(mesh: Mesh, client: str) -> None:
+    """A server pod in TPROXY mode: its Envoy takes the connection transparently and connects to
+    its app from the client's own address (original_src), where REDIRECT shows 127.0.0.6. From
+    a meshed client that address is its pod's, where its own Envoy's upstream leaves from."""
+    source, server = mesh.ips[client], mesh.ips["tproxy-server"]
+    line = answer(mesh, client, "to-tproxy", "tproxy-server", PORT)
+    assert f"peer={source}:" in line and "echo=hello" in line, line
+    inbound = wait_leg(
+        mesh,
+        "tproxy-server",
+        envoy.INBOUND_LISTENER,
+        downstream_remote=f"{source}:",
+        downstream_local=f"{server}:{PORT}",
+        upstream_host=f"{server}:{PORT}",
+        upstream_local=f"{source}:",
+    )
+    assert inbound["cluster"] == envoy.INBOUND_PASSTHROUGH and inbound["flags"] == "-", inbound
+    # The app saw that leg's own source, port included.
+    seen = f"app port={PORT} peer={inbound['upstream_local']}"
+    kubepods.wait_log_line(
+        mesh.core, mesh.namespace, "tproxy-server", "app", lambda s: seen in s, f"'{seen}'"
+    )
