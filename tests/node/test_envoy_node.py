@@ -18,13 +18,13 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from testbed import chart as agent_mod
 from testbed import envoy, images, kubepods
+from testbed.envoy_legs import Mesh, access_log, answer, wait_leg
 from testbed.helm import Helm
 from testbed.images import Image
 from testbed.parts import MissingPartError
@@ -37,14 +37,6 @@ PORT = 8080
 EXCLUDED_PORT = 8081  # excluded from the meshed client's outbound capture by annotation
 PASSTHROUGH_SOURCE = envoy.INBOUND_PASSTHROUGH_V4
 TPROXY = {kubepods.INTERCEPTION_MODE: "TPROXY"}
-
-
-@dataclass(frozen=True)
-class Mesh:
-    core: Any
-    namespace: str
-    ips: dict[str, str]
-    """pod name -> its IP"""
 
 
 @pytest.fixture(scope="module")
@@ -127,42 +119,6 @@ def start_pods(cluster: RealCluster, core: Any, namespace: str) -> dict[str, str
         assert view.ip, view
         ips[name] = view.ip
     return ips
-
-
-def access_log(mesh: Mesh, pod: str) -> list[dict[str, str]]:
-    """The access log lines of the pod's Envoy (its container log's JSON lines)."""
-    text = kubepods.logs(mesh.core, mesh.namespace, pod, "istio-proxy")
-    return [json.loads(s) for s in text.splitlines() if s.startswith("{")]
-
-
-def wait_leg(mesh: Mesh, pod: str, listener: str, **fields: str) -> dict[str, str]:
-    """The first access log line of the pod's Envoy on `listener` whose fields start with
-    `fields`' values (an address 'IP:' matches any port)."""
-
-    def check() -> dict[str, str] | None:
-        for line in access_log(mesh, pod):
-            if line["listener"] == listener and all(
-                str(line.get(k, "")).startswith(v) for k, v in fields.items()
-            ):
-                return line
-        return None
-
-    line: dict[str, str] = kubepods.wait_for(
-        check,
-        f"a {listener} leg {fields} in the access log of {pod}",
-        60,
-        interval=0.5,
-        on_timeout=lambda: "\n".join(map(str, access_log(mesh, pod)[-10:])),
-    )
-    return line
-
-
-def answer(mesh: Mesh, pod: str, container: str, server: str, port: int) -> str:
-    """The first answer the pod's app got from `server`'s app on `port`."""
-    target = f"connect {mesh.ips[server]}:{port} app port={port} "
-    return kubepods.wait_log_line(
-        mesh.core, mesh.namespace, pod, container, lambda s: target in s, f"an answer ({target})"
-    )
 
 
 def test_meshed_to_meshed_through_both_envoys(mesh: Mesh) -> None:

@@ -1,6 +1,7 @@
 """Several nodes (testbed/nodes.py): three kubelet + containerd nodes laid out as kind's, pod
 subnets routed between them, the chart installed once with kind's preset so the DaemonSet runs
-on all three. A meshed pod's traffic crosses nodes captured at both ends; `helm upgrade` rolls
+on all three. A meshed pod's traffic crosses nodes captured at both ends (also through a real
+Envoy at each end, and back); `helm upgrade` rolls
 the agent one node at a time while pods start on every node, none uncaptured and none failing
 for good; a valid but wrong value stops that rollout at its first node (not Ready there, the
 other nodes' agents untouched and capturing) until `helm rollback` restores it; a node drained
@@ -26,8 +27,9 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from testbed import chart as agent_mod
-from testbed import diagnose, images, kubepods, kubewatch, podnet, wait
+from testbed import diagnose, envoy, images, kubepods, kubewatch, podnet, wait
 from testbed.churn import Churn
+from testbed.envoy_legs import Mesh, answer, wait_leg
 from testbed.helm import Helm
 from testbed.nodes import Nodes
 from testbed.parts import MissingPartError
@@ -210,6 +212,62 @@ def test_a_meshed_pod_reaches_a_pod_on_another_node_captured_at_both_ends(
     assert f"original_dst={server.ip}:{APP_PORT}" in answer, answer
     # The plain pod is untouched: no rule of ours in its netns.
     assert not podnet.has_istio_rules(cluster.nodes.pod_netns(plain.uid))
+
+
+@pytest.mark.dataplane
+def test_a_meshed_pod_calls_a_meshed_pod_on_another_node_through_both_envoys(
+    cluster: Cluster, namespace: str
+) -> None:
+    """The same call with a real Envoy as both pods' sidecar: the client's Envoy on the first
+    node forwards it to the server's address on the second, the server's Envoy takes it there
+    and hands it to its app from 127.0.0.6, and the app's answer comes back the same way."""
+    first, second = cluster.names[0], cluster.names[1]
+    members = {node.node_name: node for node in cluster.nodes.members}
+    try:
+        proxy_image = images.image("envoy")
+    except MissingPartError as e:
+        pytest.fail(str(e), pytrace=False)
+    for name in (first, second):
+        members[name].import_image(proxy_image)
+    workload, proxy = cluster.nodes.first.images["workload"].ref, proxy_image.ref
+    core = cluster.core
+    server_pod = kubepods.pod_manifest(
+        "server", workload, app_command=["serve", str(APP_PORT)], sidecar=True, proxy_image=proxy
+    )
+    core.create_namespaced_pod(namespace, on_node(server_pod, second))
+    server = kubepods.wait_running(core, namespace, "server")
+    assert server.node == second and server.ip
+    loop = ["connect-loop", server.ip, str(APP_PORT), "1"]
+    client_pod = kubepods.pod_manifest(
+        "client", workload, app_command=loop, sidecar=True, proxy_image=proxy
+    )
+    core.create_namespaced_pod(namespace, on_node(client_pod, first))
+    client = kubepods.wait_running(core, namespace, "client")
+    assert client.node == first and client.ip
+    mesh = Mesh(core, namespace, {"client": client.ip, "server": server.ip})
+
+    line = answer(mesh, "client", "app", "server", APP_PORT)
+    assert f"peer={envoy.INBOUND_PASSTHROUGH_V4}:" in line and "echo=hello" in line, line
+    out = wait_leg(
+        mesh,
+        "client",
+        envoy.OUTBOUND_LISTENER,
+        downstream_remote=f"{client.ip}:",
+        upstream_host=f"{server.ip}:{APP_PORT}",
+    )
+    assert out["cluster"] == envoy.PASSTHROUGH and out["flags"] == "-", out
+    # That very connection (the client Envoy's source address and port) arrives at the server's
+    # Envoy across the fabric, which hands it to its app from the inbound passthrough address.
+    inbound = wait_leg(
+        mesh,
+        "server",
+        envoy.INBOUND_LISTENER,
+        downstream_remote=out["upstream_local"],
+        downstream_local=f"{server.ip}:{APP_PORT}",
+        upstream_host=f"{server.ip}:{APP_PORT}",
+        upstream_local=f"{envoy.INBOUND_PASSTHROUGH_V4}:",
+    )
+    assert inbound["cluster"] == envoy.INBOUND_PASSTHROUGH and inbound["flags"] == "-", inbound
 
 
 def test_upgrade_rolls_one_node_at_a_time_while_pods_start_on_every_node(
