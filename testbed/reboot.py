@@ -12,11 +12,13 @@
       at_boot()                    what else the boot does to the node's files (a primary CNI
                                    rewriting its conflist, a plugin binary gone)
       the runtime, then kubelet start again; kubelet recreates every pod of the node
-      once a pod other than the agent's gets its sandbox made anew (kubelet's SandboxChanged
-        Event), the agent's image arrives and its waiting pod is replaced at once (no back-off)
+      once a pod of the node other than the agent's gets its sandbox made anew (the node's
+        kubelet's SandboxChanged Event), the agent's image arrives and the node's waiting agent
+        pod is replaced at once (no back-off)
 
 The control plane and the node's own network namespace stay: only the node's processes and
-its volatile state go.
+its volatile state go. On several nodes (testbed/nodes.py) only the rebooted node's Events and
+agent pod count: the others go on as they were.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import urllib3
+from kubernetes.client.exceptions import ApiException
 
 from testbed import nodeclean
 from testbed.crio import Crio
@@ -112,19 +117,26 @@ def node_reboot(
     kubelet_started = time.time()
     if agent_image is None:
         return RebootTimes(killed, kubelet_started, None, None)
-    recreating = wait_for(
-        lambda: _sandbox_changed_since(core, kubelet_started),
-        "kubelet recreating a pod's sandbox after the reboot",
-        RECREATING_TIMEOUT,
-        interval=0.2,
-    )
-    if isinstance(runtime, Crio):  # pragma: no cover - refused above
-        runtime.import_images([agent_image])
-    else:
-        runtime.import_image(agent_image.archive)
+    node = cluster.node_name
+    try:
+        recreating = wait_for(
+            lambda: _answered(lambda: _sandbox_changed_since(core, node, kubelet_started)),
+            "kubelet recreating a pod's sandbox after the reboot",
+            RECREATING_TIMEOUT,
+            interval=0.5,
+        )
+    finally:  # whatever the wait saw, the node gets the agent's image back
+        if isinstance(runtime, Crio):  # pragma: no cover - refused above
+            runtime.import_images([agent_image])
+        else:
+            runtime.import_image(agent_image.archive)
     back = time.time()
-    for pod in core.list_namespaced_pod(AGENT_NAMESPACE, label_selector=AGENT_SELECTOR).items:
-        core.delete_namespaced_pod(pod.metadata.name, AGENT_NAMESPACE, grace_period_seconds=0)
+    wait_for(
+        lambda: _answered(lambda: _replace_agent_pod(core, node)),
+        f"{node}'s waiting agent pod replaced",
+        RECREATING_TIMEOUT,
+        interval=0.5,
+    )
     return RebootTimes(killed, kubelet_started, recreating, back)
 
 
@@ -157,16 +169,39 @@ def _killpg(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
+def _answered(ask: Callable[[], float | bool | None]) -> float | bool | None:
+    """`ask()`, or None while the API server does not answer (stopped, or etcd restarting)."""
+    try:
+        return ask()
+    except (ApiException, urllib3.exceptions.HTTPError, OSError):
+        return None
+
+
+def _replace_agent_pod(core: Any, node: str) -> bool:
+    """The node's agent pods deleted at once: the DaemonSet makes another, which starts with
+    the image there (the old one waits out kubelet's back-off on the missing image)."""
+    agents = core.list_namespaced_pod(
+        AGENT_NAMESPACE, label_selector=AGENT_SELECTOR, field_selector=f"spec.nodeName={node}"
+    )
+    for pod in agents.items:
+        with contextlib.suppress(ApiException):  # already gone
+            core.delete_namespaced_pod(pod.metadata.name, AGENT_NAMESPACE, grace_period_seconds=0)
+    return True
+
+
 RECREATING = {"SandboxChanged", "FailedCreatePodSandBox", "Pulled", "Created", "Started"}
 """kubelet's Events of a pod it starts: the first (SandboxChanged) when the runtime still knows
 the old sandbox, the others whatever it knows."""
 
 
-def _sandbox_changed_since(core: Any, since: float) -> float | None:
-    """When kubelet said it (re)creates a pod outside the agent's namespace, at or after `since`
-    (Events have a second's resolution), or None yet."""
+def _sandbox_changed_since(core: Any, node: str, since: float) -> float | None:
+    """When `node`'s kubelet said it (re)creates a pod outside the agent's namespace, at or
+    after `since` (Events have a second's resolution), or None yet. Another node's kubelet
+    starting its pods meanwhile says nothing of this node's."""
     for event in core.list_event_for_all_namespaces().items:
         if event.involved_object.namespace == AGENT_NAMESPACE or event.reason not in RECREATING:
+            continue
+        if event.source is None or event.source.host != node:
             continue
         when = event.last_timestamp or event.event_time or event.first_timestamp
         if when is not None and when.timestamp() >= int(since):

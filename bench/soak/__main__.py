@@ -66,7 +66,9 @@ def main(argv: list[str]) -> int:
     kinds = [k for k in faults.available() if k.name not in lacking]
     for name, why in sorted(lacking.items()):
         print(f"soak: fault {name} not fired: {why}", file=sys.stderr)
-    windows = schedule.plan(kinds, list(bed.nodes), minutes=args.minutes, seed=args.seed)
+    windows = schedule.plan(
+        kinds, list(bed.nodes), minutes=args.minutes, seed=args.seed, targets=bed.targets()
+    )
     settings = Settings(total_s=args.minutes * 60.0, seed=args.seed)
     result = Runner(bed, windows, faults.catalogue_by_name(kinds), settings).run()
     result.unavailable = lacking

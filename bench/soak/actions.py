@@ -135,7 +135,9 @@ class Parts:
     ztunnel_restart: Callable[[str], None] | None = None
     node_reboot: Callable[[str], None] | None = None
     """node -> the node hard-rebooted (every process killed, its run dirs emptied, then started
-    again); None until the bed can. The kind's `unavailable` in faults.py goes with it."""
+    again); None when the bed cannot."""
+    node_ready: Callable[[str], bool] | None = None
+    """node -> its Node Ready (kubelet back and reporting): part of a reboot's recovery."""
 
 
 def build(kind: FaultKind, node: str | None, parts: Parts) -> Fault:
@@ -189,9 +191,11 @@ def _node_fault(name: str, node: str, parts: Parts) -> Fault:
         return instant(lambda: restart(node))
     if name == "node_reboot":
         reboot = parts.node_reboot
-        if reboot is None:
+        ready = parts.node_ready
+        if reboot is None or ready is None:
             raise ActError("node_reboot: the bed cannot reboot a node")
-        return instant(lambda: reboot(node))
+        # Recovered once the agent is back and kubelet reports the node Ready again.
+        return Instant(name, nodes, lambda: reboot(node), lambda: healthy() and ready(node))
     raise ActError(f"{name}: no node act")
 
 

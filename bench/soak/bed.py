@@ -53,6 +53,10 @@ class Bed(Protocol):
         """Kinds of the catalogue this bed cannot fire, each with why (beyond those the
         catalogue itself declares unavailable)."""
 
+    def targets(self) -> dict[str, list[str]]:
+        """Kinds of node faults that may hit only some of `nodes` (a reboot: never the node
+        holding the control plane), each with those nodes; a kind not named may hit any."""
+
     def start(self) -> None:
         """Nodes up, the chart installed, every agent Ready."""
 

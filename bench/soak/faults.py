@@ -51,6 +51,9 @@ class FaultKind:
     group: str = ""
     """Kinds of one group never overlap on one target (they drive the same part: the API fault
     proxy holds one fault at a time, Helm one operation per release). Empty: the kind alone."""
+    excludes: tuple[str, ...] = ()
+    """Other groups (a kind without one: its name) that never overlap this kind on a target,
+    either way: a rebooting node has no agent process to kill or throttle."""
     touches_files: bool = False
     """The fault itself breaks the node's CNI files: a broken config sampled while it is active
     is the fault, not a violation (the time to heal it is its recovery time)."""
@@ -86,14 +89,11 @@ CATALOGUE: tuple[FaultKind, ...] = (
     ),
     FaultKind(
         "node_reboot",
-        "the node hard-rebooted: every process killed, run dirs emptied",
+        "the node hard-rebooted: every process killed, run dirs emptied, pods recreated",
         "node",
         60.0,
         group="runtime",
-        unavailable="the bed restarts kubelet and containerd and kills the containers "
-        "(RealCluster.restart_node(reboot=True)) but keeps /run (netns bind mounts, the "
-        "agent's socket dir, the CNI's state) and cannot reboot the node holding the "
-        "control plane: waits for the reboot bed",
+        excludes=("agent", "agent_cpu_throttle"),
     ),
     FaultKind(
         "api_stopped", "kube-apiserver stopped, then started again", "cluster", 20.0, group="api"

@@ -11,6 +11,9 @@ What this bed cannot do yet is returned by `lacks()` and named by the CLI:
   stand-in per node needs the socket dir in the layout first; with it go `ztunnel_restart`
   and the enrolment check.
 
+`node_reboot` hard-reboots a node other than the first (which holds the control plane:
+`targets()` keeps the scheduler off it) with testbed/reboot.py, its conflist and plugin kept.
+
 Each node's conf dir is a small tmpfs of its own (CONF_TMPFS_SIZE), mounted in the node's mount
 namespace before the chart is installed, so that `conf_dir_full` fills that file system and not
 the machine's disk; the bed reads the conf dir as the node sees it (through its namespace's
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -47,7 +51,9 @@ from testbed.nodenet import iptables
 from testbed.nodes import LAYOUT, Nodes
 from testbed.parts import MissingPartError, helm_binaries
 from testbed.realnode import RealCluster
+from testbed.reboot import node_reboot
 
+log = logging.getLogger(__name__)
 PRESET = Path(__file__).resolve().parents[2] / "values-examples" / "kind.yaml"
 NODE_COUNT = 3
 ROLLOUT_TIMEOUT = 300.0
@@ -132,6 +138,9 @@ class NodesBed:
 
     def lacks(self) -> dict[str, str]:
         return dict(LACKS)
+
+    def targets(self) -> dict[str, list[str]]:
+        return {"node_reboot": list(self.names[1:])}
 
     def start(self) -> None:
         self.cluster.start()
@@ -408,6 +417,23 @@ class NodesBed:
         runtime.stop()
         runtime.start()
 
+    def _node_reboot(self, name: str) -> None:
+        node = self._member(name)
+        if node is self.cluster.first:
+            raise actions.ActError(f"{name} holds the control plane: it is never rebooted")
+        times = node_reboot(node, self.core, agent_image=self.image)
+        back = times.agent_image_back or times.kubelet_started
+        log.info(
+            "node_reboot@%s: kubelet started %.1f s after the kill, the agent's image back %.1f s",
+            name,
+            times.kubelet_started - times.killed,
+            back - times.killed,
+        )
+
+    def _node_ready(self, name: str) -> bool:
+        conditions = self.core.read_node(name).status.conditions or []
+        return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
     def _conflist(self, name: str) -> Path:
         return _conf_view(self._member(name)) / LAYOUT.conflist_name
 
@@ -474,6 +500,8 @@ class NodesBed:
             agent_pid=lambda name: self._agent_pid(self._member(name)),
             delete_agent_pod=self._delete_agent_pod,
             runtime_restart=self._runtime_restart,
+            node_reboot=self._node_reboot,
+            node_ready=self._node_ready,
             conflist=self._conflist,
             primary_conf=self._primary,
             plugin=self._plugin,

@@ -3,7 +3,6 @@ real processes and files where the act can run without a node."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import subprocess
 import sys
@@ -196,7 +195,7 @@ def test_etcd_restart_stops_then_starts_and_api_stopped_holds(tmp_path: Path) ->
 @pytest.mark.parametrize(
     ("name", "node", "match"),
     [
-        ("node_reboot", "n1", "reboot bed"),
+        ("node_reboot", "n1", "cannot reboot"),
         ("ztunnel_restart", "n1", "no ztunnel"),
         ("api_silence", None, "no API fault proxy"),
         ("helm_rollback", None, "no Helm release"),
@@ -210,19 +209,25 @@ def test_a_kind_the_parts_cannot_do_is_refused_naming_why(
         actions.build(kind(name), node, parts_on(tmp_path))
 
 
-def test_a_node_reboot_is_an_instant_act_on_the_beds_hook(tmp_path: Path) -> None:
-    # Declared unavailable in the catalogue until the bed reboots nodes; the hook is ready.
-    available = dataclasses.replace(kind("node_reboot"), unavailable="")
+def test_a_node_reboot_is_an_instant_act_recovered_once_the_node_is_ready(
+    tmp_path: Path,
+) -> None:
+    reboot = kind("node_reboot")
+    assert reboot.available
     (tmp_path / "without").mkdir()
     (tmp_path / "with").mkdir()
     with pytest.raises(actions.ActError, match="cannot reboot"):
-        actions.build(available, "n1", parts_on(tmp_path / "without"))
+        actions.build(reboot, "n1", parts_on(tmp_path / "without"))
     rebooted: list[str] = []
-    parts = parts_on(tmp_path / "with", node_reboot=rebooted.append)
-    fault = actions.build(available, "n2", parts)
+    ready: set[str] = set()
+    parts = parts_on(tmp_path / "with", node_reboot=rebooted.append, node_ready=ready.__contains__)
+    fault = actions.build(reboot, "n2", parts)
     assert fault.instant and fault.nodes == ("n2",)
     fault.start()
     assert rebooted == ["n2"]
+    assert not fault.recovered()  # the agent healthy, the Node not Ready yet
+    ready.add("n2")
+    assert fault.recovered()
 
 
 def test_every_available_kind_builds_on_a_bed_with_every_part(tmp_path: Path) -> None:
@@ -233,6 +238,8 @@ def test_every_available_kind_builds_on_a_bed_with_every_part(tmp_path: Path) ->
         api_fault=lambda which: nothing,
         helm={"upgrade": nothing, "rollback": nothing},
         ztunnel_restart=nothing,
+        node_reboot=nothing,
+        node_ready=lambda node: True,
     )
     for k in faults.available():
         fault = actions.build(k, "n1" if k.scope == "node" else None, parts)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bench.soak import faults
 from bench.soak.invariants import Activity, Invariants
 
 A, B = "tb-node-1", "tb-node-2"
@@ -90,3 +91,21 @@ def test_leftovers_are_violations_each() -> None:
     inv = checked(Activity())
     inv.leftovers(300.0, ["netns cni-1234", "nft table inet istio-x"])
     assert [v.detail for v in inv.violations] == ["netns cni-1234", "nft table inet istio-x"]
+
+
+def test_a_pod_created_on_a_rebooting_node_is_stuck_only_past_the_bound_after_recovery() -> None:
+    # The reboot's pods are recreated by kubelet: a pod created meanwhile waits for the node;
+    # the bound counts from the reboot's recovery (agent and Node Ready), not its start.
+    activity = Activity()
+    fired(activity, "node_reboot", B, 10.0, 40.0, 70.0)
+    touching = frozenset(k.name for k in faults.CATALOGUE if k.touches_files)
+    inv = Invariants(activity, 30.0, 60.0, touching)
+    inv.pod_waiting(99.0, B, "waits-for-the-reboot", created=12.0, running=99.0)
+    assert inv.violations == []
+    inv.pod_waiting(101.0, B, "still-waiting", created=12.0, running=None)
+    (v,) = inv.violations
+    assert (v.invariant, v.node, v.at) == ("stuck", B, 100.0)
+    # The reboot keeps the node's conflist and plugin: broken files during it are a violation.
+    inv.files(20.0, B, working=False, detail="conflist plugins ['ptp']: our entry missing")
+    assert inv.violations[-1].invariant == "files"
+    assert inv.violations[-1].faults == ("node_reboot@tb-node-2",)

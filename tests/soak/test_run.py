@@ -43,6 +43,9 @@ class StandInBed:
     def lacks(self) -> dict[str, str]:
         return {}
 
+    def targets(self) -> dict[str, list[str]]:
+        return {}
+
     def now(self) -> float:
         return time.monotonic() - self.epoch
 

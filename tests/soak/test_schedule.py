@@ -59,10 +59,48 @@ def test_a_longer_run_draws_more_faults_than_one_of_each() -> None:
     assert len(windows) > 2 * len(KINDS)
 
 
-def test_unavailable_kinds_are_not_what_plan_is_given() -> None:
-    names = {k.name for k in KINDS}
-    assert "node_reboot" not in names
-    assert {k.name for k in faults.unavailable()} == {"node_reboot"}
+def test_every_kind_of_the_catalogue_is_available() -> None:
+    assert faults.unavailable() == []
+    assert "node_reboot" in {k.name for k in KINDS}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("minutes", [5, 30])
+def test_a_node_reboot_never_targets_the_node_holding_the_control_plane(
+    seed: int, minutes: int
+) -> None:
+    targets = {"node_reboot": NODES[1:]}
+    windows = schedule.plan(KINDS, NODES, minutes=minutes, seed=seed, targets=targets)
+    reboots = [w for w in windows if w.kind == "node_reboot"]
+    assert reboots
+    assert all(w.node in NODES[1:] for w in reboots), reboots
+
+
+def test_without_a_restriction_a_node_reboot_may_hit_any_node() -> None:
+    hit = {
+        w.node
+        for seed in SEEDS
+        for w in schedule.plan(KINDS, NODES, minutes=30, seed=seed)
+        if w.kind == "node_reboot"
+    }
+    assert hit == set(NODES)
+
+
+def test_a_kind_with_no_node_it_may_target_is_refused() -> None:
+    with pytest.raises(schedule.PlanError, match="node_reboot"):
+        schedule.plan(KINDS, NODES, minutes=5, seed=1, targets={"node_reboot": ["elsewhere"]})
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_node_reboot_never_overlaps_a_fault_on_the_agents_process_of_its_node(
+    seed: int,
+) -> None:
+    agent = {"agent_kill9", "agent_pod_delete", "agent_cpu_throttle", "runtime_restart"}
+    windows = schedule.plan(KINDS, NODES, minutes=30, seed=seed, targets={"node_reboot": NODES[1:]})
+    for r in (w for w in windows if w.kind == "node_reboot"):
+        for w in windows:
+            if w.kind in agent and w.node == r.node:
+                assert not w.overlaps(r), (r, w)
 
 
 def test_a_run_too_short_for_its_longest_fault_is_refused() -> None:

@@ -38,8 +38,23 @@ def test_the_kinds_this_bed_lacks_are_in_the_catalogue_and_the_rest_plan_in_four
     kinds = [k for k in faults.available() if k.name not in LACKS]
     nodes = ["tb-node-1", "tb-node-2", "tb-node-3"]
     for seed in range(1, 51):
-        windows = schedule.plan(kinds, nodes, minutes=4, seed=seed)
+        windows = schedule.plan(
+            kinds, nodes, minutes=4, seed=seed, targets={"node_reboot": nodes[1:]}
+        )
         assert {w.kind for w in windows} == {k.name for k in kinds}
+
+
+def test_the_beds_timeline_never_reboots_the_node_holding_the_control_plane(
+    tmp_path: Path,
+) -> None:
+    bed = NodesBed(tmp_path, Path("/nonexistent/helm"), pods_per_minute=30)
+    kinds = [k for k in faults.available() if k.name not in LACKS]
+    first = bed.nodes[0]  # the first node started, which runs the control plane
+    assert first not in bed.targets()["node_reboot"]
+    for seed in range(1, 51):
+        windows = schedule.plan(kinds, bed.nodes, minutes=5, seed=seed, targets=bed.targets())
+        reboots = [w for w in windows if w.kind == "node_reboot"]
+        assert reboots and all(w.node != first for w in reboots), reboots
 
 
 def test_churn_pods_become_events_once_per_change_on_the_runs_clock(tmp_path: Path) -> None:
