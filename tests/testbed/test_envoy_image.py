@@ -27,9 +27,7 @@ def test_the_entrypoint_runs_the_default_bootstrap_with_the_flags_a_tproxy_pod_r
     ]  # fmt: skip
 
 
-def test_a_tproxy_pod_runs_its_bootstrap_as_root_with_the_proxy_group_and_net_admin() -> (
-    None
-):
+def test_a_tproxy_pod_runs_its_bootstrap_as_root_with_the_proxy_group_and_net_admin() -> None:
     annotations = {kubepods.INTERCEPTION_MODE: "TPROXY"}
     pod = kubepods.pod_manifest(
         "p", "w", app_command=["sleep"], sidecar=True, proxy_image="e", annotations=annotations
