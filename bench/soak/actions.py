@@ -133,6 +133,10 @@ class Parts:
     helm: dict[str, Callable[[], None]] = field(default_factory=dict)
     """upgrade, rollback -> the Helm operation on the chart's release."""
     ztunnel_restart: Callable[[str], None] | None = None
+    """node -> the node's ztunnel stand-in stopped and started fresh (nothing held)."""
+    ztunnel_whole: Callable[[str], bool] | None = None
+    """node -> the node's stand-in, since its last restart, connected to the agent and holding
+    the snapshot of every ambient pod running there."""
     node_reboot: Callable[[str], None] | None = None
     """node -> the node hard-rebooted (every process killed, its run dirs emptied, then started
     again); None until the bed can. The kind's `unavailable` in faults.py goes with it."""
@@ -183,10 +187,10 @@ def _node_fault(name: str, node: str, parts: Parts) -> Fault:
         return Held(name, nodes, lambda: undo.append(throttle(cpu_cgroup(parts.agent_pid(node)))),
                     lambda: _call_all(undo), healthy)  # fmt: skip
     if name == "ztunnel_restart":
-        restart = parts.ztunnel_restart
-        if restart is None:
+        restart, whole = parts.ztunnel_restart, parts.ztunnel_whole
+        if restart is None or whole is None:
             raise ActError("ztunnel_restart: the bed runs no ztunnel stand-in")
-        return instant(lambda: restart(node))
+        return Instant(name, nodes, lambda: restart(node), lambda: healthy() and whole(node))
     if name == "node_reboot":
         reboot = parts.node_reboot
         if reboot is None:

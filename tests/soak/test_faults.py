@@ -225,6 +225,33 @@ def test_a_node_reboot_is_an_instant_act_on_the_beds_hook(tmp_path: Path) -> Non
     assert rebooted == ["n2"]
 
 
+def test_a_ztunnel_restart_recovers_once_the_node_and_its_new_stand_in_are_whole(
+    tmp_path: Path,
+) -> None:
+    restarted: list[str] = []
+    whole = {"n1": False}
+    healthy = {"n1": True}
+    parts = parts_on(
+        tmp_path,
+        ztunnel_restart=restarted.append,
+        ztunnel_whole=lambda node: whole[node],
+        node_healthy=lambda node: healthy[node],
+    )
+    fault = actions.build(kind("ztunnel_restart"), "n1", parts)
+    assert fault.instant and fault.nodes == ("n1",)
+    fault.start()
+    assert restarted == ["n1"]
+    assert not fault.recovered()  # the new stand-in lacks its snapshot
+    whole["n1"], healthy["n1"] = True, False
+    assert not fault.recovered()  # the agent not Ready
+    healthy["n1"] = True
+    assert fault.recovered()
+    (tmp_path / "x").mkdir()
+    with pytest.raises(actions.ActError, match="no ztunnel"):
+        parts = parts_on(tmp_path / "x", ztunnel_restart=print)  # no ztunnel_whole
+        actions.build(kind("ztunnel_restart"), "n1", parts)
+
+
 def test_every_available_kind_builds_on_a_bed_with_every_part(tmp_path: Path) -> None:
     nothing = lambda *_: None  # noqa: E731 (the acts are not run here)
     parts = parts_on(
@@ -233,6 +260,7 @@ def test_every_available_kind_builds_on_a_bed_with_every_part(tmp_path: Path) ->
         api_fault=lambda which: nothing,
         helm={"upgrade": nothing, "rollback": nothing},
         ztunnel_restart=nothing,
+        ztunnel_whole=lambda node: True,
     )
     for k in faults.available():
         fault = actions.build(k, "n1" if k.scope == "node" else None, parts)
