@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -50,6 +51,8 @@ from testbed.nodenet import iptables
 from testbed.nodes import LAYOUT, Nodes
 from testbed.parts import MissingPartError, helm_binaries
 from testbed.realnode import RealCluster
+
+log = logging.getLogger(__name__)
 
 PRESET = Path(__file__).resolve().parents[2] / "values-examples" / "kind.yaml"
 NODE_COUNT = 3
@@ -254,6 +257,7 @@ class NodesBed:
                     lines = log.read_text(errors="replace").splitlines()
                     seen = self._log_seen.get(log, 0)
                     self._log_seen[log] = len(lines)
+                    self._keep_log(node.node_name, log, lines[seen:])
                     found += [
                         (at, node.node_name, f"{log.parent.parent.name}: {line[:300]}")
                         for line in lines[seen:]
@@ -261,12 +265,26 @@ class NodesBed:
                     ]
         return found
 
+    def _keep_log(self, node: str, log: Path, lines: list[str]) -> None:
+        """The agents' log lines appended under the workdir (agent-logs/NODE/POD.N.log) as they
+        are read, so that those of a replaced pod or a killed container (kubelet removes them)
+        stay for the report's reader."""
+        if not lines:
+            return
+        kept = self.workdir / "agent-logs" / node / f"{log.parent.parent.name}.{log.name}"
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        with kept.open("a") as f:
+            f.writelines(line + "\n" for line in lines)
+
     def drain(self) -> None:
         for churn in (self.churn, self.ambient_churn):
             if churn is not None:
                 with contextlib.suppress(Exception):  # pods that never ran are the report's
                     churn.__exit__(None, None, None)
         self.stack.close()  # the churn namespace's pods deleted and waited away
+        for name, standin in self.standins.items():
+            for tolerated in standin.tolerated:
+                log.info("ztunnel stand-in on %s let through: %s", name, tolerated)
 
     def leftovers(self) -> list[str]:
         """What each node holds now and did not before the churn (netns, links, chains,

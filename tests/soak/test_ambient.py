@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bench.soak.ambient import FIRST_CONNECT_S, captured_line, verdict
+from bench.soak.ambient import FIRST_CONNECT_S, NodeZtunnel, captured_line, verdict
 from testbed.churn import Churn, ChurnPod
 
 ANSWERED = "connect 203.0.113.10:80 ztunnel-double|uid-1|15001"
@@ -91,3 +91,15 @@ def test_the_churn_keeps_a_pod_it_cannot_judge_yet_and_deletes_it_once_judged() 
     assert core.deleted == ["ambient-0"] and churn._all_ran()
     churn._check_once()  # judged: not asked again
     assert answers == []
+
+
+def test_the_stand_in_reports_every_violation_but_a_keep_of_a_pod_it_does_not_hold(
+    tmp_path: Any,
+) -> None:
+    standin = NodeZtunnel("tb-node-1", tmp_path / "ztunnel.sock", core=None)
+    keep = "KeepWorkload 59f1-uid: a pod this ztunnel does not hold"
+    other = "KeepWorkload 59f1-uid: outside a snapshot"
+    standin.double.checks.violations += [keep, other]
+    assert standin.violations == [other]
+    assert standin.tolerated == [keep]
+    standin.close()  # never started: nothing to join, no violation raised
