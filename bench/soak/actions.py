@@ -68,6 +68,10 @@ def throttle(cgroup: Path, percent: int = THROTTLE_PERCENT) -> Callable[[], None
 
 
 def _write(path: Path, text: str) -> None:
+    """The quota put back; a cgroup gone meanwhile (its container replaced: a kill, a new pod)
+    has nothing left to restore."""
+    if not path.parent.is_dir():
+        return
     path.write_text(text)
 
 

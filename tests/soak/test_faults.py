@@ -104,6 +104,17 @@ def test_throttle_sets_the_quota_and_its_undo_restores_it(tmp_path: Path, versio
     assert (tmp_path / name).read_text() == before
 
 
+def test_throttles_undo_is_done_when_the_cgroup_went_with_its_container(tmp_path: Path) -> None:
+    cgroup = tmp_path / "pod1" / "c1"
+    cgroup.mkdir(parents=True)
+    (cgroup / "cpu.cfs_quota_us").write_text("-1\n")
+    undo = actions.throttle(cgroup, percent=2)
+    (cgroup / "cpu.cfs_quota_us").unlink()  # cgroupfs: the container's dir removed with it
+    cgroup.rmdir()
+    undo()  # nothing to restore, no error
+    assert not cgroup.exists()
+
+
 def test_fill_refuses_a_dir_that_is_not_a_mount_of_its_own(tmp_path: Path) -> None:
     with pytest.raises(actions.ActError, match="not a mount"):
         actions.fill(tmp_path)
