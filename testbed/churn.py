@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Protocol
@@ -68,9 +68,10 @@ class PodNetns(Protocol):
 
 
 class Churn:
-    """A creator thread (one sidecar pod a second) and a checker thread (each Running pod's
-    rules read, then the pod deleted). With `nodes`, the pods go to those nodes in turn
-    (a nodeSelector on the hostname label: the scheduler still checks taints and cordons)."""
+    """A creator thread (one pod a second, sidecar by default) and a checker thread (each
+    Running pod's capture checked, then the pod deleted). With `nodes`, the pods go to those
+    nodes in turn (a nodeSelector on the hostname label: the scheduler still checks taints and
+    cordons)."""
 
     def __init__(
         self,
@@ -82,10 +83,22 @@ class Churn:
         interval: float = INTERVAL,
         settle_timeout: float = SETTLE_TIMEOUT,
         init_containers: Sequence[dict[str, Any]] = (),
+        *,
+        prefix: str = "churn",
+        sidecar: bool = True,
+        app_command: Sequence[str] = ("sleep",),
+        captured: Callable[[Any], bool | None] | None = None,
     ) -> None:
-        """`init_containers`: before each pod's app (istio-validation, as Istio injects it)."""
+        """`init_containers`: before each pod's app (istio-validation, as Istio injects it).
+        `captured`: the API's Running pod -> is its traffic captured, None while it cannot
+        tell yet (asked again next round, the pod kept); by default Istio's rules read in its
+        netns. Pods are named `prefix`-N."""
         self.core = core
         self.init_containers = list(init_containers)
+        self.prefix = prefix
+        self.sidecar = sidecar
+        self.app_command = list(app_command)
+        self.captured = captured or self._has_istio_rules
         self.interval = interval
         self.settle_timeout = settle_timeout
         self.cluster = cluster
@@ -131,11 +144,11 @@ class Churn:
 
     def _all_ran(self) -> bool:
         with self._lock:
-            return all(p.running is not None for p in self._by_name.values())
+            return all(p.captured is not None for p in self._by_name.values())
 
     def _stuck(self) -> str:
         with self._lock:
-            stuck = [p.name for p in self._by_name.values() if p.running is None]
+            stuck = [p.name for p in self._by_name.values() if p.captured is None]
         hints = [f"{n}:\n{kubepods.pod_events(self.core, self.namespace, n)}" for n in stuck[:3]]
         return f"{len(stuck)} churn pods never ran: {stuck}\n" + "\n".join(hints)
 
@@ -143,9 +156,9 @@ class Churn:
         index = 0
         while self._creating.is_set():
             began = time.monotonic()
-            name = f"churn-{index}"
+            name = f"{self.prefix}-{index}"
             manifest = kubepods.pod_manifest(
-                name, self.image, app_command=["sleep"], sidecar=True,
+                name, self.image, app_command=self.app_command, sidecar=self.sidecar,
                 init_containers=self.init_containers or None,
             )  # fmt: skip
             node = self.nodes[index % len(self.nodes)] if self.nodes else None
@@ -177,9 +190,17 @@ class Churn:
         for item in self.core.list_namespaced_pod(self.namespace).items:
             with self._lock:
                 pod = self._by_name.get(item.metadata.name)
-            if pod is None or pod.running is not None or item.status.phase != "Running":
+            if pod is None or pod.captured is not None or item.status.phase != "Running":
                 continue
             seen = time.monotonic()
-            captured = podnet.has_istio_rules(self.cluster.pod_netns(item.metadata.uid))
-            pod.node, pod.captured, pod.running = item.spec.node_name, captured, seen
+            captured = self.captured(item)
+            pod.node = item.spec.node_name
+            if pod.running is None:
+                pod.running = seen
+            if captured is None:
+                continue
+            pod.captured = captured
             self.core.delete_namespaced_pod(pod.name, self.namespace, grace_period_seconds=0)
+
+    def _has_istio_rules(self, item: Any) -> bool:
+        return podnet.has_istio_rules(self.cluster.pod_netns(item.metadata.uid))

@@ -68,6 +68,10 @@ def throttle(cgroup: Path, percent: int = THROTTLE_PERCENT) -> Callable[[], None
 
 
 def _write(path: Path, text: str) -> None:
+    """The quota put back; a cgroup gone meanwhile (its container replaced: a kill, a new pod)
+    has nothing left to restore."""
+    if not path.parent.is_dir():
+        return
     path.write_text(text)
 
 
@@ -133,6 +137,10 @@ class Parts:
     helm: dict[str, Callable[[], None]] = field(default_factory=dict)
     """upgrade, rollback -> the Helm operation on the chart's release."""
     ztunnel_restart: Callable[[str], None] | None = None
+    """node -> the node's ztunnel stand-in stopped and started fresh (nothing held)."""
+    ztunnel_whole: Callable[[str], bool] | None = None
+    """node -> the node's stand-in, since its last restart, connected to the agent and holding
+    the snapshot of every ambient pod running there."""
     node_reboot: Callable[[str], None] | None = None
     """node -> the node hard-rebooted (every process killed, its run dirs emptied, then started
     again); None when the bed cannot."""
@@ -185,10 +193,10 @@ def _node_fault(name: str, node: str, parts: Parts) -> Fault:
         return Held(name, nodes, lambda: undo.append(throttle(cpu_cgroup(parts.agent_pid(node)))),
                     lambda: _call_all(undo), healthy)  # fmt: skip
     if name == "ztunnel_restart":
-        restart = parts.ztunnel_restart
-        if restart is None:
+        restart, whole = parts.ztunnel_restart, parts.ztunnel_whole
+        if restart is None or whole is None:
             raise ActError("ztunnel_restart: the bed runs no ztunnel stand-in")
-        return instant(lambda: restart(node))
+        return Instant(name, nodes, lambda: restart(node), lambda: healthy() and whole(node))
     if name == "node_reboot":
         reboot = parts.node_reboot
         ready = parts.node_ready

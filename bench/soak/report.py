@@ -23,6 +23,7 @@ class PodStart:
     running: float | None
     faulted: bool
     """A fault affecting its node was active while it waited."""
+    mode: str = "sidecar"
 
     @property
     def start_s(self) -> float | None:
@@ -110,7 +111,9 @@ def summary(result: RunResult) -> dict[str, Any]:
         "start_p50_s_faulted": _rounded(percentile(faulted, 50)),
         "start_p99_s_faulted": _rounded(percentile(faulted, 99)),
         "pods_never_started": sum(1 for p in result.pods if p.running is None),
+        "by_mode": _by_mode(result.pods),
         "recovery_s_max": {k: round(max(v), 3) for k, v in sorted(recoveries.items())},
+        "recovery_s": {k: [round(x, 3) for x in v] for k, v in sorted(recoveries.items())},
         "trends_unjudged": list(result.trends_unjudged),
         "unrecovered": sorted(f.label for f in result.firings if f.recovered is None),
         "fault_errors": list(result.fault_errors),
@@ -119,6 +122,23 @@ def summary(result: RunResult) -> dict[str, Any]:
         "minutes": result.minutes,
         "seed": result.seed,
         "mode": result.mode,
+    }
+
+
+def _by_mode(pods: Sequence[PodStart]) -> dict[str, dict[str, Any]]:
+    """Per mode (sidecar, ambient): pods started and their start p50/p99."""
+    found: dict[str, list[float]] = defaultdict(list)
+    for p in pods:
+        found[p.mode]
+        if p.start_s is not None:
+            found[p.mode].append(p.start_s)
+    return {
+        mode: {
+            "pods_started": len(starts),
+            "start_p50_s": _rounded(percentile(starts, 50)),
+            "start_p99_s": _rounded(percentile(starts, 99)),
+        }
+        for mode, starts in sorted(found.items())
     }
 
 

@@ -223,7 +223,7 @@ class Runner:
             until = now if pod.running is None else pod.running
             faulted = self.activity.last_end(pod.node, pod.created, until) is not None
             self.result.pods.append(
-                report.PodStart(pod.name, pod.node, pod.created, pod.running, faulted)
+                report.PodStart(pod.name, pod.node, pod.created, pod.running, faulted, pod.mode)
             )
         leftovers = self.bed.leftovers()
         self.result.leftovers = leftovers

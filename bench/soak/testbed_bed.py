@@ -1,15 +1,17 @@
 """The soak's bed on the project's three-node test bed (testbed/nodes.py): kind's layout on
-every node, the chart installed with kind's preset, sidecar pods churned over the nodes
-(testbed/churn.py: each pod's netns read for Istio's rules as soon as it is seen Running), the
-agents reaching the API server through the fault proxy (testbed/apifaults.py), their processes
-sampled from /proc, each node's files read, and at the end each node compared with what it held
-before the churn began.
+every node, the chart installed with kind's preset and ambient enabled, pods churned over the
+nodes in a sidecar namespace (testbed/churn.py: each pod's netns read for Istio's rules as soon
+as it is seen Running) and in an ambient one (bench/soak/ambient.py: each pod's first
+connections captured, the pod enrolled), the agents reaching the API server through the fault
+proxy (testbed/apifaults.py), their processes sampled from /proc, each node's files read, and at
+the end each node compared with what it held before the churn began.
 
-What this bed cannot do yet is returned by `lacks()` and named by the CLI:
-- ambient namespaces: one ZDS socket path is shared by the chart's agents on every node here
-  (the nodes share the machine's file system outside their layout's dirs), so a ztunnel
-  stand-in per node needs the socket dir in the layout first; with it go `ztunnel_restart`
-  and the enrolment check.
+Each node's layout gives the ZDS socket's dir (ambient.ZDS_DIR, the chart's default) a dir of its
+own, so each node's agent serves its own socket, and a ztunnel stand-in of this process is
+connected to each (ambient.NodeZtunnel); `ztunnel_restart` restarts one.
+
+What this bed cannot do yet is returned by `lacks()` and named by the CLI (nothing today, beyond
+what the catalogue declares unavailable).
 
 `node_reboot` hard-reboots a node other than the first (which holds the control plane:
 `targets()` keeps the scheduler off it) with testbed/reboot.py, its conflist and plugin kept.
@@ -31,12 +33,13 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from bench.soak import actions, procstats
+from bench.soak import actions, ambient, procstats
 from bench.soak.bed import BedUnavailable, FilesState, PodEvent
 from bench.soak.faults import Fault, FaultKind
 from bench.soak.procstats import AgentSample
@@ -54,6 +57,7 @@ from testbed.realnode import RealCluster
 from testbed.reboot import node_reboot
 
 log = logging.getLogger(__name__)
+
 PRESET = Path(__file__).resolve().parents[2] / "values-examples" / "kind.yaml"
 NODE_COUNT = 3
 ROLLOUT_TIMEOUT = 300.0
@@ -71,10 +75,11 @@ PROXY_FAULTS = {
     "429": ProxyFault("status", code=429, retry_after=5),
     "401": ProxyFault("status", code=401),
 }
-LACKS = {
-    "ztunnel_restart": "the bed churns sidecar namespaces only: ambient needs a ZDS socket dir "
-    "per node in the layout and a ztunnel stand-in on each",
-}
+LACKS: dict[str, str] = {}
+SOAK_LAYOUT = replace(LAYOUT, extra_dirs=(*LAYOUT.extra_dirs, ambient.ZDS_DIR))
+"""kind's layout, the ZDS socket's dir a dir of each node's own."""
+STANDIN_TIMEOUT = 60.0
+"""How long each node's ztunnel stand-in may take to connect and get its first snapshot."""
 CONF_TMPFS_SIZE = "512k"
 """Room for the conflist, the agent's kubeconfig and its temp files, many times over."""
 
@@ -115,7 +120,7 @@ class NodesBed:
         self.workdir = workdir
         self.interval = 60.0 / pods_per_minute
         self.names = [f"tb-node-{i}" for i in range(1, NODE_COUNT + 1)]
-        self.cluster = Nodes(workdir, count=NODE_COUNT)
+        self.cluster = Nodes(workdir, count=NODE_COUNT, layout=SOAK_LAYOUT)
         self.helm = Helm(binary=helm_binary, home=workdir / "helm")
         self.stack = contextlib.ExitStack()
         self.core: Any = None
@@ -123,6 +128,8 @@ class NodesBed:
         self.proxy_image = ""
         self.proxy: ApiFaultProxy | None = None
         self.churn: Churn | None = None
+        self.ambient_churn: Churn | None = None
+        self.standins: dict[str, ambient.NodeZtunnel] = {}
         self.epoch = 0.0
         self.revision = 0
         self._emitted: dict[str, tuple[float | None, bool | None]] = {}
@@ -164,6 +171,8 @@ class NodesBed:
         # A second revision, so that a rollback has one to go back to from the start.
         self._upgrade()
         self._wait_rolled_out()
+        for node in self.cluster.members:
+            self._start_standin(node)
 
     def begin(self, epoch: float) -> None:
         self.epoch = epoch
@@ -181,37 +190,55 @@ class NodesBed:
             namespace,
             image,
             nodes=self.names,
-            interval=self.interval,
+            interval=self.interval * 2,  # half the pods, the other half ambient
             settle_timeout=SETTLE_S,
             init_containers=[validation],
         )
         self.churn.__enter__()
+        meshed = self.stack.enter_context(_namespace(self.core, "soak-ambient"))
+        labels = {ambient.MODE_LABEL: "ambient"}
+        self.core.patch_namespace(meshed, {"metadata": {"labels": labels}})
+        self.ambient_churn = Churn(
+            self.core,
+            self.cluster,
+            meshed,
+            image,
+            nodes=self.names,
+            interval=self.interval * 2,
+            settle_timeout=SETTLE_S,
+            prefix="ambient",
+            sidecar=False,
+            app_command=ambient.CONNECT_LOOP,
+            captured=ambient.AmbientCheck(self.core, meshed, self.cluster.pod_netns, self.standins),
+        )
+        self.ambient_churn.__enter__()
 
     def fault(self, kind: FaultKind, node: str | None) -> Fault:
         return actions.build(kind, node, self._parts())
 
     def pod_events(self) -> list[PodEvent]:
-        if self.churn is None:
-            return []
         events = []
-        for pod in list(self.churn.report.pods):
-            state = (pod.running, pod.captured)
-            if self._emitted.get(pod.name) == state:
+        for churn, mode in ((self.churn, "sidecar"), (self.ambient_churn, "ambient")):
+            if churn is None:
                 continue
-            self._emitted[pod.name] = state
-            running = None if pod.running is None else pod.running - self.epoch
-            at = running if running is not None else time.monotonic() - self.epoch
-            events.append(
-                PodEvent(
-                    at,
-                    pod.name,
-                    pod.node or "",
-                    "sidecar",
-                    pod.created - self.epoch,
-                    running,
-                    pod.captured,
+            for pod in list(churn.report.pods):
+                state = (pod.running, pod.captured)
+                if self._emitted.get(pod.name) == state:
+                    continue
+                self._emitted[pod.name] = state
+                running = None if pod.running is None else pod.running - self.epoch
+                at = running if running is not None else time.monotonic() - self.epoch
+                events.append(
+                    PodEvent(
+                        at,
+                        pod.name,
+                        pod.node or "",
+                        mode,
+                        pod.created - self.epoch,
+                        running,
+                        pod.captured,
+                    )
                 )
-            )
         return events
 
     def agent_samples(self) -> list[AgentSample]:
@@ -237,6 +264,7 @@ class NodesBed:
                     lines = log.read_text(errors="replace").splitlines()
                     seen = self._log_seen.get(log, 0)
                     self._log_seen[log] = len(lines)
+                    self._keep_log(node.node_name, log, lines[seen:])
                     found += [
                         (at, node.node_name, f"{log.parent.parent.name}: {line[:300]}")
                         for line in lines[seen:]
@@ -244,11 +272,26 @@ class NodesBed:
                     ]
         return found
 
+    def _keep_log(self, node: str, log: Path, lines: list[str]) -> None:
+        """The agents' log lines appended under the workdir (agent-logs/NODE/POD.N.log) as they
+        are read, so that those of a replaced pod or a killed container (kubelet removes them)
+        stay for the report's reader."""
+        if not lines:
+            return
+        kept = self.workdir / "agent-logs" / node / f"{log.parent.parent.name}.{log.name}"
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        with kept.open("a") as f:
+            f.writelines(line + "\n" for line in lines)
+
     def drain(self) -> None:
-        if self.churn is not None:
-            with contextlib.suppress(Exception):  # pods that never ran are the report's
-                self.churn.__exit__(None, None, None)
+        for churn in (self.churn, self.ambient_churn):
+            if churn is not None:
+                with contextlib.suppress(Exception):  # pods that never ran are the report's
+                    churn.__exit__(None, None, None)
         self.stack.close()  # the churn namespace's pods deleted and waited away
+        for name, standin in self.standins.items():
+            for tolerated in standin.tolerated:
+                log.info("ztunnel stand-in on %s let through: %s", name, tolerated)
 
     def leftovers(self) -> list[str]:
         """What each node holds now and did not before the churn (netns, links, chains,
@@ -268,12 +311,19 @@ class NodesBed:
             before = self._baseline.get(node.node_name, set())
             left = self._node_state(node) - before
             left |= {f"cgroup pod{uid}" for uid in self._pod_cgroups(node) - pods}
+            standin = self.standins.get(node.node_name)
+            if standin is not None:
+                left |= {f"ztunnel stand-in holds {w}" for w in standin.held()}
+                left |= {f"ztunnel stand-in refused: {v}" for v in standin.violations}
             found += [f"{node.node_name}: {item}" for item in sorted(left)]
         return found
 
     def stop(self) -> None:
         with contextlib.suppress(Exception):
             self.stack.close()
+        for standin in self.standins.values():
+            with contextlib.suppress(Exception):
+                standin.close()
         with contextlib.suppress(Exception):
             self.helm.uninstall(agent_mod.RELEASE, namespace=agent_mod.AGENT_NAMESPACE)
         if self.proxy is not None:
@@ -291,6 +341,7 @@ class NodesBed:
             "tag": self.image.tag,
             "pullPolicy": "Never",
             "podAnnotations": {"soak.istio-cni.test/revision": str(revision)},
+            "ambient": {"enabled": True, "ztunnelSocketPath": ambient.ZDS_SOCKET},
         }
 
     def _upgrade(self) -> None:
@@ -380,6 +431,38 @@ class NodesBed:
 
     def _member(self, name: str) -> RealCluster:
         return self.cluster.node(name)
+
+    def _start_standin(self, node: RealCluster) -> None:
+        """The node's ztunnel stand-in on the socket its agent serves (as the machine sees it),
+        once it has the agent's first snapshot."""
+        socket = node.host_path(ambient.ZDS_DIR) / Path(ambient.ZDS_SOCKET).name
+        standin = ambient.NodeZtunnel(node.node_name, socket, self.core)
+        self.standins[node.node_name] = standin
+        standin.start()
+        deadline = time.monotonic() + STANDIN_TIMEOUT
+        while not standin.has_snapshot_of(()):
+            if time.monotonic() > deadline:
+                raise BedUnavailable(
+                    f"the ztunnel stand-in on {node.node_name} got no snapshot at {socket} "
+                    f"in {STANDIN_TIMEOUT:.0f} s"
+                )
+            time.sleep(0.2)
+
+    def _ztunnel_restart(self, name: str) -> None:
+        self.standins[name].restart()
+
+    def _ztunnel_whole(self, name: str) -> bool:
+        """The node's stand-in holds every ambient pod running there (from a snapshot since its
+        restart, or an AddWorkload after it)."""
+        assert self.ambient_churn is not None
+        selector = f"spec.nodeName={name}"
+        pods = self.core.list_namespaced_pod(self.ambient_churn.namespace, field_selector=selector)
+        running = [
+            p.metadata.uid
+            for p in pods.items
+            if p.status.phase == "Running" and p.metadata.deletion_timestamp is None
+        ]
+        return self.standins[name].has_snapshot_of(running)
 
     def _agent_pod(self, node: RealCluster) -> Any:
         pods = [
@@ -514,6 +597,8 @@ class NodesBed:
                 "upgrade": self._once_api_answers(self._upgrade),
                 "rollback": self._once_api_answers(self._rollback),
             },
+            ztunnel_restart=self._ztunnel_restart,
+            ztunnel_whole=self._ztunnel_whole,
         )
 
     # -- what a node holds ---------------------------------------------------------------------

@@ -103,6 +103,17 @@ def test_throttle_sets_the_quota_and_its_undo_restores_it(tmp_path: Path, versio
     assert (tmp_path / name).read_text() == before
 
 
+def test_throttles_undo_is_done_when_the_cgroup_went_with_its_container(tmp_path: Path) -> None:
+    cgroup = tmp_path / "pod1" / "c1"
+    cgroup.mkdir(parents=True)
+    (cgroup / "cpu.cfs_quota_us").write_text("-1\n")
+    undo = actions.throttle(cgroup, percent=2)
+    (cgroup / "cpu.cfs_quota_us").unlink()  # cgroupfs: the container's dir removed with it
+    cgroup.rmdir()
+    undo()  # nothing to restore, no error
+    assert not cgroup.exists()
+
+
 def test_fill_refuses_a_dir_that_is_not_a_mount_of_its_own(tmp_path: Path) -> None:
     with pytest.raises(actions.ActError, match="not a mount"):
         actions.fill(tmp_path)
@@ -230,6 +241,33 @@ def test_a_node_reboot_is_an_instant_act_recovered_once_the_node_is_ready(
     assert fault.recovered()
 
 
+def test_a_ztunnel_restart_recovers_once_the_node_and_its_new_stand_in_are_whole(
+    tmp_path: Path,
+) -> None:
+    restarted: list[str] = []
+    whole = {"n1": False}
+    healthy = {"n1": True}
+    parts = parts_on(
+        tmp_path,
+        ztunnel_restart=restarted.append,
+        ztunnel_whole=lambda node: whole[node],
+        node_healthy=lambda node: healthy[node],
+    )
+    fault = actions.build(kind("ztunnel_restart"), "n1", parts)
+    assert fault.instant and fault.nodes == ("n1",)
+    fault.start()
+    assert restarted == ["n1"]
+    assert not fault.recovered()  # the new stand-in lacks its snapshot
+    whole["n1"], healthy["n1"] = True, False
+    assert not fault.recovered()  # the agent not Ready
+    healthy["n1"] = True
+    assert fault.recovered()
+    (tmp_path / "x").mkdir()
+    with pytest.raises(actions.ActError, match="no ztunnel"):
+        parts = parts_on(tmp_path / "x", ztunnel_restart=print)  # no ztunnel_whole
+        actions.build(kind("ztunnel_restart"), "n1", parts)
+
+
 def test_every_available_kind_builds_on_a_bed_with_every_part(tmp_path: Path) -> None:
     nothing = lambda *_: None  # noqa: E731 (the acts are not run here)
     parts = parts_on(
@@ -240,6 +278,7 @@ def test_every_available_kind_builds_on_a_bed_with_every_part(tmp_path: Path) ->
         ztunnel_restart=nothing,
         node_reboot=nothing,
         node_ready=lambda node: True,
+        ztunnel_whole=lambda node: True,
     )
     for k in faults.available():
         fault = actions.build(k, "n1" if k.scope == "node" else None, parts)

@@ -80,3 +80,19 @@ def test_write_puts_markdown_json_and_a_png_beside_each_other(tmp_path: Path) ->
     assert json.loads((tmp_path / "out" / "soak.json").read_text()) == data
     png = (tmp_path / "out" / "soak.png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
+
+
+def test_the_json_gives_each_modes_pods_and_every_recovery() -> None:
+    result = a_result()
+    result.pods += [
+        report.PodStart("a0", "n1", 0.0, 2.0, False, "ambient"),
+        report.PodStart("a1", "n2", 0.0, 4.0, True, "ambient"),
+        report.PodStart("a2", "n3", 0.0, None, True, "ambient"),
+    ]
+    data = report.summary(result)
+    assert data["by_mode"]["ambient"] == {
+        "pods_started": 2, "start_p50_s": 2.0, "start_p99_s": 4.0,
+    }  # fmt: skip
+    assert data["by_mode"]["sidecar"]["pods_started"] == 100
+    assert data["pods_started"] == 102
+    assert data["recovery_s"] == {"agent_kill9": [12.5, 5.0]}

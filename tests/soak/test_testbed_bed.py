@@ -73,3 +73,18 @@ def test_churn_pods_become_events_once_per_change_on_the_runs_clock(tmp_path: Pa
     (seen,) = bed.pod_events()
     assert (seen.at, seen.running, seen.captured) == (3.5, 3.5, False)
     assert bed.pod_events() == []
+
+
+def test_ambient_churn_pods_become_events_of_their_mode(tmp_path: Path) -> None:
+    bed = NodesBed(tmp_path, Path("/nonexistent/helm"), pods_per_minute=30)
+    sidecar, meshed = ChurnReport(), ChurnReport()
+    bed.churn = types.SimpleNamespace(report=sidecar)  # type: ignore[assignment]
+    bed.ambient_churn = types.SimpleNamespace(report=meshed)  # type: ignore[assignment]
+    sidecar.pods.append(ChurnPod("churn-0", created=1.0, node="tb-node-1"))
+    meshed.pods.append(ChurnPod("ambient-0", created=2.0, node="tb-node-1"))
+    assert {(e.name, e.mode) for e in bed.pod_events()} == {
+        ("churn-0", "sidecar"), ("ambient-0", "ambient"),
+    }  # fmt: skip
+    meshed.pods[0].running, meshed.pods[0].captured = 3.0, False
+    (seen,) = bed.pod_events()
+    assert (seen.name, seen.mode, seen.captured) == ("ambient-0", "ambient", False)
