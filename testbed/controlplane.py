@@ -51,13 +51,15 @@ class Binaries:
     """Started only when set (a real node's pods need scheduling)."""
 
     @classmethod
-    def from_cache(cls, *, scheduler: bool = False) -> Binaries:
-        """The built parts; raises MissingPartError naming the first one missing."""
+    def from_cache(cls, *, scheduler: bool = False, kube: parts.Kube | None = None) -> Binaries:
+        """The built parts of `kube` (the test bed's release by default); raises
+        MissingPartError naming the first one missing."""
+        kube = kube or parts.kube()
         return cls(
             etcd=parts.etcd().require(),
-            kube_apiserver=parts.kube_apiserver().require(),
-            kube_controller_manager=parts.kube_controller_manager().require(),
-            kube_scheduler=parts.kube_scheduler().require() if scheduler else None,
+            kube_apiserver=kube.part("kube-apiserver").require(),
+            kube_controller_manager=kube.part("kube-controller-manager").require(),
+            kube_scheduler=kube.part("kube-scheduler").require() if scheduler else None,
         )
 
 

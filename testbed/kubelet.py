@@ -140,11 +140,13 @@ class Kubelet:
         cgroup_root: str,
         max_pods: int = 110,
         register_taints: tuple[str, ...] = (),
+        kube: parts.Kube | None = None,
     ) -> None:
         """`max_pods`: kubelet's limit (its default, 110, unless a benchmark fills a node with
-        more beside the DaemonSet's pod). `register_taints`: the Node's taints at registration."""
+        more beside the DaemonSet's pod). `register_taints`: the Node's taints at registration.
+        `kube`: the release whose kubelet runs (the test bed's by default)."""
         self.register_taints = register_taints
-        self.binary = parts.kubelet().require()
+        self.binary = (kube or parts.kube()).part("kubelet").require()
         self.max_pods = max_pods
         self.cgroup_root = cgroup_root
         self.dirs = dirs

@@ -57,32 +57,69 @@ class Part:
         return self.path
 
 
+KUBE_GOMOD = "kubernetes"
+"""ci/go/<dir> of the test bed's Kubernetes release; further releases are pinned in
+ci/go/kubernetes-1.<minor> (the `kubeversions` tier)."""
+KUBE_SERVER_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet")
+
+
 def kube_version() -> str:
-    return pinned_version("kubernetes", "k8s.io/kubernetes")
+    """The test bed's Kubernetes release (ci/go/kubernetes/go.mod)."""
+    return pinned_version(KUBE_GOMOD, "k8s.io/kubernetes")
+
+
+def extra_kube_versions() -> tuple[str, ...]:
+    """The further Kubernetes releases, one per ci/go/kubernetes-1.<minor> dir, oldest first:
+    ci/setup-testbed builds their server binaries beside the test bed's own."""
+    dirs = (REPO_ROOT / "ci" / "go").glob(f"{KUBE_GOMOD}-1.*/")
+    minors = sorted(int(d.name.rsplit(".", 1)[1]) for d in dirs if (d / "go.mod").is_file())
+    return tuple(pinned_version(f"{KUBE_GOMOD}-1.{m}", "k8s.io/kubernetes") for m in minors)
+
+
+@dataclass(frozen=True)
+class Kube:
+    """One Kubernetes release's server binaries (KUBE_SERVER_COMMANDS), as ci/setup-testbed
+    builds them into kube/<version>/."""
+
+    version: str
+
+    def part(self, command: str) -> Part:
+        name = command if self.version == kube_version() else f"{command} {self.version}"
+        return Part(name, cache_dir() / "kube" / self.version / command, SETUP_TESTBED)
+
+
+def kube(version: str | None = None) -> Kube:
+    """The test bed's release (None), or a further one of extra_kube_versions()."""
+    if version is None or version == kube_version():
+        return Kube(kube_version())
+    if version not in extra_kube_versions():
+        raise MissingPartError(
+            f"Kubernetes {version} is pinned in no ci/go/{KUBE_GOMOD}-1.<minor>/go.mod "
+            f"(those pin {', '.join(extra_kube_versions()) or 'nothing'}); add it with "
+            f"ci/testbed-gomod {version} {KUBE_GOMOD}-{version[1:].rsplit('.', 1)[0]}"
+        )
+    return Kube(version)
 
 
 def kube_apiserver() -> Part:
-    version = kube_version()
-    return Part("kube-apiserver", cache_dir() / "kube" / version / "kube-apiserver", SETUP_TESTBED)
+    return kube().part("kube-apiserver")
 
 
 def kube_controller_manager() -> Part:
-    version = kube_version()
-    path = cache_dir() / "kube" / version / "kube-controller-manager"
-    return Part("kube-controller-manager", path, SETUP_TESTBED)
+    return kube().part("kube-controller-manager")
 
 
 def kube_scheduler() -> Part:
-    path = cache_dir() / "kube" / kube_version() / "kube-scheduler"
-    return Part("kube-scheduler", path, SETUP_TESTBED)
+    return kube().part("kube-scheduler")
 
 
 def kubelet() -> Part:
-    return Part("kubelet", cache_dir() / "kube" / kube_version() / "kubelet", SETUP_TESTBED)
+    return kube().part("kubelet")
 
 
 def kubectl() -> Part:
-    """kubectl of the test bed's Kubernetes release: the runbooks' commands are checked with it."""
+    """kubectl of the test bed's Kubernetes release: the runbooks' commands are checked with it
+    (built for that release only)."""
     return Part("kubectl", cache_dir() / "kube" / kube_version() / "kubectl", SETUP_TESTBED)
 
 

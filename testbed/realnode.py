@@ -77,11 +77,13 @@ class RealCluster:
         layout: Platform | None = None,
         register_taints: tuple[str, ...] = (),
         pod_subnet: str | None = None,
+        kube: parts.Kube | None = None,
     ) -> None:
         """`plane`: join the control plane of another RealCluster (reached over this node's own
         link) instead of starting one. `layout`: laid out as that platform from the start (no
         pod ever runs in the test bed's own layout). `register_taints`: `key=value:Effect`
-        taints kubelet registers the Node with."""
+        taints kubelet registers the Node with. `kube`: the Kubernetes release of its control
+        plane and kubelet (parts.kube(version); the test bed's pinned one by default)."""
         if layout is not None and layout.runtime != "containerd":
             raise ValueError(f"{layout.name}: only a containerd layout can be made at start")
         self.workdir = workdir
@@ -107,8 +109,9 @@ class RealCluster:
         self.runtime_dirs = ContainerdDirs(self.base / "containerd")
         self.kubelet_dirs = KubeletDirs(self.base / "kubelet")
         # Parts are looked up first: a missing one fails before anything is started.
-        self.binaries = Binaries.from_cache(scheduler=True)
-        parts.kubelet().require()
+        self.kube = kube or parts.kube()
+        self.binaries = Binaries.from_cache(scheduler=True, kube=self.kube)
+        self.kube.part("kubelet").require()
         for tool, package in (
             ("containerd", "containerd"),
             ("ctr", "containerd"),
@@ -242,6 +245,7 @@ class RealCluster:
             cgroup_root=self.record.kubelet_cgroup_root,
             max_pods=self.max_pods,
             register_taints=self.register_taints,
+            kube=self.kube,
         )
         self.kubelet.prepare()
         nodeclean.make_cgroups(self.record.kubelet_cgroup_root)

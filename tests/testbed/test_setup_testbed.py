@@ -43,6 +43,11 @@ def _kube_parts(commands: tuple[str, ...] = (*DEMO_COMMANDS, "kubectl")) -> list
     return [*(f"kube/{version}/{c}" for c in commands), f"cnitool/{cni_version}/cnitool"]
 
 
+def _extra_kube_parts() -> list[str]:
+    """The server binaries of the further releases (ci/go/kubernetes-1.<minor>)."""
+    return [f"kube/{version}/{c}" for version in parts.extra_kube_versions() for c in DEMO_COMMANDS]
+
+
 def test_failed_build_names_the_part_and_leaves_no_partial_binary(tmp_path: Path) -> None:
     result = _run(tmp_path)
     assert result.returncode != 0
@@ -58,6 +63,7 @@ def test_cached_parts_are_reused_without_building(tmp_path: Path) -> None:
     _cache(
         tmp_path,
         *_kube_parts(),
+        *_extra_kube_parts(),
         str(parts.libcni_oracle().path.relative_to(parts.cache_dir())),
         str(parts.attacks_go().path.relative_to(parts.cache_dir())),
         f"istio/{istio_version()}/pilot-agent",
@@ -83,7 +89,11 @@ def test_cached_parts_are_reused_without_building(tmp_path: Path) -> None:
     )
     result = _run(tmp_path)
     assert result.returncode == 0, result.stderr
-    assert result.stderr.count("cached at") == 20
+    assert result.stderr.count("cached at") == 20 + len(_extra_kube_parts())
+    for extra in parts.extra_kube_versions():
+        apiserver = f"kube/{extra}/kube-apiserver"
+        assert f"kube-apiserver-{extra} {tmp_path}/{apiserver}" in result.stdout
+        assert f"kubectl-{extra}" not in result.stdout, "kubectl only of the test bed's release"
     assert f"envoy {tmp_path}/envoy/{parts.envoy_version()}/envoy" in result.stdout
     assert f"kube-apiserver {tmp_path}/kube/{version}/kube-apiserver" in result.stdout
     discovery = f"pilot-discovery {tmp_path}/istio/{istio_version()}/pilot-discovery"
