@@ -15,12 +15,16 @@ A bind target must exist as a dir: those missing on the machine are made empty a
 
 from __future__ import annotations
 
+import logging
+import os
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from testbed.process import PartFailedError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -124,9 +128,16 @@ class MountNamespace:
 
 
 def remove_made_dirs(made: list[str]) -> None:
-    """rmdir what `_make_target` made, deepest first; one that holds files is left (and named)."""
+    """rmdir what `_make_target` made, deepest first; one that holds files is left (and named).
+    One that another live node's namespace mounts on is left too, with the dirs above it: an
+    rmdir of it here would detach that mount there (Linux 3.18+), and with it, say, that node's
+    whole CNI bin dir while its pods still start (beds run side by side)."""
     left = []
+    in_use = mounted_in_other_namespaces(made)
     for d in sorted(made, key=lambda p: p.count("/"), reverse=True):
+        if any(m == d or m.startswith(d + "/") for m in in_use):
+            log.info("%s: another mount namespace mounts on it; left in place", d)
+            continue
         try:
             Path(d).rmdir()
         except FileNotFoundError:
@@ -135,3 +146,35 @@ def remove_made_dirs(made: list[str]) -> None:
             left.append(d)
     if left:
         raise OSError(f"not empty, left in place: {', '.join(left)}")
+
+
+def mounted_in_other_namespaces(paths: list[str]) -> set[str]:
+    """The mount points of mount namespaces other than this process's (one process of each
+    read) that are among `paths` or below one of them."""
+    own = _namespace_of("self")
+    seen = {own} if own is not None else set()
+    found: set[str] = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        namespace = _namespace_of(entry.name)
+        if namespace is None or namespace in seen:
+            continue
+        seen.add(namespace)
+        try:
+            lines = (entry / "mountinfo").read_text().splitlines()
+        except OSError:
+            continue  # gone meanwhile
+        for line in lines:
+            fields = line.split()
+            point = fields[4] if len(fields) > 4 else ""
+            if any(point == p or point.startswith(p + "/") for p in paths):
+                found.add(point)
+    return found
+
+
+def _namespace_of(pid: str) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}/ns/mnt").st_ino
+    except OSError:
+        return None
