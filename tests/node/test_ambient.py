@@ -76,6 +76,39 @@ def set_mode_label(core: Any, namespace: str, value: str | None) -> None:
     core.patch_namespace(namespace, {"metadata": {"labels": {MODE_LABEL: value}}})
 
 
+def assert_a_pod_enrolled_with_ztunnel(
+    cluster: RealCluster, core: Any, namespace: str, ztunnel_socket: Path
+) -> None:
+    """With the agent installed for ambient on `ztunnel_socket` and `namespace` labelled: a
+    ztunnel stand-in connected there gets the agent's first snapshot, then a pod `web`
+    connecting to OUTSIDE from its first instant is annotated, handed to ztunnel with its own
+    netns, has ambient's chains, and its connection is answered by the stand-in."""
+    loop = ["connect-loop", OUTSIDE[0], str(OUTSIDE[1]), "0.5"]
+    with ZtunnelDouble(str(ztunnel_socket), identity=api_identity(core)) as ztunnel:
+        ztunnel.connect()
+        ztunnel.wait_for("the agent's first (empty) snapshot", lambda z: z.snapshots >= 1)
+        image = cluster.images["workload"].ref
+        core.create_namespaced_pod(
+            namespace, kubepods.pod_manifest("web", image, app_command=loop, sidecar=False)
+        )
+        pod = kubepods.wait_running(core, namespace, "web")
+        netns = cluster.pod_netns(pod.uid)
+        assert annotation(core, namespace, "web") == "enabled"
+        workload = ztunnel.workloads().get(pod.uid)
+        assert workload is not None, ztunnel.requests
+        assert workload.netns_inode == os.stat(netns).st_ino
+        assert ambient_chains(netns), podnet.saved_rules(netns)
+        line = kubepods.wait_log_line(
+            core,
+            namespace,
+            "web",
+            "app",
+            lambda s: f"ztunnel-double|{pod.uid}|{OUTBOUND_PORT}" in s,
+            "a connection answered by the ztunnel double",
+        )
+        assert f"connect {OUTSIDE[0]}:{OUTSIDE[1]}" in line, line
+
+
 def wait_client_line(
     core: Any, namespace: str, pod: str, match: Callable[[str], bool], what: str, *, after: int = 0
 ) -> str:

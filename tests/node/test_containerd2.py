@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -26,14 +25,13 @@ from typing import Any
 import pytest
 
 from testbed import chart as agent_mod
-from testbed import kubepods, podnet
+from testbed import kubepods
 from testbed.images import Image
 from testbed.platforms import KIND_CNI_1_1, RUNTIME_VARIANTS
 from testbed.realnode import RealCluster
 from testbed.wait import wait_for
-from testbed.ztunnel_double import OUTBOUND_PORT, ZtunnelDouble, api_identity
 from tests.node.agent_away import agent_away
-from tests.node.test_ambient import ambient_chains, annotation, set_mode_label
+from tests.node.test_ambient import assert_a_pod_enrolled_with_ztunnel, set_mode_label
 from tests.node.test_platforms import install_preset
 
 pytestmark = [pytest.mark.node, pytest.mark.platforms]
@@ -68,29 +66,7 @@ def test_ambient_pod_enrolled_on_containerd2(
     install_preset(node_helm("4"), agent_image, "kind", "platform value", ambient=ambient)
     agent_mod.ready_agent(node_core, cluster, image=agent_image)
 
-    with ZtunnelDouble(str(ztunnel_socket), identity=api_identity(node_core)) as ztunnel:
-        ztunnel.connect()
-        ztunnel.wait_for("the agent's first (empty) snapshot", lambda z: z.snapshots >= 1)
-        image = cluster.images["workload"].ref
-        node_core.create_namespaced_pod(
-            workload_ns, kubepods.pod_manifest("web", image, app_command=LOOP, sidecar=False)
-        )
-        pod = kubepods.wait_running(node_core, workload_ns, "web")
-        netns = cluster.pod_netns(pod.uid)
-        assert annotation(node_core, workload_ns, "web") == "enabled"
-        workload = ztunnel.workloads().get(pod.uid)
-        assert workload is not None, ztunnel.requests
-        assert workload.netns_inode == os.stat(netns).st_ino
-        assert ambient_chains(netns), podnet.saved_rules(netns)
-        line = kubepods.wait_log_line(
-            node_core,
-            workload_ns,
-            "web",
-            "app",
-            lambda s: f"ztunnel-double|{pod.uid}|{OUTBOUND_PORT}" in s,
-            "a connection answered by the ztunnel double",
-        )
-        assert f"connect {OUTSIDE[0]}:{OUTSIDE[1]}" in line, line
+    assert_a_pod_enrolled_with_ztunnel(cluster, node_core, workload_ns, ztunnel_socket)
 
 
 def ready_condition(core: Any, node: str) -> tuple[str, str]:

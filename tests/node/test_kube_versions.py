@@ -46,8 +46,7 @@ from testbed.istiod import Istiod
 from testbed.parts import MissingPartError
 from testbed.process import PartFailedError
 from testbed.realnode import RealCluster
-from testbed.ztunnel_double import OUTBOUND_PORT, ZtunnelDouble, api_identity
-from tests.node.test_ambient import ambient_chains, annotation, set_mode_label
+from tests.node.test_ambient import assert_a_pod_enrolled_with_ztunnel, set_mode_label
 
 pytestmark = [pytest.mark.node, pytest.mark.kubeversions]
 
@@ -152,29 +151,7 @@ def test_ambient_pod_enrolled(
     set_mode_label(node_core, workload_ns, "ambient")
     ambient = {"enabled": True, "ztunnelSocketPath": str(ztunnel_socket)}
     agent_mod.install(node_helm("4"), real_cluster, node_core, agent_image, ambient=ambient)
-    with ZtunnelDouble(str(ztunnel_socket), identity=api_identity(node_core)) as ztunnel:
-        ztunnel.connect()
-        ztunnel.wait_for("the agent's first (empty) snapshot", lambda z: z.snapshots >= 1)
-        image = real_cluster.images["workload"].ref
-        node_core.create_namespaced_pod(
-            workload_ns, kubepods.pod_manifest("web", image, app_command=LOOP, sidecar=False)
-        )
-        pod = kubepods.wait_running(node_core, workload_ns, "web")
-        netns = real_cluster.pod_netns(pod.uid)
-        assert annotation(node_core, workload_ns, "web") == "enabled"
-        workload = ztunnel.workloads().get(pod.uid)
-        assert workload is not None, ztunnel.requests
-        assert workload.netns_inode == os.stat(netns).st_ino
-        assert ambient_chains(netns), podnet.saved_rules(netns)
-        line = kubepods.wait_log_line(
-            node_core,
-            workload_ns,
-            "web",
-            "app",
-            lambda s: f"ztunnel-double|{pod.uid}|{OUTBOUND_PORT}" in s,
-            "a connection answered by the ztunnel double",
-        )
-        assert f"connect {OUTSIDE[0]}:{OUTSIDE[1]}" in line, line
+    assert_a_pod_enrolled_with_ztunnel(real_cluster, node_core, workload_ns, ztunnel_socket)
 
 
 def test_helm_uninstall_leaves_the_node_byte_identical(
