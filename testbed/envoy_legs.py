@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from testbed import kubepods
+from testbed import envoy, kubepods
 
 
 @dataclass(frozen=True)
@@ -53,3 +53,34 @@ def answer(mesh: Mesh, pod: str, container: str, server: str, port: int) -> str:
     return kubepods.wait_log_line(
         mesh.core, mesh.namespace, pod, container, lambda s: target in s, f"an answer ({target})"
     )
+
+
+def assert_meshed_to_meshed(mesh: Mesh, client: str, server: str, port: int) -> None:
+    """`client`'s app called `server`'s app on `port` through both pods' Envoys: its answer came
+    back from the server's app, which saw the connection from Envoy's inbound passthrough; the
+    client Envoy's outbound leg went to the server's address, and the server Envoy's inbound
+    leg of that very connection (the client Envoy's source address and port) went to its app,
+    which saw that leg's own source."""
+    client_ip, server_ip = mesh.ips[client], mesh.ips[server]
+    line = answer(mesh, client, "app", server, port)
+    assert f"peer={envoy.INBOUND_PASSTHROUGH_V4}:" in line and "echo=hello" in line, line
+    out = wait_leg(
+        mesh,
+        client,
+        envoy.OUTBOUND_LISTENER,
+        downstream_remote=f"{client_ip}:",
+        upstream_host=f"{server_ip}:{port}",
+    )
+    assert out["cluster"] == envoy.PASSTHROUGH and out["flags"] == "-", out
+    inbound = wait_leg(
+        mesh,
+        server,
+        envoy.INBOUND_LISTENER,
+        downstream_remote=out["upstream_local"],
+        downstream_local=f"{server_ip}:{port}",
+        upstream_host=f"{server_ip}:{port}",
+        upstream_local=f"{envoy.INBOUND_PASSTHROUGH_V4}:",
+    )
+    assert inbound["cluster"] == envoy.INBOUND_PASSTHROUGH and inbound["flags"] == "-", inbound
+    seen = f"app port={port} peer={inbound['upstream_local']}"
+    kubepods.wait_log_line(mesh.core, mesh.namespace, server, "app", lambda s: seen in s, seen)

@@ -24,7 +24,7 @@ import pytest
 
 from testbed import chart as agent_mod
 from testbed import envoy, images, kubepods
-from testbed.envoy_legs import Mesh, access_log, answer, wait_leg
+from testbed.envoy_legs import Mesh, access_log, answer, assert_meshed_to_meshed, wait_leg
 from testbed.helm import Helm
 from testbed.images import Image
 from testbed.parts import MissingPartError
@@ -122,34 +122,7 @@ def start_pods(cluster: RealCluster, core: Any, namespace: str) -> dict[str, str
 
 
 def test_meshed_to_meshed_through_both_envoys(mesh: Mesh) -> None:
-    client, server = mesh.ips["mesh-client"], mesh.ips["mesh-server"]
-    # The app's answer: the server's app saw the connection from Envoy's inbound passthrough.
-    line = answer(mesh, "mesh-client", "app", "mesh-server", PORT)
-    assert f"peer={PASSTHROUGH_SOURCE}:" in line and "echo=hello" in line, line
-    out = wait_leg(
-        mesh,
-        "mesh-client",
-        envoy.OUTBOUND_LISTENER,
-        downstream_remote=f"{client}:",
-        upstream_host=f"{server}:{PORT}",
-    )
-    assert out["cluster"] == envoy.PASSTHROUGH and out["flags"] == "-", out
-    # The server Envoy's leg of that very connection (the client Envoy's source port) to its app.
-    inbound = wait_leg(
-        mesh,
-        "mesh-server",
-        envoy.INBOUND_LISTENER,
-        downstream_remote=out["upstream_local"],
-        downstream_local=f"{server}:{PORT}",
-        upstream_host=f"{server}:{PORT}",
-        upstream_local=f"{PASSTHROUGH_SOURCE}:",
-    )
-    assert inbound["cluster"] == envoy.INBOUND_PASSTHROUGH and inbound["flags"] == "-", inbound
-    # ... which the server's app saw coming from that leg's source (127.0.0.6:port).
-    seen = f"app port={PORT} peer={inbound['upstream_local']}"
-    kubepods.wait_log_line(
-        mesh.core, mesh.namespace, "mesh-server", "app", lambda s: seen in s, f"'{seen}'"
-    )
+    assert_meshed_to_meshed(mesh, "mesh-client", "mesh-server", PORT)
 
 
 def test_meshed_to_plain_through_the_client_envoy(mesh: Mesh) -> None:

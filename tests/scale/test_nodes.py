@@ -27,9 +27,9 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from testbed import chart as agent_mod
-from testbed import diagnose, envoy, images, kubepods, kubewatch, podnet, wait
+from testbed import diagnose, images, kubepods, kubewatch, podnet, wait
 from testbed.churn import Churn
-from testbed.envoy_legs import Mesh, answer, wait_leg
+from testbed.envoy_legs import Mesh, assert_meshed_to_meshed
 from testbed.helm import Helm
 from testbed.nodes import Nodes
 from testbed.parts import MissingPartError
@@ -246,28 +246,8 @@ def test_a_meshed_pod_calls_a_meshed_pod_on_another_node_through_both_envoys(
     assert client.node == first and client.ip
     mesh = Mesh(core, namespace, {"client": client.ip, "server": server.ip})
 
-    line = answer(mesh, "client", "app", "server", APP_PORT)
-    assert f"peer={envoy.INBOUND_PASSTHROUGH_V4}:" in line and "echo=hello" in line, line
-    out = wait_leg(
-        mesh,
-        "client",
-        envoy.OUTBOUND_LISTENER,
-        downstream_remote=f"{client.ip}:",
-        upstream_host=f"{server.ip}:{APP_PORT}",
-    )
-    assert out["cluster"] == envoy.PASSTHROUGH and out["flags"] == "-", out
-    # That very connection (the client Envoy's source address and port) arrives at the server's
-    # Envoy across the fabric, which hands it to its app from the inbound passthrough address.
-    inbound = wait_leg(
-        mesh,
-        "server",
-        envoy.INBOUND_LISTENER,
-        downstream_remote=out["upstream_local"],
-        downstream_local=f"{server.ip}:{APP_PORT}",
-        upstream_host=f"{server.ip}:{APP_PORT}",
-        upstream_local=f"{envoy.INBOUND_PASSTHROUGH_V4}:",
-    )
-    assert inbound["cluster"] == envoy.INBOUND_PASSTHROUGH and inbound["flags"] == "-", inbound
+    # Across the fabric: the client Envoy on the first node, the server's on the second.
+    assert_meshed_to_meshed(mesh, "client", "server", APP_PORT)
 
 
 def test_upgrade_rolls_one_node_at_a_time_while_pods_start_on_every_node(
