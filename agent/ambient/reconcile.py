@@ -3,11 +3,11 @@
 
 After a restart the enrolled set is rebuilt from what the node shows: each candidate's netns is
 found by its identity; a pod is enrolled when that netns holds our in-pod rules. A candidate
-claimed enrolled (its annotation) whose netns is not found is kept without one: ztunnel gets
-KeepWorkload for it, as from Istio (ztunnel deletes, at SnapshotSent, every pod the snapshot
-does not name, while the pod's in-pod rules still redirect to it), and it stays pending, so the
-watch looks for its netns again. A claim alone captures nothing: KeepWorkload keeps only what
-ztunnel already had.
+claimed enrolled (annotated `enabled`) whose netns is not found is kept without one: ztunnel
+gets KeepWorkload for it, as from Istio (ztunnel deletes, at SnapshotSent, every pod the
+snapshot does not name, while the pod's in-pod rules still redirect to it), and it stays
+pending, so the watch looks for its netns again. A claim alone captures nothing: KeepWorkload
+keeps only what ztunnel already had.
 """
 
 from __future__ import annotations
@@ -151,11 +151,15 @@ class StartupReconcile:
     ) -> bool:
         """True when the pod is enrolled: its netns, found, holds our rules; or it is claimed
         enrolled and its netns is not found (Istio's snapshot entry without a netns: ztunnel
-        gets KeepWorkload, and deletes nothing it had; the watch looks for the netns again)."""
+        gets KeepWorkload, and deletes nothing it had; the watch looks for the netns again). A
+        `pending` claim is no claim: no ztunnel acknowledged that pod."""
         uid = str(meta_of(pod).get("uid", ""))
         if netns is None:
             report.missing.append(uid)
-            if redirection_state(pod) == "none":
+            # Only a pod ztunnel acknowledged (`enabled`) is claimed, as Istio's snapshot holds
+            # only PodFullyEnrolled pods: a `pending` one was never taken by any ztunnel, so
+            # KeepWorkload would name a pod it cannot hold; the watch enrolls it again instead.
+            if redirection_state(pod) != "enabled":
                 return False
             self._put(ambient_pod(pod, ""))
             self._set_pending(uid, True)

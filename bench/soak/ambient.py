@@ -46,9 +46,9 @@ RECONNECT_S = 0.2
 """How often a disconnected stand-in tries the agent's socket (ztunnel retries the same way)."""
 KEEP_UNHELD = re.compile(r"KeepWorkload \S+: a pod this ztunnel does not hold")
 """The one thing the stand-in flags that the bed lets through, counted apart (`tolerated`): an
-agent started anew keeps, in its first snapshot, the pods it finds claimed enrolled whose netns
-it cannot find (as Istio's agent does), which a ztunnel that never held them or dropped them
-meanwhile does not hold (the node tier's reboot test lets the same through)."""
+agent started anew keeps, in its first snapshot, the pods annotated `enabled` whose netns it
+cannot find (as Istio's agent does), which a ztunnel started since (a restart, a node's reboot)
+does not hold (the node tier's reboot test lets the same through). A `pending` pod is not kept."""
 
 
 def captured_line(line: str) -> bool:

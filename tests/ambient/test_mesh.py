@@ -419,6 +419,21 @@ def test_reconcile_keeps_a_claimed_pod_whose_netns_is_not_found(parts: Parts) ->
     assert parts.mesh.state("uid-1") == "enabled"
 
 
+def test_reconcile_keeps_no_pending_pod_whose_netns_is_not_found(parts: Parts) -> None:
+    """`pending`: the rules went in but no ztunnel acknowledged the pod, so none holds it and
+    Istio's snapshot (PodFullyEnrolled) leaves it out; the watch's add enrolls it once its netns
+    is found."""
+    pending = pod(annotations={"ambient.istio.io/redirection": "pending"})
+    report = parts.mesh.reconcile([pending], reapply_rules=True)
+    assert report.missing == ["uid-1"] and report.kept == []
+    assert parts.mesh.snapshot() == []
+    assert parts.host.entries == {}
+    parts.finder.by_uid["uid-1"] = str(parts.netns)
+    parts.mesh.add(pending)
+    assert parts.ztunnel.workloads["uid-1"].netns_path == str(parts.netns)
+    assert parts.mesh.state("uid-1") == "enabled"
+
+
 def test_reconcile_keeps_no_unclaimed_pod_whose_netns_is_not_found(parts: Parts) -> None:
     report = parts.mesh.reconcile([pod()], reapply_rules=True)
     assert report.missing == ["uid-1"] and report.kept == []
