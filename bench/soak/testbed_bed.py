@@ -8,7 +8,8 @@ the end each node compared with what it held before the churn began.
 
 Each node's layout gives the ZDS socket's dir (ambient.ZDS_DIR, the chart's default) a dir of its
 own, so each node's agent serves its own socket, and a ztunnel stand-in of this process is
-connected to each (ambient.NodeZtunnel); `ztunnel_restart` restarts one.
+connected to each (ambient.NodeZtunnel); `ztunnel_restart` restarts one. An ambient pod lives
+on each node for the whole run (RESIDENT), so a restarted stand-in's snapshot holds a pod.
 
 What this bed cannot do yet is returned by `lacks()` and named by the CLI (nothing today, beyond
 what the catalogue declares unavailable).
@@ -34,6 +35,7 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +82,10 @@ SOAK_LAYOUT = replace(LAYOUT, extra_dirs=(*LAYOUT.extra_dirs, ambient.ZDS_DIR))
 """kind's layout, the ZDS socket's dir a dir of each node's own."""
 STANDIN_TIMEOUT = 60.0
 """How long each node's ztunnel stand-in may take to connect and get its first snapshot."""
+RESIDENT = "resident"
+"""An ambient pod on each node for the whole run (named RESIDENT-NODE): a churn pod lives
+seconds, so a restarted ztunnel stand-in's snapshot would often be empty; with a resident,
+`ztunnel_restart` recovers only once the new stand-in's snapshot holds it."""
 CONF_TMPFS_SIZE = "512k"
 """Room for the conflist, the agent's kubeconfig and its temp files, many times over."""
 
@@ -198,6 +204,7 @@ class NodesBed:
         meshed = self.stack.enter_context(_namespace(self.core, "soak-ambient"))
         labels = {ambient.MODE_LABEL: "ambient"}
         self.core.patch_namespace(meshed, {"metadata": {"labels": labels}})
+        self._start_residents(meshed, image)
         self.ambient_churn = Churn(
             self.core,
             self.cluster,
@@ -447,6 +454,25 @@ class NodesBed:
                     f"in {STANDIN_TIMEOUT:.0f} s"
                 )
             time.sleep(0.2)
+
+    def _start_residents(self, namespace: str, image: str) -> None:
+        """One ambient pod per node, Running and handed to the node's stand-in before the churn
+        begins; deleted with the namespace at the drain."""
+        for node in self.names:
+            manifest = kubepods.pod_manifest(
+                f"{RESIDENT}-{node}", image, app_command=["sleep"], sidecar=False
+            )
+            manifest["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+            self.core.create_namespaced_pod(namespace, manifest)
+        for node in self.names:
+            name = f"{RESIDENT}-{node}"
+            uid = kubepods.wait_running(self.core, namespace, name, ready=False).uid
+            standin = self.standins[node]
+            kubepods.wait_for(
+                partial(standin.added, uid),
+                f"{namespace}/{name} handed to the ztunnel stand-in on {node}",
+                STANDIN_TIMEOUT,
+            )
 
     def _ztunnel_restart(self, name: str) -> None:
         self.standins[name].restart()
