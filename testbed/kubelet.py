@@ -71,8 +71,10 @@ def kubelet_configuration(
     cgroup_root: str,
     max_pods: int = 110,
     register_taints: tuple[str, ...] = (),
+    cluster_dns: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
-    """`register_taints`: `key=value:Effect` (or `key:Effect`), as --register-with-taints."""
+    """`register_taints`: `key=value:Effect` (or `key:Effect`), as --register-with-taints.
+    `cluster_dns`: (the cluster DNS Service's IP, the cluster domain) pods resolve with."""
     taints = []
     for taint in register_taints:
         key_value, effect = taint.rsplit(":", 1)
@@ -97,8 +99,11 @@ def kubelet_configuration(
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
         "podLogsDir": str(pod_logs),
-        # No cluster DNS and no host resolver for pods: nothing here resolves names.
+        # No host resolver for pods; cluster DNS only on a node with Services (services.py).
         "resolvConf": "",
+        **(
+            {"clusterDNS": [cluster_dns[0]], "clusterDomain": cluster_dns[1]} if cluster_dns else {}
+        ),
         "address": address,
         "port": PORT,
         "readOnlyPort": 0,
@@ -141,11 +146,14 @@ class Kubelet:
         max_pods: int = 110,
         register_taints: tuple[str, ...] = (),
         kube: parts.Kube | None = None,
+        cluster_dns: tuple[str, str] | None = None,
     ) -> None:
         """`max_pods`: kubelet's limit (its default, 110, unless a benchmark fills a node with
         more beside the DaemonSet's pod). `register_taints`: the Node's taints at registration.
-        `kube`: the release whose kubelet runs (the test bed's by default)."""
+        `kube`: the release whose kubelet runs (the test bed's by default). `cluster_dns`: (DNS
+        Service IP, cluster domain) for pods, else pods resolve nothing."""
         self.register_taints = register_taints
+        self.cluster_dns = cluster_dns
         self.binary = (kube or parts.kube()).part("kubelet").require()
         self.max_pods = max_pods
         self.cgroup_root = cgroup_root
@@ -202,6 +210,7 @@ class Kubelet:
             cgroup_root=self.cgroup_root,
             max_pods=self.max_pods,
             register_taints=self.register_taints,
+            cluster_dns=self.cluster_dns,
         )
         self.dirs.config.write_text(yaml.safe_dump(config, sort_keys=False))
 

@@ -123,6 +123,17 @@ def kubectl() -> Part:
     return Part("kubectl", cache_dir() / "kube" / kube_version() / "kubectl", SETUP_TESTBED)
 
 
+def kube_proxy() -> Part:
+    """kube-proxy of the test bed's Kubernetes release: Services on a node (testbed/services.py)."""
+    return Part("kube-proxy", cache_dir() / "kube" / kube_version() / "kube-proxy", SETUP_TESTBED)
+
+
+def coredns() -> Part:
+    """CoreDNS, pinned in ci/go/coredns: the cluster DNS of a node with Services."""
+    version = pinned_version("coredns", "github.com/coredns/coredns")
+    return Part("coredns", cache_dir() / "coredns" / version / "coredns", SETUP_TESTBED)
+
+
 def setup_testbed_version(variable: str) -> str:
     """A version ci/setup-testbed pins itself (`CRIO_VERSION=v1.31.0`): parts it builds from a
     module zip, with no ci/go dir of their own."""

@@ -10,6 +10,7 @@ controllers pods need), and a node run by kubelet and containerd in its own netw
                                     swaps in CRI-O, crio.py, to a layout on containerd 2 that,
                                     containerd2.py)
       kubelet                      (kubelet.py), then waits for the Node to be Ready
+      with `services`: kube-proxy and CoreDNS (services.py), kubelet's clusterDNS theirs
     RealCluster.stop(): the reverse, then nodeclean.clean(): nothing stays behind.
 
 The node's dirs (what chart values name): `cni_bin_dir`, `cni_conf_dir`, `netns_dir`,
@@ -51,6 +52,7 @@ from testbed.mountns import Bind, MountNamespace, Overlay
 from testbed.nodenet import NodeNetwork
 from testbed.platforms import Platform
 from testbed.process import PartFailedError
+from testbed.services import CLUSTER_DNS, CLUSTER_DOMAIN, NodeServices
 from testbed.wait import explain
 
 NODE_NAME = "tb-node"
@@ -78,14 +80,22 @@ class RealCluster:
         register_taints: tuple[str, ...] = (),
         pod_subnet: str | None = None,
         kube: parts.Kube | None = None,
+        services: bool = False,
     ) -> None:
         """`plane`: join the control plane of another RealCluster (reached over this node's own
         link) instead of starting one. `layout`: laid out as that platform from the start (no
         pod ever runs in the test bed's own layout). `register_taints`: `key=value:Effect`
         taints kubelet registers the Node with. `kube`: the Kubernetes release of its control
-        plane and kubelet (parts.kube(version); the test bed's pinned one by default)."""
+        plane and kubelet (parts.kube(version); the test bed's pinned one by default).
+        `services`: Services routed on the node and cluster DNS for its pods
+        (testbed/services.py; the EndpointSlice controller runs too)."""
         if layout is not None and layout.runtime != "containerd":
             raise ValueError(f"{layout.name}: only a containerd layout can be made at start")
+        if services and plane is not None:
+            raise ValueError("services: the node's Services need a control plane of its own")
+        if services and "endpointslice" not in controllers.split(","):
+            controllers += ",endpointslice"  # a Service with a selector gets its endpoints
+        self.services_enabled = services
         self.workdir = workdir
         self.shared_plane = plane
         self.controllers = controllers
@@ -112,6 +122,9 @@ class RealCluster:
         self.kube = kube or parts.kube()
         self.binaries = Binaries.from_cache(scheduler=True, kube=self.kube)
         self.kube.part("kubelet").require()
+        if services:
+            parts.kube_proxy().require()
+            parts.coredns().require()
         for tool, package in (
             ("containerd", "containerd"),
             ("ctr", "containerd"),
@@ -130,6 +143,7 @@ class RealCluster:
         self.containerd2: Containerd2 | None = None
         """containerd 2, made by the first layout that runs it (its own dirs and images)."""
         self.kubelet: Kubelet | None = None
+        self.services: NodeServices | None = None
         self.record: nodeclean.NodeRecord | None = None
         self.platform: Platform | None = None
         self.mount_ns: MountNamespace | None = None
@@ -246,12 +260,26 @@ class RealCluster:
             max_pods=self.max_pods,
             register_taints=self.register_taints,
             kube=self.kube,
+            cluster_dns=(CLUSTER_DNS, CLUSTER_DOMAIN) if self.services_enabled else None,
         )
         self.kubelet.prepare()
         nodeclean.make_cgroups(self.record.kubelet_cgroup_root)
         self.kubelet.start()
         self.wait_node_ready()
         self.timings["node Ready"] = time.monotonic() - began
+        if self.services_enabled:
+            self.core()
+            self.services = NodeServices(
+                self.workdir / "services",
+                self.log_dir,
+                prefix=self.network.nsenter(),
+                plane=self.plane,
+                node_name=self.node_name,
+                node_ip=self.network.node_ip,
+                pod_subnet=self.pod_subnet,
+            )
+            self.services.start(self._api)
+            self.timings["services"] = time.monotonic() - began
 
     def _make_node_dirs(self) -> None:
         # A shared mount, as / is on a systemd host: containerd's and kubelet's mounts below it
@@ -276,6 +304,7 @@ class RealCluster:
             self.mount_ns.close()
             self.mount_ns = None
         for name, stop in (
+            ("services", self.services.stop if self.services else None),
             ("kubelet", self.kubelet.stop if self.kubelet else None),
             ("containerd", self.runtime.stop if self.runtime else None),
             ("crio", self.crio.stop if self.crio else None),
@@ -552,6 +581,7 @@ class RealCluster:
             *(self.plane.daemons if self.plane else []),
             *([self.cri.daemon] if self.runtime else []),
             *([self.kubelet.daemon] if self.kubelet and self.kubelet.daemon else []),
+            *(self.services.daemons if self.services else []),
         ]:
             if not daemon.alive():
                 raise daemon.failure("is not running")

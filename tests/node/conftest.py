@@ -38,14 +38,33 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealClust
         cluster.stop()
 
 
+@pytest.fixture(scope="module")
+def services_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
+    """A cluster like `real_cluster` whose node also routes Services (kube-proxy) and answers
+    cluster DNS (CoreDNS): testbed/services.py. One per module that asks for it, gone after it
+    (the rest of the session does not run beside a second node)."""
+    try:
+        cluster = RealCluster(tmp_path_factory.mktemp("servicesnode"), services=True)
+    except MissingPartError as e:
+        pytest.fail(str(e), pytrace=False)
+    try:
+        cluster.start()
+        yield cluster
+    except (PartFailedError, MissingPartError) as e:
+        pytest.fail(str(e), pytrace=False)
+    finally:
+        cluster.stop()
+
+
 @pytest.fixture(autouse=True)
 def cluster_on_timeout(request: pytest.FixtureRequest) -> Iterator[None]:
     """Every wait of a test on the real node reports, on timeout, the cluster's DaemonSets,
     pods, Nodes and the controller manager's and scheduler's log tails."""
-    if "real_cluster" not in request.fixturenames:
+    name = next((n for n in ("real_cluster", "services_cluster") if n in request.fixturenames), "")
+    if not name:
         yield
         return
-    cluster: RealCluster = request.getfixturevalue("real_cluster")
+    cluster: RealCluster = request.getfixturevalue(name)
     with wait.diagnostics(diagnose.for_cluster(cluster)):
         yield
 

@@ -127,7 +127,7 @@ def test_kubelet_ended_by_its_start_up_map_race_is_started_again_once(
     kubelet.dirs = KubeletDirs(tmp_path / "kubelet-dirs")
     kubelet.node_name, kubelet.node_ip, kubelet.log_path = "tb", "192.0.2.1", tmp_path / "k.log"
     cluster = RealCluster.__new__(RealCluster)
-    cluster.plane, cluster.runtime, cluster.kubelet = None, None, kubelet
+    cluster.plane, cluster.runtime, cluster.kubelet, cluster.services = None, None, kubelet, None
     # Ready once the second kubelet has run for a moment.
     monkeypatch.setattr(
         cluster, "node_ready", lambda: kubelet.starts == 2 and starts.read_text().count("x") == 2

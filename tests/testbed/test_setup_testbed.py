@@ -37,7 +37,9 @@ def _cache(root: Path, *rels: str) -> None:
 DEMO_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet")
 
 
-def _kube_parts(commands: tuple[str, ...] = (*DEMO_COMMANDS, "kubectl")) -> list[str]:
+def _kube_parts(
+    commands: tuple[str, ...] = (*DEMO_COMMANDS, "kubectl", "kube-proxy"),
+) -> list[str]:
     version = parts.kube_version()
     cni_version = parts.pinned_version("cnitool", "github.com/containernetworking/cni")
     return [*(f"kube/{version}/{c}" for c in commands), f"cnitool/{cni_version}/cnitool"]
@@ -64,6 +66,7 @@ def test_cached_parts_are_reused_without_building(tmp_path: Path) -> None:
         tmp_path,
         *_kube_parts(),
         *_extra_kube_parts(),
+        str(parts.coredns().path.relative_to(parts.cache_dir())),
         str(parts.libcni_oracle().path.relative_to(parts.cache_dir())),
         str(parts.attacks_go().path.relative_to(parts.cache_dir())),
         f"istio/{istio_version()}/pilot-agent",
@@ -89,13 +92,16 @@ def test_cached_parts_are_reused_without_building(tmp_path: Path) -> None:
     )
     result = _run(tmp_path)
     assert result.returncode == 0, result.stderr
-    assert result.stderr.count("cached at") == 20 + len(_extra_kube_parts())
+    assert result.stderr.count("cached at") == 22 + len(_extra_kube_parts())
     for extra in parts.extra_kube_versions():
         apiserver = f"kube/{extra}/kube-apiserver"
         assert f"kube-apiserver-{extra} {tmp_path}/{apiserver}" in result.stdout
         assert f"kubectl-{extra}" not in result.stdout, "kubectl only of the test bed's release"
     assert f"envoy {tmp_path}/envoy/{parts.envoy_version()}/envoy" in result.stdout
     assert f"kube-apiserver {tmp_path}/kube/{version}/kube-apiserver" in result.stdout
+    assert f"kube-proxy {tmp_path}/kube/{version}/kube-proxy" in result.stdout
+    coredns = parts.pinned_version("coredns", "github.com/coredns/coredns")
+    assert f"coredns {tmp_path}/coredns/{coredns}/coredns" in result.stdout
     discovery = f"pilot-discovery {tmp_path}/istio/{istio_version()}/pilot-discovery"
     assert discovery in result.stdout
     assert f"install-cni {tmp_path}/istio/{istio_version()}/install-cni" in result.stdout

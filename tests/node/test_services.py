@@ -1,0 +1,211 @@
+"""Services on the real node (testbed/services.py): pods reach ClusterIPs by name, through the
+real kube-proxy's rules in the node netns and the real CoreDNS at kubelet's clusterDNS.
+
+In one namespace: a plain server pod behind the `echo` Service (port 80 -> 8080), a pod that
+resolves names in a loop, a plain client calling `echo` by its short name and the API server by
+`kubernetes.default.svc.cluster.local`, and a meshed client (a real Envoy sidecar, the agent
+installed) calling `echo` by its full name. Each test reads its own leg from the logs.
+
+What the legs show: DNS answers with the ClusterIP; the server sees each connection from the
+node's bridge address (kube-proxy's masqueradeAll), not from the client pod; a meshed client's
+Envoy sees the ClusterIP as the original destination and connects to it (the DNAT to the pod
+happens after, in the node netns)."""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from testbed import chart as agent_mod
+from testbed import envoy, images, kubepods, parts
+from testbed.controlplane import SERVICE_CIDR, SERVICE_IP
+from testbed.helm import Helm
+from testbed.parts import MissingPartError
+from testbed.realnode import RealCluster
+from tests.node.conftest import helm_by_major, release_node
+
+pytestmark = [pytest.mark.node, pytest.mark.services]
+
+PORT = 8080
+SERVICE_PORT = 80
+API_NAME = "kubernetes.default.svc.cluster.local"
+# Resolves each name every second through the pod's resolv.conf (kubelet's clusterDNS).
+RESOLVE_LOOP = """
+import socket, sys, time
+while True:
+    for name in sys.argv[1:]:
+        try:
+            print("resolve", name, socket.gethostbyname(name), flush=True)
+        except OSError as e:
+            print("resolve", name, "error:", e, flush=True)
+    time.sleep(1)
+"""
+# GET /version (public) every second; the serving certificate is the test bed CA's, which the
+# pod does not hold: the answer itself says who served it.
+VERSION_LOOP = """
+import json, ssl, sys, time, urllib.request
+while True:
+    try:
+        with urllib.request.urlopen(sys.argv[1], timeout=5,
+                                    context=ssl._create_unverified_context()) as r:
+            print("version", json.load(r)["gitVersion"], flush=True)
+    except OSError as e:
+        print("version error:", e, flush=True)
+    time.sleep(1)
+"""
+
+
+@dataclass(frozen=True)
+class Bed:
+    cluster: RealCluster
+    core: Any
+    namespace: str
+    ips: dict[str, str]
+    """pod name -> its IP"""
+    cluster_ip: str
+    """the `echo` Service's"""
+
+    @property
+    def echo_name(self) -> str:
+        return f"echo.{self.namespace}.svc.cluster.local"
+
+    @property
+    def bridge_ip(self) -> str:
+        """The node's address on the pod bridge (the bridge plugin's gateway)."""
+        return str(ipaddress.ip_network(self.cluster.pod_subnet).network_address + 1)
+
+
+@pytest.fixture(scope="module")
+def bed(services_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
+    cluster = services_cluster
+    core = cluster.core()
+    try:
+        cluster.import_image(images.image("envoy"))
+    except MissingPartError as e:
+        pytest.fail(str(e), pytrace=False)
+    helm = Helm(
+        binary=helm_by_major("4"),
+        kubeconfig=cluster.kubeconfig,
+        home=tmp_path_factory.mktemp("helm"),
+    )
+    reference = json.dumps(cluster.reference_conflist(), indent=2) + "\n"
+    with contextlib.ExitStack() as stack:
+        stack.callback(release_node, cluster, core, [helm], reference)
+        agent_mod.install(helm, cluster, core, cluster.images["istio-cni"])
+        namespace = stack.enter_context(kubepods.pod_namespace(core, "svc"))
+        yield start_pods(cluster, core, namespace)
+
+
+def start_pods(cluster: RealCluster, core: Any, namespace: str) -> Bed:
+    workload = cluster.images["workload"].ref
+    server = kubepods.pod_manifest(
+        "echo-server", workload, app_command=["serve", str(PORT)], sidecar=False,
+        labels={"app": "echo"},
+    )  # fmt: skip
+    core.create_namespaced_pod(namespace, server)
+    service = core.create_namespaced_service(
+        namespace,
+        {
+            "metadata": {"name": "echo"},
+            "spec": {
+                "selector": {"app": "echo"},
+                "ports": [{"name": "tcp", "port": SERVICE_PORT, "targetPort": PORT}],
+            },
+        },
+    )
+    echo_name = f"echo.{namespace}.svc.cluster.local"
+    resolver = kubepods.pod_manifest("resolver", workload, app_command=[], sidecar=False)
+    resolver["spec"]["containers"][0]["command"] = [
+        "/usr/bin/python3", "-c", RESOLVE_LOOP, API_NAME, echo_name, "echo",
+    ]  # fmt: skip
+    core.create_namespaced_pod(namespace, resolver)
+    plain = kubepods.pod_manifest(
+        "plain-client", workload, app_command=["connect-loop", "echo", str(SERVICE_PORT), "1"],
+        sidecar=False,
+    )  # fmt: skip
+    plain["spec"]["containers"].append(
+        kubepods.container(
+            "to-api",
+            workload,
+            ["/usr/bin/python3", "-c", VERSION_LOOP, f"https://{API_NAME}/version"],
+        )
+    )
+    core.create_namespaced_pod(namespace, plain)
+    meshed = kubepods.pod_manifest(
+        "mesh-client", workload, app_command=["connect-loop", echo_name, str(SERVICE_PORT), "1"],
+        sidecar=True, proxy_image=cluster.images["envoy"].ref,
+    )  # fmt: skip
+    core.create_namespaced_pod(namespace, meshed)
+    ips = {}
+    for name in ("echo-server", "resolver", "plain-client", "mesh-client"):
+        view = kubepods.wait_running(core, namespace, name)
+        assert view.ip, view
+        ips[name] = view.ip
+    return Bed(cluster, core, namespace, ips, service.spec.cluster_ip)
+
+
+def wait_line(bed: Bed, pod: str, container: str, text: str) -> str:
+    return kubepods.wait_log_line(
+        bed.core, bed.namespace, pod, container, lambda s: text in s, f"'{text}'"
+    )
+
+
+def test_the_service_gets_a_cluster_ip_of_the_service_cidr(bed: Bed) -> None:
+    assert ipaddress.ip_address(bed.cluster_ip) in ipaddress.ip_network(SERVICE_CIDR), bed
+
+
+def test_cluster_dns_answers_service_names_with_their_cluster_ips(bed: Bed) -> None:
+    wait_line(bed, "resolver", "app", f"resolve {API_NAME} {SERVICE_IP}")
+    wait_line(bed, "resolver", "app", f"resolve {bed.echo_name} {bed.cluster_ip}")
+    # The short name, through the search path kubelet wrote into the pod's resolv.conf.
+    wait_line(bed, "resolver", "app", f"resolve echo {bed.cluster_ip}")
+    # CoreDNS got the query from the pod itself: kube-proxy's DNAT to the node's address.
+    coredns_log = (bed.cluster.log_dir / "coredns.log").read_text()
+    query = f'"A IN {API_NAME}. udp'
+    assert any(
+        line.startswith(f"[INFO] {bed.ips['resolver']}:") and query in line
+        for line in coredns_log.splitlines()
+    ), coredns_log[-3000:]
+
+
+def test_plain_pod_reaches_the_pod_behind_a_cluster_ip(bed: Bed) -> None:
+    line = wait_line(bed, "plain-client", "app", f"connect echo:{SERVICE_PORT} app port={PORT} ")
+    # The server saw the connection from the node's bridge address: it went through the node
+    # netns, DNAT'ed to the server pod and masqueraded there.
+    assert f"peer={bed.bridge_ip}:" in line and "echo=hello" in line, line
+    wait_line(bed, "echo-server", "app", f"app port={PORT} peer={bed.bridge_ip}:")
+
+
+def test_plain_pod_reaches_the_api_server_at_the_kubernetes_service(bed: Bed) -> None:
+    # The test bed's API server answers: its release, as it reports it to the test.
+    wait_line(bed, "plain-client", "to-api", f"version {parts.kube_version()}")
+
+
+def test_meshed_pod_reaches_the_service_through_its_envoy(bed: Bed) -> None:
+    client = bed.ips["mesh-client"]
+    line = wait_line(
+        bed, "mesh-client", "app", f"connect {bed.echo_name}:{SERVICE_PORT} app port={PORT} "
+    )
+    assert f"peer={bed.bridge_ip}:" in line, line
+
+    def leg() -> dict[str, str] | None:
+        text = kubepods.logs(bed.core, bed.namespace, "mesh-client", "istio-proxy")
+        for entry in (json.loads(s) for s in text.splitlines() if s.startswith("{")):
+            if entry["listener"] == envoy.OUTBOUND_LISTENER and entry[
+                "downstream_remote"
+            ].startswith(f"{client}:"):
+                return entry
+        return None
+
+    out = kubepods.wait_for(leg, "the client Envoy's outbound leg", 60, interval=0.5)
+    # Envoy sees the ClusterIP as the original destination and connects to it itself: the
+    # DNAT to the server pod is the node's, after the connection left the pod.
+    assert out["downstream_local"] == f"{bed.cluster_ip}:{SERVICE_PORT}", out
+    assert out["upstream_host"] == f"{bed.cluster_ip}:{SERVICE_PORT}", out
+    assert out["cluster"] == envoy.PASSTHROUGH and out["flags"] == "-", out
