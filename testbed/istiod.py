@@ -41,7 +41,11 @@ the test bed's proxy image (ci/build-testbed-images: Istio's pilot-agent with th
 for istio-proxy and istio-validation: `global.hub`/`global.tag` of that image,
 `global.proxy.image` and `global.proxy_init.image` `proxy`, `global.imagePullPolicy` Never.
 Not set up: a pod cannot reach istiod (no XDS, no workload certificate): the Envoy double takes no
-config, and pilot-agent's certificate requests find no resolver (the node has no DNS).
+config, and pilot-agent's certificate requests find no resolver (the node has no DNS). With
+`for_pods` on a node with Services (testbed/services.py) the secure gRPC port listens on the
+root end of the node's link instead, its serving certificate names that address too, and an
+EndpointSlice makes that listener the `istiod` Service's endpoint on 15012: pods reach it at
+`istiod.istio-system.svc:15012`.
 """
 
 from __future__ import annotations
@@ -69,6 +73,7 @@ from testbed.parts import REPO_ROOT
 from testbed.ports import free_port
 from testbed.process import Daemon, PartFailedError
 from testbed.realnode import RealCluster
+from testbed.services import put_endpoint_slice
 from testbed.wait import wait_for
 
 BASE_CHART = REPO_ROOT / "tests" / "testdata" / "istio-base-chart"
@@ -77,6 +82,8 @@ NAMESPACE = "istio-system"
 BASE_RELEASE = "istio-base"
 ISTIOD_RELEASE = "istiod"
 DEPLOYMENT = "istiod"
+SERVICE = "istiod"
+SECURE_GRPC_PORT_NAME = "https-dns"  # the chart's Service port 15012
 CONTAINER = "discovery"
 POD_NAME = "istiod-host"
 INJECTOR_WEBHOOK = "istio-sidecar-injector"
@@ -103,12 +110,12 @@ class Ports:
     def free(cls) -> Ports:
         return cls(*(free_port() for _ in fields(cls)))
 
-    def flags(self) -> list[str]:
+    def flags(self, secure_grpc_host: str = "127.0.0.1") -> list[str]:
         return [
             f"--httpAddr=127.0.0.1:{self.http}",
             f"--httpsAddr=127.0.0.1:{self.https}",
             f"--grpcAddr=127.0.0.1:{self.grpc}",
-            f"--secureGRPCAddr=127.0.0.1:{self.secure_grpc}",
+            f"--secureGRPCAddr={secure_grpc_host}:{self.secure_grpc}",
             f"--monitoringAddr=127.0.0.1:{self.monitoring}",
             f"--ctrlz_port={self.ctrlz}",
             "--ctrlz_address=127.0.0.1",
@@ -211,7 +218,13 @@ class Istiod:
         *,
         values: Mapping[str, Any] | None = None,
         base_values: Mapping[str, Any] | None = None,
+        for_pods: bool = False,
     ) -> None:
+        """`for_pods`: its secure gRPC port (15012, certificates and XDS over TLS) also for the
+        node's pods, at the `istiod` Service (a node with Services, RealCluster(services=True))."""
+        if for_pods and not cluster.services_enabled:
+            raise ValueError("for_pods: the node routes no Services (RealCluster(services=True))")
+        self.for_pods = for_pods
         self.cluster = cluster
         self.helm = helm
         self.proxy = proxy
@@ -247,8 +260,14 @@ class Istiod:
             "istiod",
             common_name=f"istiod.{NAMESPACE}.svc",
             server_names=["istiod", f"istiod.{NAMESPACE}", f"istiod.{NAMESPACE}.svc"],
-            server_ips=["127.0.0.1"],
+            server_ips=["127.0.0.1", *([self.pod_address] if self.for_pods else [])],
         )
+
+    @property
+    def pod_address(self) -> str:
+        """Where the secure gRPC port listens for pods: the root end of the node's link, the
+        machine's address the node reaches."""
+        return self.cluster.network.gateway if self.for_pods else "127.0.0.1"
 
     def base_chart_values(self) -> dict[str, Any]:
         assert self.ca is not None, "make_certificates() first"
@@ -296,7 +315,7 @@ class Istiod:
             str(self.binary),
             *(container.args or []),
             f"--kubeconfig={identity.kubeconfig}",
-            *self.ports.flags(),
+            *self.ports.flags(secure_grpc_host=self.pod_address),
             f"--tlsCertFile={self.serving.cert}",
             f"--tlsKeyFile={self.serving.key}",
             f"--caCertFile={self.ca.cert}",
@@ -310,6 +329,15 @@ class Istiod:
         self.daemon = Daemon("istiod", argv, self.log_path, env=env, cwd=self.run_dir)
         self.daemon.start()
         self.wait_ready()
+        if self.for_pods:  # the Deployment has no pods: the Service's endpoint is this process
+            put_endpoint_slice(
+                k8s.DiscoveryV1Api(self.cluster.core().api_client),
+                NAMESPACE,
+                "istiod-host",
+                SERVICE,
+                self.pod_address,
+                [(SECURE_GRPC_PORT_NAME, self.ports.secure_grpc, "TCP")],
+            )
 
     def stop(self) -> None:
         """Undo start(): every step is tried; the failures are raised together."""

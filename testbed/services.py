@@ -138,7 +138,7 @@ class NodeServices:
         core: Any = k8s.CoreV1Api(api)
         discovery: Any = k8s.DiscoveryV1Api(api)
         rbac: Any = k8s.RbacAuthorizationV1Api(api)
-        _put_slice(
+        put_endpoint_slice(
             discovery, "default", "kubernetes", "kubernetes", self.plane.address,
             [("https", self.plane.port, "TCP")],
         )  # fmt: skip
@@ -169,7 +169,9 @@ class NodeServices:
                 },
             },
         )
-        _put_slice(discovery, DNS_NAMESPACE, "kube-dns-node", "kube-dns", self.node_ip, ports)
+        put_endpoint_slice(
+            discovery, DNS_NAMESPACE, "kube-dns-node", "kube-dns", self.node_ip, ports
+        )
 
     def _kubeconfig(self, user: str, stem: str) -> Path:
         assert self.plane.ca is not None
@@ -221,7 +223,7 @@ class NodeServices:
                 daemon.stop()
 
 
-def _put_slice(
+def put_endpoint_slice(
     discovery: Any,
     namespace: str,
     name: str,

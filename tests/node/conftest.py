@@ -138,18 +138,27 @@ def istiod_running(
     *,
     values: Mapping[str, Any] | None = None,
     base_values: Mapping[str, Any] | None = None,
+    for_pods: bool = False,
 ) -> Iterator[Istiod]:
     """istiod for the `istiod` tier (testbed/istiod.py): the proxy image on the node, Istio's
     charts installed with the test bed's values and `values` / `base_values` merged over them,
     istiod Ready; all it made removed at the end. A missing part or a failed start fails the
-    tests needing it, naming it."""
+    tests needing it, naming it. `for_pods`: pods reach it at its Service (testbed/istiod.py)."""
     try:
         proxy = images.image("proxy")
         real_cluster.import_image(proxy)
         helm = Helm(
             binary=helm_by_major("4"), kubeconfig=real_cluster.kubeconfig, home=workdir / "helm"
         )
-        control = Istiod(real_cluster, helm, proxy, workdir, values=values, base_values=base_values)
+        control = Istiod(
+            real_cluster,
+            helm,
+            proxy,
+            workdir,
+            values=values,
+            base_values=base_values,
+            for_pods=for_pods,
+        )
     except MissingPartError as e:
         pytest.fail(str(e), pytrace=False)
     try:

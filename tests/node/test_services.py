@@ -18,6 +18,7 @@ import ipaddress
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,9 +27,10 @@ from testbed import chart as agent_mod
 from testbed import envoy, images, kubepods, parts
 from testbed.controlplane import SERVICE_CIDR, SERVICE_IP
 from testbed.helm import Helm
+from testbed.istiod import NAMESPACE
 from testbed.parts import MissingPartError
 from testbed.realnode import RealCluster
-from tests.node.conftest import helm_by_major, release_node
+from tests.node.conftest import helm_by_major, istiod_running, release_node
 
 pytestmark = [pytest.mark.node, pytest.mark.services]
 
@@ -57,6 +59,21 @@ while True:
             print("version", json.load(r)["gitVersion"], flush=True)
     except OSError as e:
         print("version error:", e, flush=True)
+    time.sleep(1)
+"""
+# A TLS handshake with istiod's secure gRPC port at its Service, checked as pilot-agent checks
+# it: the certificate chains to istiod's CA (argv[3], PEM) and names the Service; HTTP/2 by ALPN.
+ISTIOD_LOOP = """
+import socket, ssl, sys, time
+context = ssl.create_default_context(cadata=sys.argv[3])
+context.set_alpn_protocols(["h2"])
+while True:
+    try:
+        with socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5) as raw:
+            with context.wrap_socket(raw, server_hostname=sys.argv[1]) as tls:
+                print("tls", sys.argv[1], "ok", tls.selected_alpn_protocol(), flush=True)
+    except OSError as e:
+        print("tls", sys.argv[1], "error:", e, flush=True)
     time.sleep(1)
 """
 
@@ -209,3 +226,22 @@ def test_meshed_pod_reaches_the_service_through_its_envoy(bed: Bed) -> None:
     assert out["downstream_local"] == f"{bed.cluster_ip}:{SERVICE_PORT}", out
     assert out["upstream_host"] == f"{bed.cluster_ip}:{SERVICE_PORT}", out
     assert out["cluster"] == envoy.PASSTHROUGH and out["flags"] == "-", out
+
+
+def test_pod_reaches_istiod_at_its_service(bed: Bed, tmp_path: Path) -> None:
+    """What pilot-agent in a meshed pod needs for its certificate: istiod's 15012 by the
+    Service's name, and a TLS handshake that verifies."""
+    with istiod_running(bed.cluster, tmp_path, for_pods=True) as control:
+        assert control.ca is not None
+        name = f"istiod.{NAMESPACE}.svc"
+        pod = kubepods.pod_manifest("to-istiod", bed.cluster.images["workload"].ref,
+                                    app_command=[], sidecar=False)  # fmt: skip
+        pod["spec"]["containers"][0]["command"] = [
+            "/usr/bin/python3", "-c", ISTIOD_LOOP, name, "15012", control.ca.cert.read_text(),
+        ]  # fmt: skip
+        bed.core.create_namespaced_pod(bed.namespace, pod)
+        try:
+            kubepods.wait_running(bed.core, bed.namespace, "to-istiod")
+            wait_line(bed, "to-istiod", "app", f"tls {name} ok h2")
+        finally:
+            bed.core.delete_namespaced_pod("to-istiod", bed.namespace, grace_period_seconds=0)
