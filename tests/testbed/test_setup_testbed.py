@@ -59,13 +59,11 @@ def test_failed_build_names_the_part_and_leaves_no_partial_binary(tmp_path: Path
     assert not list(tmp_path.glob("build-*/")), "scratch dirs removed"
 
 
-def test_cached_parts_are_reused_without_building(tmp_path: Path) -> None:
-    version = parts.kube_version()
+def _base_parts() -> list[str]:
+    """Every part but the further Kubernetes releases."""
     crio_version = parts.setup_testbed_version("CRIO_VERSION")
-    _cache(
-        tmp_path,
+    return [
         *_kube_parts(),
-        *_extra_kube_parts(),
         str(parts.coredns().path.relative_to(parts.cache_dir())),
         str(parts.libcni_oracle().path.relative_to(parts.cache_dir())),
         str(parts.attacks_go().path.relative_to(parts.cache_dir())),
@@ -89,7 +87,13 @@ def test_cached_parts_are_reused_without_building(tmp_path: Path) -> None:
             f"prometheus-operator-crds/{operator_crds.VERSION}/{f}"
             for f in operator_crds.FILES.values()
         ),
-    )
+    ]
+
+
+def test_cached_parts_are_reused_without_building(tmp_path: Path) -> None:
+    version = parts.kube_version()
+    crio_version = parts.setup_testbed_version("CRIO_VERSION")
+    _cache(tmp_path, *_base_parts(), *_extra_kube_parts())
     result = _run(tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stderr.count("cached at") == 22 + len(_extra_kube_parts())
@@ -124,7 +128,29 @@ def test_the_demo_needs_only_the_kubernetes_parts(tmp_path: Path) -> None:
     assert "build of kubectl failed" in full.stderr
 
 
+def test_the_further_releases_are_built_apart(tmp_path: Path) -> None:
+    """ci/test builds every part but the further releases before the node tier
+    (`--no-extra-kube`), and those beside it (`--extra-kube`), before the tiers that run them."""
+    assert parts.extra_kube_versions(), "no further release pinned: nothing to build apart"
+    _cache(tmp_path, *_base_parts())
+    base = _run(tmp_path, "--no-extra-kube")
+    assert base.returncode == 0, base.stderr
+    assert not any(f"-{v} " in base.stdout for v in parts.extra_kube_versions())
+    assert _run(tmp_path).returncode != 0, "the full set-up lacks the further releases"
+    missing = _run(tmp_path, "--extra-kube")
+    assert missing.returncode != 0
+    first = parts.extra_kube_versions()[0]
+    assert f"build of kube-apiserver-{first} failed" in missing.stderr
+    _cache(tmp_path, *_extra_kube_parts())
+    extra = _run(tmp_path, "--extra-kube")
+    assert extra.returncode == 0, extra.stderr
+    listed = [line.split()[0] for line in extra.stdout.splitlines()]
+    assert listed == [f"{c}-{v}" for v in parts.extra_kube_versions() for c in DEMO_COMMANDS], (
+        "only the further releases"
+    )
+
+
 def test_unknown_option_is_refused(tmp_path: Path) -> None:
     result = _run(tmp_path, "--all")
     assert result.returncode != 0
-    assert "usage: ci/setup-testbed [--demo]" in result.stderr
+    assert "usage: ci/setup-testbed [--demo | --no-extra-kube | --extra-kube]" in result.stderr
