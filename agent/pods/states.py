@@ -3,7 +3,8 @@
 The pod server notes each ADD's outcome (captured, skipped, refused, with why), repair notes
 what it did (repaired, repair failed, rules differ). Ambient's record is its own (the mesh's
 enrolled set); the status report asks it directly. Kept per pod UID, the latest outcome of
-each kind; bounded: the oldest entries go first when a node sees more pods than `limit`.
+each kind, until the pod is deleted (`on_pod`, a pod cache listener); bounded besides: the
+oldest entries go first when a node holds more pods than `limit`.
 Reasons may quote pod values: they are stored as given and escaped where they are shown.
 """
 
@@ -12,8 +13,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 CAPTURED = "captured"
 SKIPPED = "skipped"
@@ -78,6 +80,21 @@ class PodStates:
             if found is None:
                 found = self._items.get(f"{namespace}/{name}")
             return found
+
+    def on_pod(self, event: str, old: Any, new: Any) -> None:
+        """A pod cache listener (agent.pods.cache.Listener): a pod gone from the API takes its
+        record with it, so the records follow the node's pods rather than pile up to `limit`
+        under churn (a node creating and deleting pods all day held thousands)."""
+        if event != "delete" or not isinstance(old, Mapping):
+            return
+        meta = old.get("metadata")
+        if not isinstance(meta, Mapping):
+            return
+        keys = [meta.get("uid"), f"{meta.get('namespace')}/{meta.get('name')}"]
+        with self._lock:
+            for key in keys:  # by UID, and a record by name of an ADD that found no pod
+                if isinstance(key, str) and key:
+                    self._items.pop(key, None)
 
     def forget_except(self, live: set[str]) -> None:
         """Drop the records of pods no longer on the node (by UID; name-keyed ones kept)."""

@@ -59,6 +59,8 @@ class PodService:
         )
         """The node's pod cache; repair and ambient read it too (what they read of a pod, the
         settings say: PodFields)."""
+        if states is not None:
+            self.pods.add_listener(states.on_pod)  # a deleted pod's outcomes go with it
         if redirector is None:
             redirector = RulesRedirector(
                 exclude_namespaces=settings.excludeNamespaces, backend=settings.ruleBackend

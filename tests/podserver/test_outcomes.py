@@ -8,12 +8,16 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from agent.config import Settings
 from agent.errors import RedirectError
+from agent.kube import KubeClients
 from agent.pods import states
+from agent.pods.pod_cache import PodCache
 from agent.pods.states import PodStates
 from agent.podserver.handlers import REFUSED_EVENT, PodHandlers
 from agent.podserver.metrics import PluginMetrics
 from agent.podserver.sandboxes import SandboxStore
+from agent.podserver.service import PodService
 from tests.podserver.helpers import (
     InMemoryPods,
     ScriptedRedirector,
@@ -85,3 +89,37 @@ def test_a_pod_not_found_is_noted_by_name_without_an_event() -> None:
     record = noted.get("", "app", "web-0")
     assert record is not None and record.outcomes[states.ADD].state == states.REFUSED
     assert events.got == []
+
+
+def no_clients() -> KubeClients:
+    raise AssertionError("the cache is given: no clients are built")
+
+
+def test_a_deleted_pods_outcomes_go_with_it() -> None:
+    """The pod server's cache tells the records of the pods the API deleted: under churn they
+    follow the node's pods instead of piling up to the records' limit."""
+    cache = PodCache(core=None, node_name="node-1")  # fed events by hand: no API calls
+    noted = PodStates()
+    PodService(
+        Settings(), "node-1", no_clients, lambda: True,
+        cache=cache, states=noted, metrics=PluginMetrics(CollectorRegistry()),
+    )  # fmt: skip
+    for i in range(3):
+        pod = make_pod(f"web-{i}", uid=f"uid-{i}")
+        pod["metadata"]["resourceVersion"] = str(10 + i)
+        cache.apply_event({"type": "ADDED", "object": pod}, str(9 + i))
+        noted.note(namespace="app", name=f"web-{i}", uid=f"uid-{i}", kind=states.ADD,
+                   state=states.CAPTURED, reason="")  # fmt: skip
+    noted.note(namespace="app", name="web-9", uid="", kind=states.ADD, state=states.REFUSED,
+               reason="pod not found")  # fmt: skip
+    gone = make_pod("web-1", uid="uid-1")
+    gone["metadata"]["resourceVersion"] = "20"
+    cache.apply_event({"type": "DELETED", "object": gone}, "12")
+    assert noted.get("uid-1") is None
+    assert noted.get("uid-0") is not None and noted.get("uid-2") is not None
+    by_name = make_pod("web-9", uid="uid-9")
+    by_name["metadata"]["resourceVersion"] = "21"
+    cache.apply_event({"type": "ADDED", "object": by_name}, "20")
+    cache.apply_event({"type": "DELETED", "object": by_name}, "21")
+    assert noted.get("", "app", "web-9") is None, "the record by name of an ADD that found none"
+    assert len(noted) == 2
