@@ -83,6 +83,15 @@ class Activity:
         ]
         return max(ends, default=None)
 
+    def last_recovery_before(self, node: str | None, t: float) -> float | None:
+        """When the last fault affecting `node` that was over by `t` recovered; None if none."""
+        ends = [
+            f.recovered
+            for f in self.firings
+            if f.affects(node) and f.recovered is not None and f.recovered <= t
+        ]
+        return max(ends, default=None)
+
 
 @dataclass
 class Invariants:

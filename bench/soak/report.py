@@ -24,6 +24,9 @@ class PodStart:
     faulted: bool
     """A fault affecting its node was active while it waited."""
     mode: str = "sidecar"
+    after_fault_s: float | None = None
+    """Seconds from the last recovery of a fault affecting its node to its creation (None: no
+    fault had ended): whether a slow start with no fault active follows one closely."""
 
     @property
     def start_s(self) -> float | None:
@@ -239,9 +242,20 @@ def plot(result: RunResult, path: Path) -> None:
     plt.close(fig)
 
 
+def _csv_s(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f}"
+
+
+def _pod_row(p: PodStart) -> str:
+    times = (p.created, p.running, p.start_s)
+    return ",".join(
+        [p.name, p.node, p.mode, *map(_csv_s, times), str(int(p.faulted)), _csv_s(p.after_fault_s)]
+    )
+
+
 def write(result: RunResult, report: Path) -> dict[str, Any]:
-    """FILE.md, FILE.png beside it, FILE.json and FILE.samples.csv (FILE as given, its suffix
-    replaced)."""
+    """FILE.md, FILE.png beside it, FILE.json, FILE.samples.csv and FILE.pods.csv (FILE as
+    given, its suffix replaced)."""
     data = summary(result)
     report.parent.mkdir(parents=True, exist_ok=True)
     report.with_suffix(".md").write_text(markdown(data))
@@ -252,6 +266,12 @@ def write(result: RunResult, report: Path) -> dict[str, Any]:
     ]
     report.with_suffix(".samples.csv").write_text(
         "\n".join(["at_s,node,pid,rss_mib,threads,fds", *rows]) + "\n"
+    )
+    # Every pod's start, for finding what the slow ones have in common.
+    pods = [_pod_row(p) for p in result.pods]
+    report.with_suffix(".pods.csv").write_text(
+        "\n".join(["name,node,mode,created_s,running_s,start_s,faulted,after_fault_s", *pods])
+        + "\n"
     )
     plot(result, report.with_suffix(".png"))
     return data

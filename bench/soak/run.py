@@ -222,9 +222,13 @@ class Runner:
                 self.invariants.pod_waiting(now, pod.node, pod.name, pod.created, None)
             until = now if pod.running is None else pod.running
             faulted = self.activity.last_end(pod.node, pod.created, until) is not None
+            before = self.activity.last_recovery_before(pod.node, pod.created)
             self.result.pods.append(
-                report.PodStart(pod.name, pod.node, pod.created, pod.running, faulted, pod.mode)
-            )
+                report.PodStart(
+                    pod.name, pod.node, pod.created, pod.running, faulted, pod.mode,
+                    None if before is None else pod.created - before,
+                )
+            )  # fmt: skip
         leftovers = self.bed.leftovers()
         self.result.leftovers = leftovers
         self.invariants.leftovers(now, leftovers)

@@ -109,3 +109,15 @@ def test_a_pod_created_on_a_rebooting_node_is_stuck_only_past_the_bound_after_re
     inv.files(20.0, B, working=False, detail="conflist plugins ['ptp']: our entry missing")
     assert inv.violations[-1].invariant == "files"
     assert inv.violations[-1].faults == ("node_reboot@tb-node-2",)
+
+
+def test_the_last_recovery_before_a_time_counts_the_nodes_faults_and_the_clusters() -> None:
+    activity = Activity()
+    activity.started("agent_kill9", "n1", 10.0).recovered = 15.0
+    activity.started("api_stopped", None, 20.0).recovered = 30.0
+    activity.started("agent_kill9", "n2", 40.0).recovered = 45.0
+    activity.started("conflist_delete", "n1", 50.0)  # not recovered yet
+    assert activity.last_recovery_before("n1", 12.0) is None
+    assert activity.last_recovery_before("n1", 25.0) == 15.0
+    assert activity.last_recovery_before("n1", 60.0) == 30.0, "n2's fault is not n1's"
+    assert activity.last_recovery_before("n2", 60.0) == 45.0

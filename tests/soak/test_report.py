@@ -82,6 +82,23 @@ def test_write_puts_markdown_json_and_a_png_beside_each_other(tmp_path: Path) ->
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
 
 
+def test_write_lists_every_pods_start_with_its_distance_from_the_last_fault(
+    tmp_path: Path,
+) -> None:
+    result = a_result()
+    result.pods = [
+        report.PodStart("p0", "n1", 10.0, 12.5, False, "sidecar", 4.0),
+        report.PodStart("p1", "n2", 20.0, None, True, "ambient"),
+    ]
+    report.write(result, tmp_path / "soak.md")
+    lines = (tmp_path / "soak.pods.csv").read_text().splitlines()
+    assert lines == [
+        "name,node,mode,created_s,running_s,start_s,faulted,after_fault_s",
+        "p0,n1,sidecar,10.00,12.50,2.50,0,4.00",
+        "p1,n2,ambient,20.00,,,1,",
+    ]
+
+
 def test_the_json_gives_each_modes_pods_and_every_recovery() -> None:
     result = a_result()
     result.pods += [
