@@ -1,4 +1,4 @@
-"""python -m bench.soak --minutes N --seed S --report FILE [--json]
+"""python -m bench.soak --minutes N --seed S --report FILE [--json] [--without KIND[,KIND]]
 
 The soak on the three-node test bed: pods churned in sidecar and ambient namespaces while a
 seeded timeline of faults runs, alone and overlapping; every invariant checked throughout. The
@@ -33,7 +33,20 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "--workdir", type=Path, default=None, help="the bed's files (default: a temp dir)"
     )
     p.add_argument("--list-faults", action="store_true")
-    return p.parse_args(argv)
+    p.add_argument(
+        "--without",
+        action="append",
+        default=[],
+        metavar="KIND[,KIND]",
+        help="leave these fault kinds out (e.g. those that replace the agents' processes, so "
+        "one agent lives the whole run and its resource trends can be judged)",
+    )
+    args = p.parse_args(argv)
+    args.without = {k for arg in args.without for k in arg.split(",") if k}
+    unknown = sorted(args.without - set(faults.catalogue_by_name(faults.CATALOGUE)))
+    if unknown:
+        p.error(f"--without: no fault kind {', '.join(unknown)} (see --list-faults)")
+    return args
 
 
 def list_faults() -> str:
@@ -63,6 +76,7 @@ def main(argv: list[str]) -> int:
         print(f"bed not available: {e}", file=sys.stderr)
         return 2
     lacking = {k.name: k.unavailable for k in faults.unavailable()} | bed.lacks()
+    lacking |= {name: "left out (--without)" for name in args.without}
     kinds = [k for k in faults.available() if k.name not in lacking]
     for name, why in sorted(lacking.items()):
         print(f"soak: fault {name} not fired: {why}", file=sys.stderr)

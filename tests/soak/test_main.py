@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from bench.soak import faults
+from bench.soak.__main__ import parse
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -21,3 +22,15 @@ def test_list_faults_names_each_kind_and_whether_it_is_available() -> None:
     reboot = next(line for line in lines if line.startswith("node_reboot"))
     assert reboot.endswith("; available"), reboot
     assert sum("NOT AVAILABLE" in line for line in lines) == len(faults.unavailable())
+
+
+def test_without_leaves_kinds_out_and_refuses_an_unknown_one() -> None:
+    args = parse(["--without", "agent_kill9,helm_upgrade", "--without", "node_reboot"])
+    assert args.without == {"agent_kill9", "helm_upgrade", "node_reboot"}
+    assert parse([]).without == set()
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.soak", "--without", "agent_kill9,no_such_fault"],
+        cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "--without: no fault kind no_such_fault" in done.stderr
