@@ -23,8 +23,9 @@ from typing import Any
 import pytest
 
 from testbed import chart as agent_mod
-from testbed import envoy, images, kubepods
+from testbed import envoy, envoy_pods, images, kubepods
 from testbed.envoy_legs import Mesh, access_log, answer, assert_meshed_to_meshed, wait_leg
+from testbed.envoy_pods import EXCLUDED_PORT, PORT
 from testbed.helm import Helm
 from testbed.images import Image
 from testbed.parts import MissingPartError
@@ -33,10 +34,7 @@ from tests.node.conftest import helm_by_major, release_node
 
 pytestmark = [pytest.mark.node, pytest.mark.dataplane]
 
-PORT = 8080
-EXCLUDED_PORT = 8081  # excluded from the meshed client's outbound capture by annotation
 PASSTHROUGH_SOURCE = envoy.INBOUND_PASSTHROUGH_V4
-TPROXY = {kubepods.INTERCEPTION_MODE: "TPROXY"}
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +44,8 @@ def mesh(
     agent_image: Image,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Mesh]:
-    """The agent installed, the Envoy image on the node, and in a fresh namespace: a meshed and
-    a plain server (app.py serve), then a meshed client whose apps call both servers (and the
-    meshed one on the excluded port) and a plain client calling the meshed server."""
+    """The agent installed, the Envoy image on the node, and in a fresh namespace the pods of
+    testbed/envoy_pods.py, their calls looping."""
     try:
         real_cluster.import_image(images.image("envoy"))
     except MissingPartError as e:
@@ -60,65 +57,7 @@ def mesh(
         stack.callback(release_node, real_cluster, node_core, [helm], reference)
         agent_mod.install(helm, real_cluster, node_core, agent_image)
         namespace = stack.enter_context(kubepods.pod_namespace(node_core, "envoy"))
-        ips = start_pods(real_cluster, node_core, namespace)
-        yield Mesh(node_core, namespace, ips)
-
-
-def start_pods(cluster: RealCluster, core: Any, namespace: str) -> dict[str, str]:
-    workload = cluster.images["workload"].ref
-    proxy = cluster.images["envoy"].ref
-
-    def create(name: str, command: list[str], meshed: bool, **extra: Any) -> None:
-        manifest = kubepods.pod_manifest(
-            name,
-            workload,
-            app_command=command,
-            sidecar=meshed,
-            proxy_image=proxy if meshed else None,
-            **extra,
-        )
-        core.create_namespaced_pod(namespace, manifest)
-
-    create("mesh-server", ["serve", str(PORT), str(EXCLUDED_PORT)], True)
-    create("plain-server", ["serve", str(PORT)], False)
-    create("tproxy-server", ["serve", str(PORT)], True, annotations=TPROXY)
-    ips = {}
-    for name in ("mesh-server", "plain-server", "tproxy-server"):
-        view = kubepods.wait_running(core, namespace, name)
-        assert view.ip, view
-        ips[name] = view.ip
-
-    def loop(server: str, port: int) -> list[str]:
-        return ["connect-loop", ips[server], str(port), "1"]
-
-    client = kubepods.pod_manifest(
-        "mesh-client",
-        workload,
-        app_command=loop("mesh-server", PORT),
-        sidecar=True,
-        proxy_image=proxy,
-        annotations={"traffic.sidecar.istio.io/excludeOutboundPorts": str(EXCLUDED_PORT)},
-    )
-    client["spec"]["containers"] += [
-        kubepods.container("to-plain", workload, [*kubepods.APP, *loop("plain-server", PORT)]),
-        kubepods.container(
-            "excluded", workload, [*kubepods.APP, *loop("mesh-server", EXCLUDED_PORT)]
-        ),
-        kubepods.container("to-tproxy", workload, [*kubepods.APP, *loop("tproxy-server", PORT)]),
-    ]
-    core.create_namespaced_pod(namespace, client)
-    plain = kubepods.pod_manifest(
-        "plain-client", workload, app_command=loop("mesh-server", PORT), sidecar=False
-    )
-    plain["spec"]["containers"].append(
-        kubepods.container("to-tproxy", workload, [*kubepods.APP, *loop("tproxy-server", PORT)])
-    )
-    core.create_namespaced_pod(namespace, plain)
-    for name in ("mesh-client", "plain-client"):
-        view = kubepods.wait_running(core, namespace, name)
-        assert view.ip, view
-        ips[name] = view.ip
-    return ips
+        yield envoy_pods.start(real_cluster, node_core, namespace)
 
 
 def test_meshed_to_meshed_through_both_envoys(mesh: Mesh) -> None:
