@@ -7,7 +7,11 @@ istio.io/istio version pinned in ci/go/istio/go.mod, into $ISTIO_CNI_CACHE/istio
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
+from pathlib import Path
 
 from testbed.parts import REPO_ROOT, SETUP_TESTBED, MissingPartError, Part, cache_dir
 
@@ -38,3 +42,23 @@ def pilot_discovery() -> Part:
     """istiod (Istio's control plane, its sidecar injector): what testbed/istiod.py runs."""
     path = cache_dir() / "istio" / istio_version() / "pilot-discovery"
     return Part("pilot-discovery", path, SETUP_TESTBED)
+
+
+def bootstrap_template() -> Path:
+    """The Envoy bootstrap template pilot-agent renders (tools/packaging/common/
+    envoy_bootstrap.json of the pinned module): in Go's module cache since ci/setup-testbed built
+    pilot-agent from it; ci/build-testbed-images copies it into the proxy image."""
+    go = next(
+        (g for g in (os.environ.get("GO"), "/usr/local/go/bin/go", shutil.which("go")) if g),
+        None,
+    )
+    if go is None or not os.access(go, os.X_OK):
+        raise MissingPartError(f"no Go toolchain to find {ISTIO_MODULE}; see {SETUP_TESTBED}")
+    done = subprocess.run(
+        [go, "env", "GOMODCACHE"], capture_output=True, text=True, timeout=30, check=False
+    )
+    module = Path(done.stdout.strip()) / f"{ISTIO_MODULE}@{istio_version()}"
+    path = module / "tools" / "packaging" / "common" / "envoy_bootstrap.json"
+    if not path.is_file():
+        raise MissingPartError(f"no {path} (the module's source); run {SETUP_TESTBED}")
+    return path

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from testbed import envoy
+from testbed.istio_binaries import bootstrap_template
 from testbed.parts import REPO_ROOT
+from testbed.parts import envoy as envoy_part
 from tests.image.archive import Archive
 from tests.image.conftest import BuildRun, Built, built, manifest, run_build
 
@@ -99,6 +101,25 @@ def test_envoy_image_runs_the_sidecar_bootstrap_as_the_proxy(
     bootstrap = json.loads(archive.read_file("/etc/istio/proxy/envoy.json"))
     assert bootstrap == envoy.sidecar_config(log_dir=None)
     assert archive.files["usr/local/bin/envoy"].mode & 0o111
+
+
+def test_proxy_envoy_image_runs_pilot_agent_with_the_real_envoy(
+    build_runs: dict[str, BuildRun],
+) -> None:
+    image = built("proxy-envoy", "ci/build-testbed-images")
+    assert (
+        f"proxy-envoy {image.ref} {image.archive}" in build_runs["ci/build-testbed-images"].stdout
+    )
+    archive = Archive(image.archive)
+    assert archive.config["config"]["Entrypoint"] == ["/usr/local/bin/pilot-agent"]
+    # The binary itself, not the double's symlink of the proxy image beneath.
+    entry = archive.files["usr/local/bin/envoy"]
+    assert entry.isfile() and entry.mode & 0o111, (entry.type, oct(entry.mode))
+    binary = envoy_part().require()
+    assert entry.size == binary.stat().st_size
+    assert archive.read_file("/usr/local/bin/envoy") == binary.read_bytes()
+    template = archive.read_file("/var/lib/istio/envoy/envoy_bootstrap_tmpl.json")
+    assert template == bootstrap_template().read_bytes()
 
 
 def test_agent_image_has_few_layers(agent_archive: Archive, images: dict[str, Built]) -> None:
