@@ -22,7 +22,8 @@ is not routed from there. What the test bed changes so that istiod runs out of a
   and the base chart (its default-revision validator). istiod's own patcher writes the same CA
   into the injector's caBundle (it reads it from --caCertFile).
 - Its serving certificate: --tlsCertFile, --tlsKeyFile, --caCertFile (istiod's "custom DNS
-  certificate" path). Its Istio CA (the workload CA, `istio-ca-secret`) is its own, as in a cluster.
+  certificate" path). Its Istio CA (the workload CA, `istio-ca-secret`) is its own, as in a cluster
+  (but with `for_pods`, below).
 - Listeners: every one on 127.0.0.1 and a free port (--httpAddr, --httpsAddr, --grpcAddr,
   --secureGRPCAddr, --monitoringAddr, --ctrlz_port), so two runs on one machine never meet.
 - Identity: KUBECONFIG and --kubeconfig name a kubeconfig with a TokenRequest token of the chart's
@@ -39,13 +40,18 @@ Injected pods: `pilot.cni.enabled=true`, the setting Istio's docs name (the char
 under `pilot` to its top level, `cni.enabled`, and builds the injector's values from that), and
 the test bed's proxy image (ci/build-testbed-images: Istio's pilot-agent with the Envoy double)
 for istio-proxy and istio-validation: `global.hub`/`global.tag` of that image,
-`global.proxy.image` and `global.proxy_init.image` `proxy`, `global.imagePullPolicy` Never.
+`global.proxy.image` and `global.proxy_init.image` `proxy`, `global.imagePullPolicy` Never. A pod
+asks for the real Envoy under pilot-agent (the `proxy-envoy` image) with the injector's
+`sidecar.istio.io/proxyImage` annotation (testbed/istio_sidecar.py).
 Not set up: a pod cannot reach istiod (no XDS, no workload certificate): the Envoy double takes no
 config, and pilot-agent's certificate requests find no resolver (the node has no DNS). With
 `for_pods` on a node with Services (testbed/services.py) the secure gRPC port listens on the
 root end of the node's link instead, its serving certificate names that address too, and an
 EndpointSlice makes that listener the `istiod` Service's endpoint on 15012: pods reach it at
-`istiod.istio-system.svc:15012`.
+`istiod.istio-system.svc:15012`. It then also signs workload certificates with the test bed CA
+(Istio's plug-in CA: the `cacerts` files, in its working dir's etc/cacerts), so one root, the
+`istio-ca-root-cert` of every namespace, verifies istiod for pilot-agent and every workload
+certificate for Envoy, as the single self-signed root of an install without custom certificates.
 """
 
 from __future__ import annotations
@@ -326,6 +332,8 @@ class Istiod:
             kubeconfig=identity.kubeconfig,
         )
         env["HOME"] = str(self.run_dir)
+        if self.for_pods:
+            self.plug_in_ca()
         self.daemon = Daemon("istiod", argv, self.log_path, env=env, cwd=self.run_dir)
         self.daemon.start()
         self.wait_ready()
@@ -338,6 +346,20 @@ class Istiod:
                 self.pod_address,
                 [(SECURE_GRPC_PORT_NAME, self.ports.secure_grpc, "TCP")],
             )
+
+    def plug_in_ca(self) -> None:
+        """The test bed CA as istiod's signing CA: the files of Istio's `cacerts` Secret, where
+        istiod looks for them (ROOT_CA_DIR, ./etc/cacerts from its working dir). A root that
+        signs directly: it is its own chain."""
+        assert self.ca is not None
+        cacerts = self.run_dir / "etc" / "cacerts"
+        cacerts.mkdir(parents=True, exist_ok=True)
+        cert = self.ca.cert.read_bytes()
+        for name in ("ca-cert.pem", "root-cert.pem", "cert-chain.pem"):
+            (cacerts / name).write_bytes(cert)
+        key = cacerts / "ca-key.pem"
+        key.write_bytes(self.ca.key.read_bytes())
+        key.chmod(0o600)
 
     def stop(self) -> None:
         """Undo start(): every step is tried; the failures are raised together."""
@@ -363,6 +385,7 @@ class Istiod:
         if self._made_namespace:
             attempt(f"delete namespace {NAMESPACE}", self._delete_namespace)
         shutil.rmtree(self.pki_dir, ignore_errors=True)
+        shutil.rmtree(self.run_dir / "etc" / "cacerts", ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
             (self.workdir / "istiod.kubeconfig").unlink()
         if errors:
