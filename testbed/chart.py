@@ -27,14 +27,16 @@ NOTED_LEVELS = ("level=warn", "level=error", "\twarn\t", "\terror\t")
 
 
 def node_values(cluster: RealCluster, image: Image, **extra: Any) -> dict[str, Any]:
-    """Chart values for the test bed's node: its image (never pulled) and the node's dirs."""
+    """Chart values for the test bed's node: its image (never pulled) and the node's dirs (its
+    layout's, RealCluster.node_dirs)."""
+    dirs = cluster.node_dirs
     return {
         "hub": image.hub,
         "tag": image.tag,
         "pullPolicy": "Never",
-        "cniBinDir": str(cluster.cni_bin_dir),
-        "cniConfDir": str(cluster.cni_conf_dir),
-        "cniNetnsDir": str(cluster.netns_dir),
+        "cniBinDir": dirs.cni_bin,
+        "cniConfDir": dirs.cni_conf,
+        "cniNetnsDir": dirs.netns,
         "cniAgentRunDir": str(cluster.agent_run_dir),
         "logLevel": "debug",
         **extra,

@@ -33,15 +33,17 @@ READY_TIMEOUT = 120.0
 
 
 def values(cluster: RealCluster, image: Image, **extra: Any) -> dict[str, Any]:
-    """Istio's chart values for the test bed's node: its image (never pulled), the node's dirs."""
+    """Istio's chart values for the test bed's node: its image (never pulled), the node's dirs
+    (its layout's, RealCluster.node_dirs)."""
+    dirs = cluster.node_dirs
     return {
         "hub": image.hub,
         "tag": image.tag,
         "image": IMAGE_NAME,
         "pullPolicy": "Never",
-        "cniBinDir": str(cluster.cni_bin_dir),
-        "cniConfDir": str(cluster.cni_conf_dir),
-        "cniNetnsDir": str(cluster.netns_dir),
+        "cniBinDir": dirs.cni_bin,
+        "cniConfDir": dirs.cni_conf,
+        "cniNetnsDir": dirs.netns,
         "logging": {"level": "debug"},
         **extra,
     }

@@ -13,8 +13,9 @@ controllers pods need), and a node run by kubelet and containerd in its own netw
       with `services`: kube-proxy and CoreDNS (services.py), kubelet's clusterDNS theirs
     RealCluster.stop(): the reverse, then nodeclean.clean(): nothing stays behind.
 
-The node's dirs (what chart values name): `cni_bin_dir`, `cni_conf_dir`, `netns_dir`,
-`agent_run_dir`.
+The node's dirs: `node_dirs` (the CNI bin and conf dirs and the pod netns dir as chart values
+name them) and `agent_run_dir`; `conflist_path` and `netns_dir` as the machine sees them. Those
+follow the node's layout (relayout); `cni_bin_dir` and `cni_conf_dir` are the test bed's own.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,12 +58,25 @@ from testbed.services import CLUSTER_DNS, CLUSTER_DOMAIN, NodeServices
 from testbed.wait import explain
 
 NODE_NAME = "tb-node"
+LAYOUT_NETNS_DIR = "/var/run/netns"
+"""Where the runtime of every platform layout mounts pod network namespaces (a node path)."""
+HOST_LOCAL_DIR = "/var/lib/cni/networks"
+"""host-local's default dataDir (a node path)."""
 log = logging.getLogger(__name__)
 READY_TIMEOUT = 180.0
 KUBELET_RACE = "fatal error: concurrent map"
 """How the Go runtime ends kubelet 1.35 when, starting, its node status reads the container
 manager's capacity map while another goroutine writes it (cm.GetCapacity). A node's service
 manager starts kubelet again (systemd's Restart=always); so does the test bed, once a start."""
+
+
+@dataclass(frozen=True)
+class NodeDirs:
+    """The node's CNI bin and conf dirs and pod netns dir, as node paths."""
+
+    cni_bin: str
+    cni_conf: str
+    netns: str
 
 
 class RealCluster:
@@ -154,6 +169,11 @@ class RealCluster:
 
     @property
     def netns_dir(self) -> Path:
+        """Where the runtime mounts pod network namespaces, as the machine sees it: under
+        containerd's state dir in the test bed's own layout, the layout's /var/run/netns in a
+        platform's."""
+        if self.platform is not None:
+            return self.host_path(LAYOUT_NETNS_DIR)
         return self.runtime_dirs.netns_dir
 
     @property
@@ -163,7 +183,39 @@ class RealCluster:
 
     @property
     def conflist_path(self) -> Path:
+        """The node's primary CNI config as the machine sees it: the layout's provider's file,
+        else the test bed's own."""
+        if self.platform is not None:
+            return self.host_path(self.platform.conf_dir) / self.platform.conflist_name
         return self.cni_conf_dir / f"10-{self.cni_network}.conflist"
+
+    @property
+    def node_dirs(self) -> NodeDirs:
+        """The node's dirs as it is laid out now, as node paths (chart values name these;
+        kubelet resolves them in the layout's mount namespace)."""
+        if self.platform is not None:
+            platform = self.platform
+            return NodeDirs(platform.bin_dir, platform.conf_dir, LAYOUT_NETNS_DIR)
+        return NodeDirs(str(self.cni_bin_dir), str(self.cni_conf_dir), str(self.netns_dir))
+
+    @property
+    def ipam_dir(self) -> Path:
+        """host-local's allocations of the node's primary network (a file per address, naming
+        the sandbox it went to), as the machine sees it."""
+        if self.platform is None:
+            return self.base / "ipam" / self.cni_network
+        config = json.loads(self.primary_conflist())
+        plugins = config.get("plugins", [config])  # a conflist, or a single plugin's conf
+        ipams = [p["ipam"] for p in plugins if p.get("ipam", {}).get("type") == "host-local"]
+        data_dir = str(ipams[0].get("dataDir", HOST_LOCAL_DIR)) if ipams else HOST_LOCAL_DIR
+        return self.host_path(data_dir) / str(config["name"])
+
+    def primary_conflist(self) -> str:
+        """The text of the node's primary CNI config as the layout writes it (no agent's entry):
+        the provider's file, else the test bed's own."""
+        if self.platform is not None:
+            return self.platform.conflist(self.pod_subnet)
+        return json.dumps(self.reference_conflist(), indent=2) + "\n"
 
     @property
     def kubeconfig(self) -> Path:
@@ -384,6 +436,7 @@ class RealCluster:
             self.runtime.cni_bin_dir, self.runtime.cni_conf_dir = bin_dir, conf_dir
             self.runtime.netns_under_state = under_state
             self.runtime.start()
+            self._import_missing(self.runtime)  # imported while another runtime ran the node
             socket = self.runtime_dirs.socket
         if self.kubelet.runtime_socket != socket:
             self.kubelet.runtime_socket = socket
@@ -447,10 +500,7 @@ class RealCluster:
         runtime.cni_bin_dir, runtime.cni_conf_dir = bin_dir, conf_dir
         runtime.netns_under_state = under_state
         runtime.start()
-        present = runtime.images()
-        for image in self.images.values():
-            if image.ref not in present:
-                runtime.import_image(image.archive)
+        self._import_missing(runtime)
         return runtime.dirs.socket
 
     def _platform_namespace(self, platform: Platform) -> MountNamespace:
@@ -497,15 +547,21 @@ class RealCluster:
         return namespace
 
     def import_image(self, image: images.Image) -> None:
-        """Into containerd, and into CRI-O's storage or containerd 2 when it runs the node now
-        (else at its next start)."""
-        assert self.runtime is not None
-        self.runtime.import_image(image.archive)
-        if self.crio is not None and self.cri is self.crio:
-            self.crio.import_images([image])
-        if self.containerd2 is not None and self.cri is self.containerd2:
-            self.containerd2.import_image(image.archive)
+        """Into the runtime that runs the node now (containerd 1.6, CRI-O's storage or
+        containerd 2); the others, stopped, get it at their next start (relayout)."""
+        runtime = self.cri
+        if isinstance(runtime, Crio):
+            runtime.import_images([image])
+        else:
+            runtime.import_image(image.archive)
         self.images[image.name] = image
+
+    def _import_missing(self, runtime: Containerd) -> None:
+        """Every image of the node into `runtime` (started) that it does not hold yet."""
+        present = runtime.images()
+        for image in self.images.values():
+            if image.ref not in present:
+                runtime.import_image(image.archive)
 
     def runtime_images(self) -> set[str]:
         return self.cri.images()

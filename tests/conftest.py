@@ -13,9 +13,15 @@ pytest_plugins = ["tests.fixtures", "tests.e2e.harness"]
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The modules with hostile-tier tests run last, each whole and in order: they compare
     latencies quiet and flooded, and in ci/test the process beside this one (unmarked, chart,
-    differential and stress tests, CPU-bound) has ended by then."""
+    differential and stress tests, CPU-bound) has ended by then. Before them, the modules on
+    containerd 2 (tests/node/conftest.py on_containerd2) one after another: the node is laid
+    out so once for them all, and back once."""
     hostile = {item.path for item in items if item.get_closest_marker("hostile") is not None}
-    items.sort(key=lambda item: item.path in hostile)  # stable: the order within is kept
+    containerd2 = {
+        item.path for item in items if "on_containerd2" in getattr(item, "fixturenames", ())
+    }
+    # stable: the order within is kept
+    items.sort(key=lambda item: (item.path in hostile, item.path in containerd2))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -1,12 +1,14 @@
 """Fixtures of the `node` tier: one real single-node cluster for the session (testbed/
 realnode.py), Helm bound to it, the chart's values for its node, per-test namespaces whose
-pods are gone when the test ends, and Istio's control plane beside it (testbed/istiod.py)."""
+pods are gone when the test ends, Istio's control plane beside it (testbed/istiod.py), and the
+node on containerd 2 for the modules that ask (on_containerd2), on Debian's 1.6 for the rest."""
 
 from __future__ import annotations
 
 import contextlib
-import json
+import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from testbed.chart import AGENT_NAMESPACE, wait_agent_gone
 from testbed.helm import Helm, uninstall_all
 from testbed.istiod import Istiod
 from testbed.parts import MissingPartError, helm_binaries
+from testbed.platforms import RUNTIME_VARIANTS
 from testbed.process import PartFailedError
 from testbed.realnode import RealCluster
 
@@ -99,7 +102,7 @@ def node_helm(
     """helm_for("3" | "4") -> Helm bound to the cluster. Releases left installed are uninstalled
     at the end and their agent pods waited away, so the next test starts from a clean node."""
     made: list[Helm] = []
-    reference = json.dumps(real_cluster.reference_conflist(), indent=2) + "\n"
+    reference = real_cluster.primary_conflist()
 
     def helm_for(major: str) -> Helm:
         home = tmp_path / f"helm-{len(made)}"
@@ -111,24 +114,82 @@ def node_helm(
         made.append(Helm(binary=binary, kubeconfig=real_cluster.kubeconfig, home=home))
         return made[-1]
 
+    files = node_files(real_cluster)
     yield helm_for
-    release_node(real_cluster, node_core, made, reference)
+    release_node(real_cluster, node_core, made, reference, files)
 
 
-def release_node(real_cluster: RealCluster, core: Any, made: list[Helm], reference: str) -> None:
+def release_node(
+    real_cluster: RealCluster,
+    core: Any,
+    made: list[Helm],
+    reference: str,
+    files: tuple[Path, Path] | None = None,
+) -> None:
     """Uninstall what `made` installed, wait the agent pods away and put the node's own CNI
-    config (`reference`) back if the agent left its entry; raise naming what went wrong."""
+    config (`reference`) back if the agent left its entry; raise naming what went wrong.
+    `files`: (conflist, plugin binary) as the machine sees them, taken when the test began (a
+    test may lay the node out anew meanwhile); the node's current ones by default."""
     errors = uninstall_all(made)
     with contextlib.suppress(AssertionError):
         wait_agent_gone(core)
+    conflist, plugin = files or node_files(real_cluster)
     # The next test starts from the node's own CNI config even when this one left the agent no
     # chance to remove itself (say, its image was off the node).
-    if made and real_cluster.conflist_path.read_text() != reference:
-        real_cluster.conflist_path.write_text(reference)
-        (real_cluster.cni_bin_dir / "istio-cni").unlink(missing_ok=True)
+    if made and conflist.read_text() != reference:
+        conflist.write_text(reference)
+        plugin.unlink(missing_ok=True)
         errors.append("the node's conflist kept the agent's entry after the uninstall: restored")
     if errors:
         raise RuntimeError("helm uninstall at teardown: " + "; ".join(errors))
+
+
+def node_files(cluster: RealCluster) -> tuple[Path, Path]:
+    """(the node's primary conflist, our plugin's binary there) as the machine sees them, in the
+    node's current layout."""
+    return cluster.conflist_path, cluster.host_path(cluster.node_dirs.cni_bin) / "istio-cni"
+
+
+CONTAINERD2 = RUNTIME_VARIANTS["kind-on-containerd2"]
+"""The layout of the modules on containerd 2: kind's (kind's node image runs containerd 2.x)."""
+
+
+@dataclass
+class Layouts:
+    left_on_containerd2: RealCluster | None = None
+    """The session's node, while the modules on containerd 2 before left it laid out so."""
+
+
+@pytest.fixture(scope="session")
+def node_layouts() -> Layouts:
+    return Layouts()
+
+
+@pytest.fixture(scope="module")
+def on_containerd2(real_cluster: RealCluster, node_layouts: Layouts) -> RealCluster:
+    """The module's tests run on containerd 2 (testbed/containerd2.py): the node laid out as
+    kind's. A module asks for it by `pytest.mark.usefixtures`, so that it comes before the
+    module's other fixtures (its istiod). The layout is left for the next module on containerd
+    2 (tests/conftest.py runs them one after another); the first module after them that is not
+    lays the test bed's own back (own_layout)."""
+    if real_cluster.platform is not CONTAINERD2:
+        node_layouts.left_on_containerd2 = real_cluster  # laid back even if this fails
+        began = time.monotonic()
+        real_cluster.relayout(CONTAINERD2)
+        print(f"\nthe node laid out on containerd 2 in {time.monotonic() - began:.1f}s")
+    return real_cluster
+
+
+@pytest.fixture(scope="module", autouse=True)
+def own_layout(request: pytest.FixtureRequest, node_layouts: Layouts) -> None:
+    """Every other module starts on the test bed's own layout (Debian's containerd 1.6), laid
+    back when the modules before it left the node on containerd 2."""
+    cluster = node_layouts.left_on_containerd2
+    if cluster is not None and "on_containerd2" not in request.fixturenames:
+        node_layouts.left_on_containerd2 = None
+        began = time.monotonic()
+        cluster.relayout(None)
+        print(f"\nthe node laid back on containerd 1.6 in {time.monotonic() - began:.1f}s")
 
 
 @contextlib.contextmanager

@@ -12,7 +12,10 @@ pilot-agent asks the double's admin API for Envoy's stats). istiod runs on the h
 Then what else istiod injects: classic sidecars, TPROXY, the traffic annotations it passes
 through, DNS capture, each with the rules in the pod's namespace equal to `istio-cni-agent rules
 --pod` of the injected pod; and the failure the validation exists for (a pod started with no
-agent serving the node exits 126) with the repair controller handling it in each mode."""
+agent serving the node exits 126) with the repair controller handling it in each mode.
+
+On containerd 2, the node laid out as kind's (tests/node/conftest.py on_containerd2): kindnet's
+ptp conflist, pod netns in /var/run/netns, as on kind, GKE and EKS nodes today."""
 
 from __future__ import annotations
 
@@ -49,7 +52,7 @@ from testbed.injected import (
 from testbed.istiod import Istiod
 from testbed.realnode import RealCluster
 
-pytestmark = [pytest.mark.node, pytest.mark.istiod]
+pytestmark = [pytest.mark.node, pytest.mark.istiod, pytest.mark.usefixtures("on_containerd2")]
 
 
 @pytest.fixture

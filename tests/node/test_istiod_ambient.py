@@ -9,7 +9,8 @@ Releasing the pod (the label removed) takes the annotation away and istiod follo
 their own ServiceAccounts are served each under its own, and again so after each fault (the
 agent's container killed, its pod deleted, ztunnel restarted, a sandbox killed,
 tests/node/zds_faults.py's full probe set and refused annotation, the annotation removed by
-hand). A module of its own: its istiod runs with other values than tests/node/test_istiod.py's."""
+hand). A module of its own: its istiod runs with other values than tests/node/test_istiod.py's.
+On containerd 2, the node laid out as kind's (tests/node/conftest.py on_containerd2)."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ from tests.node.zds_faults import (
 )
 from tests.node.zds_scenario import kill_pods, reconnect
 
-pytestmark = [pytest.mark.node, pytest.mark.istiod]
+pytestmark = [pytest.mark.node, pytest.mark.istiod, pytest.mark.usefixtures("on_containerd2")]
 
 MODE_LABEL = "istio.io/dataplane-mode"
 ANNOTATION = "ambient.istio.io/redirection"

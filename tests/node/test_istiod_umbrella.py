@@ -7,7 +7,8 @@ removes all three and leaves the node's CNI config byte-identical.
 Istio's charts come from the test bed's copies of the pinned module (testbed/umbrella.py, no
 network); istiod runs on the host as in the rest of the `istiod` tier (testbed/istiod.py), started
 from the Deployment the umbrella installed. A module of its own: the release holds the same
-objects as the standalone `istio-base` and `istiod` releases of tests/node/test_istiod.py."""
+objects as the standalone `istio-base` and `istiod` releases of tests/node/test_istiod.py.
+On containerd 2, the node laid out as kind's (tests/node/conftest.py on_containerd2)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ from testbed.injected import (
 from testbed.istiod import NAMESPACE, Istiod
 from testbed.realnode import RealCluster
 
-pytestmark = [pytest.mark.node, pytest.mark.istiod]
+pytestmark = [pytest.mark.node, pytest.mark.istiod, pytest.mark.usefixtures("on_containerd2")]
 
 
 @pytest.fixture
@@ -103,7 +104,7 @@ def test_one_release_installs_istio_and_the_agent_and_uninstall_restores_the_nod
     helm.uninstall(umbrella.RELEASE, namespace=NAMESPACE)
     agent_mod.wait_agent_gone(node_core, namespace=NAMESPACE)
     assert real_cluster.conflist_path.read_bytes() == before
-    assert not (real_cluster.cni_bin_dir / "istio-cni").exists()
+    assert not (real_cluster.host_path(real_cluster.node_dirs.cni_bin) / "istio-cni").exists()
     apps = real_cluster.apps()
     assert not apps.list_namespaced_deployment(NAMESPACE).items, "istiod's Deployment left"
     assert not apps.list_namespaced_daemon_set(NAMESPACE).items, "the agent's DaemonSet left"
