@@ -7,6 +7,9 @@ the end (none stuck in ContainerCreating), pods running from before keep their r
 byte-for-byte, and the conflist each survivor leaves equals the one it writes on a fresh node.
 Also: installing ours under the default release name beside Istio's release fails before
 anything changes, naming the object both charts would own.
+
+On containerd 2, the node laid out as kind's (tests/node/conftest.py on_containerd2): both agents
+chain into kindnet's conflist.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from testbed.images import Image
 from testbed.migration import ISTIO_VALUES, OUR_VALUES, TAINT, istio_to_ours, ours_to_istio
 from testbed.realnode import RealCluster
 
-pytestmark = [pytest.mark.node, pytest.mark.migration]
+pytestmark = [pytest.mark.node, pytest.mark.migration, pytest.mark.usefixtures("on_containerd2")]
 
 STEADY = 2
 """Pods started before the first move, checked after the last."""
