@@ -54,6 +54,7 @@ from agent import metrics
 from agent.ambient.annotator import Annotator, StatusAnnotator
 from agent.ambient.dataplane import AmbientPod, HostProbeRules, PodRules, ZtunnelLink
 from agent.ambient.enrollment import RedirectionState, annotation_patch, is_terminated, pod_ips
+from agent.ambient.pod_locks import PodLocks
 from agent.ambient.reconcile import (
     NetnsFinder,
     ReconcileReport,
@@ -125,18 +126,13 @@ class MeshDataplane(StartupReconcile):
         """uids in the enrolled set that ztunnel has not acknowledged (yet)."""
         self._unfinished: set[str] = set()
         """uids ztunnel took whose host probe IPs or `enabled` annotation are not done yet."""
-        self._pod_locks: dict[str, threading.Lock] = {}
+        self._pod_locks = PodLocks()
         self._refusals: dict[str, str] = {}
         """uid -> the refusal of the running pod's values last logged (once per reason)."""
         self._released_by_del: set[str] = set()
         """uids a sandbox's DEL released (DelWorkload sent), not enrolled since: the pod's delete
-        event sends no second one. Emptied by the delete event or a new enrollment."""
+        event sends no second one. Emptied by the delete event (forget) or a new enrollment."""
         ztunnel.set_snapshot_source(self.snapshot)
-
-    def _pod_lock(self, uid: str) -> threading.Lock:
-        """One operation per pod at a time (the CNI server and the watch may race on a pod)."""
-        with self._lock:
-            return self._pod_locks.setdefault(uid, threading.Lock())
 
     # -- the enrolled set --------------------------------------------------------------------
 
@@ -165,6 +161,7 @@ class MeshDataplane(StartupReconcile):
     def _take(self, uid: str) -> AmbientPod | None:
         with self._lock:
             self._first_try.pop(uid, None)
+            self._refusals.pop(uid, None)  # a pod let go (opted out) may never see remove(deleted)
             self._pending.discard(uid)
             self._unfinished.discard(uid)
             return self._enrolled.pop(uid, None)
@@ -189,7 +186,7 @@ class MeshDataplane(StartupReconcile):
         its status IPs). `unless_enabled` (the watch, deciding before this lock): a pod a CNI
         ADD enrolled meanwhile is left as it is (None), not given to ztunnel twice."""
         uid = str(_meta(pod).get("uid", ""))
-        with self._pod_lock(uid):
+        with self._pod_locks.hold(uid):  # the CNI server and the watch may race on a pod
             if unless_enabled and self.state(uid) == "enabled":
                 log.debug("pod enrolled meanwhile", extra={"fields": {"pod": _ref(pod)}})
                 return None
@@ -200,7 +197,7 @@ class MeshDataplane(StartupReconcile):
         failed annotation removal does not matter. `sandbox`: a CNI DEL's container id; the
         pod is released only when that sandbox is the one it was enrolled with."""
         uid = str(_meta(pod).get("uid", ""))
-        with self._pod_lock(uid):
+        with self._pod_locks.hold(uid):
             known = self.enrolled(uid)
             if sandbox and known is not None and known.sandbox not in ("", sandbox):
                 log.info(
@@ -218,16 +215,20 @@ class MeshDataplane(StartupReconcile):
                         self._released_by_del.discard(uid)
         if deleted:
             with self._lock:
-                self._pod_locks.pop(uid, None)
                 self._refusals.pop(uid, None)
+
+    def forget(self, uid: str) -> None:
+        """A deleted pod whose delete event released nothing: drop what is kept of it."""
+        with self._lock:
+            self._released_by_del.discard(uid)
+            self._refusals.pop(uid, None)
 
     def _release_sandbox(
         self, pod: Mapping[str, Any], known: AmbientPod | None, sandbox: str, *, deleted: bool
     ) -> None:
         """A CNI DEL of the sandbox the pod is enrolled with (or of no recorded one)."""
         if known is None:
-            # Released already (its delete event came first, or the watch let it go): another
-            # DelWorkload would be a second one for the same removal.
+            # Released already (delete event first, or the watch let it go): no 2nd DelWorkload.
             log.info(
                 "DEL of a sandbox whose pod is not enrolled; nothing to release",
                 extra={"fields": {"pod": _ref(pod), "sandbox": sandbox}},
@@ -240,10 +241,9 @@ class MeshDataplane(StartupReconcile):
     def _removal_told(
         self, uid: str, pod: Mapping[str, Any], known: AmbientPod | None, *, deleted: bool
     ) -> bool:
-        """Was ztunnel told of this removal already? Only for a deleted pod that its sandbox's
-        DEL released while it was running: Istio sends one DelWorkload at its delete event, and
-        the DEL sent it. A pod that had terminated gets another, as from Istio, whose update to
-        the terminal phase sent the first."""
+        """Was ztunnel told of this removal already? Only for a deleted pod its sandbox's DEL
+        released while running: Istio sends one DelWorkload at its delete event, and the DEL sent
+        it. A terminated pod gets another, as Istio sends one at its update to a terminal phase."""
         if not deleted or known is not None or is_terminated(pod):
             return False
         with self._lock:
@@ -253,7 +253,7 @@ class MeshDataplane(StartupReconcile):
         """Write the annotation of the pod's recorded state (`enabled`, or none when not
         enrolled); a pending pod's is written by its add."""
         uid = str(_meta(pod).get("uid", ""))
-        with self._pod_lock(uid):
+        with self._pod_locks.hold(uid):
             state = self.state(uid)
             if state != "pending":
                 self._annotate(pod, state)

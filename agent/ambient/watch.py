@@ -60,6 +60,7 @@ class Mesh(Protocol):
     def remove(self, pod: Mapping[str, Any], *, deleted: bool) -> None: ...
     def sync_host_probe(self, pod: Mapping[str, Any]) -> None: ...
     def annotate_as_recorded(self, pod: Mapping[str, Any]) -> None: ...
+    def forget(self, uid: str) -> None: ...
 
 
 class Pods(Protocol):
@@ -239,6 +240,8 @@ class AmbientWatch:
             # The namespace may be gone with its pods: the agent's record still tells.
             if release_on_delete(latest, namespace, self._selectors, state=state):
                 self._mesh.remove(latest, deleted=True)
+            else:  # nothing to release: what the mesh still keeps of the pod goes
+                self._mesh.forget(str(meta.get("uid", "")))
             self._not_captured.pop(str(meta.get("uid", "")), None)
             return
         if namespace is None:

@@ -46,6 +46,7 @@ class FakeMesh:
         self.non_retryable = False
         self.enrolled: set[str] = set()
         """uids the mesh holds as enrolled: its own record, what the watch decides by."""
+        self.forgotten: list[str] = []
 
     def state(self, uid: str) -> RedirectionState:
         return "enabled" if uid in self.enrolled else "none"
@@ -68,6 +69,9 @@ class FakeMesh:
 
     def annotate_as_recorded(self, p: Any) -> None:
         self.calls.append(("annotate", p["metadata"]["name"]))
+
+    def forget(self, uid: str) -> None:
+        self.forgotten.append(uid)
 
 
 def make(store: FakeStore, mesh: FakeMesh, events: list[str] | None = None) -> AmbientWatch:
