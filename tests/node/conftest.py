@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from testbed import chart as agent_mod
 from testbed import diagnose, images, kubepods, wait
 from testbed.chart import AGENT_NAMESPACE, wait_agent_gone
 from testbed.helm import Helm, uninstall_all
@@ -28,17 +29,7 @@ from testbed.realnode import RealCluster
 def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
     """A control plane and one node run by kubelet and containerd, Ready; removed at the end
     of the session. A missing part fails the tests needing it, naming it."""
-    try:
-        cluster = RealCluster(tmp_path_factory.mktemp("realnode"))
-    except MissingPartError as e:
-        pytest.fail(str(e), pytrace=False)
-    try:
-        cluster.start()
-        yield cluster
-    except (PartFailedError, MissingPartError) as e:
-        pytest.fail(str(e), pytrace=False)
-    finally:
-        cluster.stop()
+    yield from started(lambda: RealCluster(tmp_path_factory.mktemp("realnode")))
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +37,14 @@ def services_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealC
     """A cluster like `real_cluster` whose node also routes Services (kube-proxy) and answers
     cluster DNS (CoreDNS): testbed/services.py. One per module that asks for it, gone after it
     (the rest of the session does not run beside a second node)."""
+    yield from started(lambda: RealCluster(tmp_path_factory.mktemp("servicesnode"), services=True))
+
+
+def started(make: Callable[[], RealCluster]) -> Iterator[RealCluster]:
+    """The cluster `make` builds, started and stopped at the end; a missing or failed part
+    fails the tests needing it, naming it."""
     try:
-        cluster = RealCluster(tmp_path_factory.mktemp("servicesnode"), services=True)
+        cluster = make()
     except MissingPartError as e:
         pytest.fail(str(e), pytrace=False)
     try:
@@ -57,6 +54,29 @@ def services_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealC
         pytest.fail(str(e), pytrace=False)
     finally:
         cluster.stop()
+
+
+@contextlib.contextmanager
+def agent_on(
+    cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory, image: str
+) -> Iterator[Any]:
+    """The chart installed with Helm 4 on `cluster` (its own node, not the session's), the
+    image named `image` imported there first; yields the API's core client. At the end the
+    release goes and the node's conflist is checked as `node_helm` checks it."""
+    core = cluster.core()
+    try:
+        cluster.import_image(images.image(image))
+    except MissingPartError as e:
+        pytest.fail(str(e), pytrace=False)
+    helm = Helm(
+        binary=helm_by_major("4"),
+        kubeconfig=cluster.kubeconfig,
+        home=tmp_path_factory.mktemp("helm"),
+    )
+    with contextlib.ExitStack() as stack:
+        stack.callback(release_node, cluster, core, [helm], cluster.primary_conflist())
+        agent_mod.install(helm, cluster, core, cluster.images["istio-cni"])
+        yield core
 
 
 @pytest.fixture(autouse=True)

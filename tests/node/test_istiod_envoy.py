@@ -35,9 +35,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from testbed import chart as agent_mod
 from testbed import images, istio_sidecar, kubepods, podnet
-from testbed.helm import Helm
 from testbed.injected import (
     PROXY,
     deployment,
@@ -46,10 +44,9 @@ from testbed.injected import (
     wait_deployment_pod,
 )
 from testbed.istiod import ROOT_CERT_CONFIGMAP, Istiod
-from testbed.parts import MissingPartError
 from testbed.realnode import RealCluster
 from testbed.wait import WaitTimeout
-from tests.node.conftest import helm_by_major, istiod_running, release_node
+from tests.node.conftest import agent_on, istiod_running
 
 pytestmark = [pytest.mark.node, pytest.mark.services, pytest.mark.istiod, pytest.mark.dataplane]
 
@@ -114,21 +111,8 @@ class Mesh:
 @pytest.fixture(scope="module")
 def mesh(services_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
     cluster = services_cluster
-    core = cluster.core()
-    try:
-        proxy = images.image("proxy-envoy")
-        cluster.import_image(proxy)
-    except MissingPartError as e:
-        pytest.fail(str(e), pytrace=False)
-    helm = Helm(
-        binary=helm_by_major("4"),
-        kubeconfig=cluster.kubeconfig,
-        home=tmp_path_factory.mktemp("helm"),
-    )
-    reference = json.dumps(cluster.reference_conflist(), indent=2) + "\n"
     with contextlib.ExitStack() as stack:
-        stack.callback(release_node, cluster, core, [helm], reference)
-        agent_mod.install(helm, cluster, core, cluster.images["istio-cni"])
+        core = stack.enter_context(agent_on(cluster, tmp_path_factory, "proxy-envoy"))
         workdir = tmp_path_factory.mktemp("istiod")
         control = stack.enter_context(
             istiod_running(cluster, workdir, values=ISTIOD_VALUES, for_pods=True)
@@ -136,7 +120,7 @@ def mesh(services_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory
         namespace = stack.enter_context(injected_namespace(core, cluster.apps(), control))
         for account in (CLIENT_SA, SERVER_SA):
             core.create_namespaced_service_account(namespace, {"metadata": {"name": account}})
-        yield Mesh(cluster, core, control, namespace, proxy.ref)
+        yield Mesh(cluster, core, control, namespace, images.image("proxy-envoy").ref)
 
 
 def start(

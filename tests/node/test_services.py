@@ -13,7 +13,6 @@ happens after, in the node netns)."""
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import json
 from collections.abc import Iterator
@@ -23,14 +22,11 @@ from typing import Any
 
 import pytest
 
-from testbed import chart as agent_mod
-from testbed import envoy, images, kubepods, parts
+from testbed import envoy, kubepods, parts
 from testbed.controlplane import SERVICE_CIDR, SERVICE_IP
-from testbed.helm import Helm
 from testbed.istiod import NAMESPACE
-from testbed.parts import MissingPartError
 from testbed.realnode import RealCluster
-from tests.node.conftest import helm_by_major, istiod_running, release_node
+from tests.node.conftest import agent_on, istiod_running
 
 pytestmark = [pytest.mark.node, pytest.mark.services]
 
@@ -101,21 +97,10 @@ class Bed:
 @pytest.fixture(scope="module")
 def bed(services_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
     cluster = services_cluster
-    core = cluster.core()
-    try:
-        cluster.import_image(images.image("envoy"))
-    except MissingPartError as e:
-        pytest.fail(str(e), pytrace=False)
-    helm = Helm(
-        binary=helm_by_major("4"),
-        kubeconfig=cluster.kubeconfig,
-        home=tmp_path_factory.mktemp("helm"),
-    )
-    reference = json.dumps(cluster.reference_conflist(), indent=2) + "\n"
-    with contextlib.ExitStack() as stack:
-        stack.callback(release_node, cluster, core, [helm], reference)
-        agent_mod.install(helm, cluster, core, cluster.images["istio-cni"])
-        namespace = stack.enter_context(kubepods.pod_namespace(core, "svc"))
+    with (
+        agent_on(cluster, tmp_path_factory, "envoy") as core,
+        kubepods.pod_namespace(core, "svc") as namespace,
+    ):
         yield start_pods(cluster, core, namespace)
 
 
