@@ -78,6 +78,7 @@ def assert_meshed_to_meshed(mesh: Mesh, client: str, server: str, port: int) -> 
         envoy.OUTBOUND_LISTENER,
         downstream_remote=f"{client_ip}:",
         upstream_host=f"{server_ip}:{port}",
+        flags="-",  # the app's answer came through a leg that connected; earlier tries may not
     )
     assert out["cluster"] == envoy.PASSTHROUGH and out["flags"] == "-", out
     inbound = wait_leg(
