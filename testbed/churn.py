@@ -25,6 +25,9 @@ INTERVAL = 1.0
 """One new pod a second."""
 SETTLE_TIMEOUT = 180.0
 """How long the pods created last may take to run once creating stops."""
+PHASE_CONDITIONS = {"PodScheduled": "scheduled", "PodReadyToStartContainers": "sandbox"}
+"""The pod conditions that split a start: bound by the scheduler, then kubelet's sandbox made
+with its network set up by the CNI chain (ours in it), then the containers."""
 
 
 @dataclass
@@ -34,6 +37,10 @@ class ChurnPod:
     running: float | None = None
     captured: bool | None = None
     node: str | None = None
+    phases: dict[str, float] = field(default_factory=dict)
+    """Seconds from the pod's creation to each PHASE_CONDITIONS condition turning True, as the
+    API server stamps them (whole seconds), read when it is first seen Running: where a slow
+    start went."""
 
 
 @dataclass
@@ -59,6 +66,17 @@ class ChurnReport:
             f"{len(self.pods)} churn pods: {len(waits)} ran, {len(self.uncaptured)} uncaptured, "
             f"{len(self.never_ran)} never ran; longest create-to-Running {longest}"
         )
+
+
+def start_phases(item: Any) -> dict[str, float]:
+    """A pod's PHASE_CONDITIONS that are True, as seconds after its creation timestamp."""
+    created = item.metadata.creation_timestamp
+    found = {}
+    for condition in item.status.conditions or []:
+        phase = PHASE_CONDITIONS.get(condition.type)
+        if phase and condition.status == "True" and created and condition.last_transition_time:
+            found[phase] = (condition.last_transition_time - created).total_seconds()
+    return found
 
 
 class PodNetns(Protocol):
@@ -197,6 +215,7 @@ class Churn:
             pod.node = item.spec.node_name
             if pod.running is None:
                 pod.running = seen
+                pod.phases = start_phases(item)
             if captured is None:
                 continue
             pod.captured = captured

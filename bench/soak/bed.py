@@ -9,7 +9,7 @@ scans the nodes for what no pod owns.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from bench.soak.faults import Fault, FaultKind
@@ -33,6 +33,8 @@ class PodEvent:
     created: float
     running: float | None
     captured: bool | None
+    phases: dict[str, float] = field(default_factory=dict)
+    """testbed/churn.py ChurnPod.phases: seconds from creation to scheduled and to sandbox."""
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,10 @@ class PodStart:
     after_fault_s: float | None = None
     """Seconds from the last recovery of a fault affecting its node to its creation (None: no
     fault had ended): whether a slow start with no fault active follows one closely."""
+    scheduled_s: float | None = None
+    """Seconds from creation until the scheduler bound it (the API's whole seconds)."""
+    sandbox_s: float | None = None
+    """Seconds from creation until kubelet had its sandbox, network set up by the CNI chain."""
 
     @property
     def start_s(self) -> float | None:
@@ -114,6 +118,7 @@ def summary(result: RunResult) -> dict[str, Any]:
         "start_p50_s_faulted": _rounded(percentile(faulted, 50)),
         "start_p99_s_faulted": _rounded(percentile(faulted, 99)),
         "pods_never_started": sum(1 for p in result.pods if p.running is None),
+        "slowest_quiet_starts": _slowest_quiet(result.pods),
         "by_mode": _by_mode(result.pods),
         "recovery_s_max": {k: round(max(v), 3) for k, v in sorted(recoveries.items())},
         "recovery_s": {k: [round(x, 3) for x in v] for k, v in sorted(recoveries.items())},
@@ -126,6 +131,30 @@ def summary(result: RunResult) -> dict[str, Any]:
         "seed": result.seed,
         "mode": result.mode,
     }
+
+
+SLOWEST_SHOWN = 10
+
+
+def _slowest_quiet(pods: Sequence[PodStart]) -> list[dict[str, Any]]:
+    """The slowest starts with no fault active, each split where it waited (scheduler, then
+    kubelet and the CNI chain, then the containers) and how soon after a fault it came."""
+    quiet = sorted(
+        (p for p in pods if p.start_s is not None and not p.faulted),
+        key=lambda p: -(p.start_s or 0.0),
+    )
+    return [
+        {
+            "name": p.name,
+            "node": p.node,
+            "mode": p.mode,
+            "start_s": _rounded(p.start_s),
+            "scheduled_s": _rounded(p.scheduled_s),
+            "sandbox_s": _rounded(p.sandbox_s),
+            "after_fault_s": _rounded(p.after_fault_s),
+        }
+        for p in quiet[:SLOWEST_SHOWN]
+    ]
 
 
 def _by_mode(pods: Sequence[PodStart]) -> dict[str, dict[str, Any]]:
@@ -184,6 +213,19 @@ def markdown(data: dict[str, Any]) -> str:
         lines.append(f"| {kind} | {count} | {fmt(data['recovery_s_max'].get(kind))} |")
     for kind, why in data["unavailable_faults"].items():
         lines.append(f"| {kind} | not available: {why} | - |")
+    if data["slowest_quiet_starts"]:
+        lines += [
+            "",
+            "Slowest starts with no fault active (s after creation; API stamps, whole seconds):",
+            "",
+            "| pod | node | start | scheduled | sandbox | after a fault's recovery |",
+            "|---|---|---|---|---|---|",
+        ]
+        for p in data["slowest_quiet_starts"]:
+            lines.append(
+                f"| {p['name']} | {p['node']} | {p['start_s']} | {fmt(p['scheduled_s'])} | "
+                f"{fmt(p['sandbox_s'])} | {fmt(p['after_fault_s'])} |"
+            )
     if data["fault_errors"]:
         lines += ["", "Faults not fired (their act failed):", ""]
         lines += [f"- {e}" for e in data["fault_errors"]]
@@ -248,8 +290,9 @@ def _csv_s(value: float | None) -> str:
 
 def _pod_row(p: PodStart) -> str:
     times = (p.created, p.running, p.start_s)
+    after = (p.after_fault_s, p.scheduled_s, p.sandbox_s)
     return ",".join(
-        [p.name, p.node, p.mode, *map(_csv_s, times), str(int(p.faulted)), _csv_s(p.after_fault_s)]
+        [p.name, p.node, p.mode, *map(_csv_s, times), str(int(p.faulted)), *map(_csv_s, after)]
     )
 
 
@@ -270,7 +313,12 @@ def write(result: RunResult, report: Path) -> dict[str, Any]:
     # Every pod's start, for finding what the slow ones have in common.
     pods = [_pod_row(p) for p in result.pods]
     report.with_suffix(".pods.csv").write_text(
-        "\n".join(["name,node,mode,created_s,running_s,start_s,faulted,after_fault_s", *pods])
+        "\n".join(
+            [
+                "name,node,mode,created_s,running_s,start_s,faulted,after_fault_s,scheduled_s,sandbox_s",
+                *pods,
+            ]
+        )
         + "\n"
     )
     plot(result, report.with_suffix(".png"))

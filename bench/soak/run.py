@@ -227,6 +227,8 @@ class Runner:
                 report.PodStart(
                     pod.name, pod.node, pod.created, pod.running, faulted, pod.mode,
                     None if before is None else pod.created - before,
+                    pod.phases.get("scheduled"),
+                    pod.phases.get("sandbox"),
                 )
             )  # fmt: skip
         leftovers = self.bed.leftovers()

@@ -244,6 +244,7 @@ class NodesBed:
                         pod.created - self.epoch,
                         running,
                         pod.captured,
+                        dict(pod.phases),
                     )
                 )
         return events

@@ -91,6 +91,10 @@ def test_istio_to_ours_and_back_under_pod_churn(
         assert not report.never_ran, report.never_ran
         assert len(report.pods) >= 3 * UNDER_EACH, report.summary()
         assert {p.node for p in report.pods} == {node}
+        # Each start split where it went (the soak's report relies on it): the API stamps the
+        # scheduler's bind and the sandbox kubelet made, the CNI chain's network set up in it.
+        split = [p.name for p in report.pods if {"scheduled", "sandbox"} <= p.phases.keys()]
+        assert len(split) == len(report.pods), [(p.name, p.phases) for p in report.pods]
         for start, end in (to_ours, back):
             assert report.created_between(start, end), "no pod was created during a move"
 

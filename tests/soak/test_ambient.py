@@ -5,6 +5,7 @@ to tell; and the churn asking again for a pod it cannot judge yet (testbed/churn
 from __future__ import annotations
 
 import types
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -66,10 +67,17 @@ class FakeCore:
         self.deleted.append(name)
 
 
+CREATED = datetime(2026, 12, 7, 10, 0, 0, tzinfo=UTC)
+
+
 def running_pod(name: str) -> Any:
+    """The fields of the API's pod the churn reads, as the client's models hold them."""
+    scheduled = types.SimpleNamespace(
+        type="PodScheduled", status="True", last_transition_time=CREATED + timedelta(seconds=1)
+    )
     return types.SimpleNamespace(
-        metadata=types.SimpleNamespace(name=name, uid=f"uid-{name}"),
-        status=types.SimpleNamespace(phase="Running"),
+        metadata=types.SimpleNamespace(name=name, uid=f"uid-{name}", creation_timestamp=CREATED),
+        status=types.SimpleNamespace(phase="Running", conditions=[scheduled]),
         spec=types.SimpleNamespace(node_name="tb-node-1"),
     )
 
@@ -83,6 +91,7 @@ def test_the_churn_keeps_a_pod_it_cannot_judge_yet_and_deletes_it_once_judged() 
     churn._by_name[pod.name] = pod
     churn._check_once()
     assert pod.running is not None and pod.captured is None and pod.node == "tb-node-1"
+    assert pod.phases == {"scheduled": 1.0}
     first_seen = pod.running
     assert not churn._all_ran() and core.deleted == []
     churn._check_once()

@@ -87,16 +87,34 @@ def test_write_lists_every_pods_start_with_its_distance_from_the_last_fault(
 ) -> None:
     result = a_result()
     result.pods = [
-        report.PodStart("p0", "n1", 10.0, 12.5, False, "sidecar", 4.0),
+        report.PodStart("p0", "n1", 10.0, 12.5, False, "sidecar", 4.0, 1.0, 2.0),
         report.PodStart("p1", "n2", 20.0, None, True, "ambient"),
     ]
     report.write(result, tmp_path / "soak.md")
     lines = (tmp_path / "soak.pods.csv").read_text().splitlines()
     assert lines == [
-        "name,node,mode,created_s,running_s,start_s,faulted,after_fault_s",
-        "p0,n1,sidecar,10.00,12.50,2.50,0,4.00",
-        "p1,n2,ambient,20.00,,,1,",
+        "name,node,mode,created_s,running_s,start_s,faulted,after_fault_s,scheduled_s,sandbox_s",
+        "p0,n1,sidecar,10.00,12.50,2.50,0,4.00,1.00,2.00",
+        "p1,n2,ambient,20.00,,,1,,,",
     ]
+
+
+def test_the_slowest_quiet_starts_are_listed_with_where_they_waited() -> None:
+    result = a_result()
+    result.pods += [
+        report.PodStart("slow", "n2", 0.0, 9.0, False, "ambient", 0.5, 6.0, 7.0),
+        report.PodStart("slower-but-faulted", "n2", 0.0, 30.0, True, "ambient"),
+    ]
+    data = report.summary(result)
+    slowest = data["slowest_quiet_starts"]
+    assert len(slowest) == report.SLOWEST_SHOWN
+    assert slowest[0] == {
+        "name": "slow", "node": "n2", "mode": "ambient", "start_s": 9.0,
+        "scheduled_s": 6.0, "sandbox_s": 7.0, "after_fault_s": 0.5,
+    }  # fmt: skip
+    assert all(p["name"] != "slower-but-faulted" for p in slowest)
+    assert [p["start_s"] for p in slowest] == sorted((p["start_s"] for p in slowest), reverse=True)
+    assert "| slow | n2 | 9.0 | 6.0 | 7.0 | 0.5 |" in report.markdown(data)
 
 
 def test_the_json_gives_each_modes_pods_and_every_recovery() -> None:
