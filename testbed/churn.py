@@ -106,6 +106,8 @@ class Churn:
         sidecar: bool = True,
         app_command: Sequence[str] = ("sleep",),
         captured: Callable[[Any], bool | None] | None = None,
+        proxy_image: str | None = None,
+        node_app_command: Callable[[str], Sequence[str]] | None = None,
     ) -> None:
         """`init_containers`: before each pod's app (istio-validation, as Istio injects it).
         `captured`: the API's Running pod -> is its traffic captured, None while it cannot
@@ -116,6 +118,8 @@ class Churn:
         self.prefix = prefix
         self.sidecar = sidecar
         self.app_command = list(app_command)
+        self.proxy_image = proxy_image
+        self.node_app_command = node_app_command
         self.captured = captured or self._has_istio_rules
         self.interval = interval
         self.settle_timeout = settle_timeout
@@ -175,11 +179,14 @@ class Churn:
         while self._creating.is_set():
             began = time.monotonic()
             name = f"{self.prefix}-{index}"
-            manifest = kubepods.pod_manifest(
-                name, self.image, app_command=self.app_command, sidecar=self.sidecar,
-                init_containers=self.init_containers or None,
-            )  # fmt: skip
             node = self.nodes[index % len(self.nodes)] if self.nodes else None
+            command = self.app_command
+            if node is not None and self.node_app_command is not None:
+                command = list(self.node_app_command(node))
+            manifest = kubepods.pod_manifest(
+                name, self.image, app_command=command, sidecar=self.sidecar,
+                init_containers=self.init_containers or None, proxy_image=self.proxy_image,
+            )  # fmt: skip
             if node is not None:
                 manifest["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
             try:

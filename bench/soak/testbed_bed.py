@@ -1,7 +1,9 @@
 """The soak's bed on the project's three-node test bed (testbed/nodes.py): kind's layout on
 every node, the chart installed with kind's preset and ambient enabled, pods churned over the
-nodes in a sidecar namespace (testbed/churn.py: each pod's netns read for Istio's rules as soon
-as it is seen Running) and in an ambient one (bench/soak/ambient.py: each pod's first
+nodes in a sidecar namespace (testbed/churn.py; a real Envoy as each pod's istio-proxy and its
+app calling its node's echo server from its first instant, bench/soak/sidecar.py: an answer
+through Envoy proves it captured, one on the app's own socket that it escaped) and in an ambient
+one (bench/soak/ambient.py: each pod's first
 connections captured, the pod enrolled), the agents reaching the API server through the fault
 proxy (testbed/apifaults.py), their processes sampled from /proc, each node's files read, and at
 the end each node compared with what it held before the churn began.
@@ -41,7 +43,7 @@ from typing import Any
 
 import yaml
 
-from bench.soak import actions, ambient, procstats
+from bench.soak import actions, ambient, procstats, sidecar
 from bench.soak.bed import BedUnavailable, FilesState, PodEvent
 from bench.soak.faults import Fault, FaultKind
 from bench.soak.procstats import AgentSample
@@ -99,6 +101,7 @@ def open_bed(workdir: Path | None, *, pods_per_minute: float) -> NodesBed:
         images.image("istio-cni")
         images.image("workload")
         images.image("proxy")
+        images.image("envoy")
     except MissingPartError as e:
         missing.append(f"the test bed's images ({e}; run ci/build-testbed-images, ci/build-image)")
     try:
@@ -132,9 +135,11 @@ class NodesBed:
         self.core: Any = None
         self.image: images.Image | None = None
         self.proxy_image = ""
+        self.envoy_image = ""
         self.proxy: ApiFaultProxy | None = None
         self.churn: Churn | None = None
         self.ambient_churn: Churn | None = None
+        self.sidecar_check: sidecar.SidecarCheck | None = None
         self.standins: dict[str, ambient.NodeZtunnel] = {}
         self.epoch = 0.0
         self.revision = 0
@@ -163,10 +168,11 @@ class NodesBed:
         self.core = self.cluster.core()
         self.helm.kubeconfig = self.cluster.kubeconfig
         self.image = self.cluster.first.images["istio-cni"]
-        proxy = images.image("proxy")
+        proxy, envoy = images.image("proxy"), images.image("envoy")
         for node in self.cluster.members:
             node.import_image(proxy)
-        self.proxy_image = proxy.ref
+            node.import_image(envoy)
+        self.proxy_image, self.envoy_image = proxy.ref, envoy.ref
         self._proxy_in_front()
         self.helm.install(
             agent_mod.RELEASE,
@@ -190,6 +196,11 @@ class NodesBed:
         # pod whose sandbox got no redirect (the runtime loaded a conflist without our entry
         # that a primary had just rewritten) waits for the agent's repair instead of running.
         validation = kubepods.validation_container(self.proxy_image)
+        # Their istio-proxy is a real Envoy; their app calls its node's echo server from its
+        # first instant, and the answer tells whether Envoy was in between (bench/soak/sidecar).
+        servers = sidecar.EchoServers(self.core, namespace, image, self.names)
+        servers.start()
+        self.sidecar_check = sidecar.SidecarCheck(self.core, namespace, self.cluster.pod_netns)
         self.churn = Churn(
             self.core,
             self.cluster,
@@ -199,6 +210,9 @@ class NodesBed:
             interval=self.interval * 2,  # half the pods, the other half ambient
             settle_timeout=SETTLE_S,
             init_containers=[validation],
+            captured=self.sidecar_check,
+            proxy_image=self.envoy_image,
+            node_app_command=servers.command,
         )
         self.churn.__enter__()
         meshed = self.stack.enter_context(_namespace(self.core, "soak-ambient"))
@@ -297,6 +311,13 @@ class NodesBed:
                 with contextlib.suppress(Exception):  # pods that never ran are the report's
                     churn.__exit__(None, None, None)
         self.stack.close()  # the churn namespace's pods deleted and waited away
+        if self.churn is not None and self.sidecar_check is not None:
+            judged = sum(1 for p in self.churn.report.pods if p.captured is not None)
+            log.info(
+                "sidecar pods captured by an answer through their Envoy: %d of %d judged "
+                "(the others by Istio's rules in their netns: no answer within %.0f s)",
+                self.sidecar_check.through_proxy, judged, sidecar.FIRST_CONNECT_S,
+            )  # fmt: skip
         for name, standin in self.standins.items():
             for tolerated in standin.tolerated:
                 log.info("ztunnel stand-in on %s let through: %s", name, tolerated)

@@ -3,7 +3,9 @@
 
     app.py serve PORT [PORT...]    listen (IPv4 and IPv6 when present) and answer every connection
                                    with "app port=PORT peer=ADDR" followed by what it sent, echoed
-    app.py connect HOST PORT       connect, send "hello", print the reply (or "error: ...", exit 1)
+    app.py connect HOST PORT       connect, send "hello", print the reply and " from=ADDR", the
+                                   app's own end of the connection (or "error: ...", exit 1):
+                                   a reply whose peer is not that address came through a proxy
     app.py connect-loop HOST PORT [INTERVAL]
                                    connect every INTERVAL s (default 1) forever, printing each
                                    result on one line: for tests that read the container log
@@ -72,12 +74,14 @@ def serve(ports: list[int]) -> int:
 def connect(host: str, port: int, timeout: float = 5.0) -> tuple[bool, str]:
     try:
         with socket.create_connection((host, port), timeout=timeout) as c:
+            mine = fmt(c.getsockname())
             c.sendall(b"hello\n")
             c.shutdown(socket.SHUT_WR)
             reply = b""
             while chunk := c.recv(4096):
                 reply += chunk
-            return True, reply.decode(errors="replace").strip() or "(empty reply)"
+            text = reply.decode(errors="replace").strip() or "(empty reply)"
+            return True, f"{text} from={mine}"
     except OSError as e:
         return False, f"error: {e}"
 

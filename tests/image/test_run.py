@@ -158,4 +158,7 @@ def test_workload_doubles(containerd: Containerd, images: dict[str, Built]) -> N
     assert "original_dst=" in out  # none, or 127.0.0.1:15001: nothing is redirected here
     assert "connect 127.0.0.1:15006 proxy-double port=15006" in out
     assert "connect 127.0.0.1:8080 app port=8080 peer=127.0.0.1:" in out and "echo=hello" in out
+    # A connection with no proxy between: the server saw the app's own end of it.
+    direct = next(s for s in out.splitlines() if s.startswith("connect 127.0.0.1:8080 "))
+    assert direct.endswith(" from=" + direct.split(" peer=")[1].split()[0]), direct
     assert "connect 127.0.0.1:9 error:" in out and "rc=1" in out

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from bench.soak.sidecar import SidecarCheck
 from testbed import chart as agent_mod
 from testbed import envoy, envoy_pods, images, kubepods
 from testbed.envoy_legs import Mesh, access_log, answer, assert_meshed_to_meshed, wait_leg
@@ -153,3 +154,41 @@ def test_tproxy_inbound_hands_the_app_the_clients_own_address(mesh: Mesh, client
     kubepods.wait_log_line(
         mesh.core, mesh.namespace, "tproxy-server", "app", lambda s: seen in s, f"'{seen}'"
     )
+
+
+def test_the_soaks_sidecar_check_tells_a_pod_through_its_envoy_from_one_that_escapes(
+    mesh: Mesh, real_cluster: RealCluster
+) -> None:
+    """The soak's check (bench/soak/sidecar.py) on the real node: an app calling the plain
+    server from its first instant is answered through its pod's Envoy, which proves the pod
+    captured without reading its rules; the same app with the server's port excluded from
+    capture is answered on its own socket, and the check says uncaptured although Istio's
+    rules are in that pod's netns."""
+    workload = real_cluster.images["workload"].ref
+    command = ["connect-loop", mesh.ips["plain-server"], str(PORT), "0.5"]
+    excluded = {"traffic.sidecar.istio.io/excludeOutboundPorts": str(PORT)}
+    check = SidecarCheck(mesh.core, mesh.namespace, real_cluster.pod_netns)
+    pods = {"through-envoy": {}, "escaping": excluded}
+    try:
+        for name, notes in pods.items():
+            manifest = kubepods.pod_manifest(
+                name, workload, app_command=command, sidecar=True,
+                proxy_image=images.image("envoy").ref, annotations=notes,
+            )  # fmt: skip
+            mesh.core.create_namespaced_pod(mesh.namespace, manifest)
+        verdicts = {}
+        for name in pods:
+            kubepods.wait_running(mesh.core, mesh.namespace, name)
+            item = mesh.core.read_namespaced_pod(name, mesh.namespace)
+
+            def judged(item: Any = item) -> list[bool] | None:
+                found = check(item)
+                return None if found is None else [found]
+
+            verdicts[name] = kubepods.wait_for(judged, f"the check's verdict on {name}", 60)[0]
+        assert verdicts == {"through-envoy": True, "escaping": False}, verdicts
+        assert check.through_proxy == 1
+    finally:
+        for name in pods:
+            with contextlib.suppress(Exception):
+                mesh.core.delete_namespaced_pod(name, mesh.namespace, grace_period_seconds=0)
