@@ -49,6 +49,7 @@ from agent.kube import api
 from agent.liveness import LIVENESS, Liveness
 from agent.pods import list_body, skim, watch_stream
 from agent.pods.metrics import CacheMetrics, default_cache_metrics
+from agent.pods.retry_backoff import RetryBackoff
 
 log = logging.getLogger(__name__)
 
@@ -245,13 +246,13 @@ class ListWatchCache:
 
     def _run(self) -> None:
         version: str | None = None
-        failures = 0
+        backoff = RetryBackoff(self._backoff_max)
         while not self._stopping.is_set():
             self._loop.beat()
             try:
                 version = self.step(version)
                 if self._watched:  # a list alone does not end a run of failures (410s)
-                    failures = 0
+                    backoff.succeeded()
             except Exception as e:  # every failure: back off and retry, never end the watch
                 if self._stopping.is_set():
                     break
@@ -259,9 +260,7 @@ class ListWatchCache:
                     version = None  # list again, after the back-off
                 elif version is not None:  # resume from the last event or bookmark (reflector)
                     version = self._seen_version or version
-                failures += 1
-                delay = min(self._backoff_max, 0.5 * 2 ** min(failures, 10))
-                delay *= random.uniform(0.8, 1.2)  # jitter: nodes must not relist in step
+                delay = backoff.failed()
                 fields = {"node": self._node, "error": _short(e), "retryIn": f"{delay:.1f}s"}
                 log.warning("%s watch failed; retrying", self.kind, extra={"fields": fields})
                 self._stopping.wait(delay)
