@@ -49,7 +49,7 @@ class RetryBackoff:
         self._last_failure = now
         self._failures += 1
         step = min(self._cap, FIRST_SECONDS * 2 ** min(self._failures - 1, 30))
-        return step * self._draw(1 - JITTER, 1 + JITTER)
+        return float(step * self._draw(1 - JITTER, 1 + JITTER))
 
     def succeeded(self) -> None:
         """The loop did what it is for (a watch that ran): the next failure starts over."""

@@ -79,3 +79,39 @@ def test_shutdown_cancels_what_no_worker_took_and_names_a_stuck_worker() -> None
             pool.submit(lambda: None)
     finally:
         release.set()
+
+
+def test_a_trickle_after_a_burst_keeps_only_the_workers_it_needs() -> None:
+    """After a burst, one short item every 50 ms: the worker that went idle last takes each,
+    so the burst's others reach their idle limit and end. Handed to the one idle longest, each
+    item would keep every worker of the burst busy every 300 ms, under the 500 ms limit, and
+    the pool would keep its peak for as long as the trickle lasts."""
+    pool = Workers(6, "trickle", join_timeout=2.0, idle_seconds=0.5)
+    release = threading.Event()
+    try:
+        burst = [pool.submit(release.wait) for _ in range(6)]
+        wait_until(lambda: pool.size == 6)
+        release.set()
+        for f in burst:
+            f.result(timeout=5)
+        sizes = []
+        for _ in range(40):
+            pool.submit(lambda: None).result(timeout=5)
+            sizes.append(pool.size)
+            time.sleep(0.05)
+        assert sizes[-1] == 1, sizes
+    finally:
+        release.set()
+        assert pool.shutdown() == []
+
+
+def test_shutdown_ends_idle_and_busy_workers_alike() -> None:
+    pool = Workers(3, "mixed", join_timeout=2.0, idle_seconds=30.0)
+    release = threading.Event()
+    busy = pool.submit(release.wait)
+    for _ in range(2):
+        pool.submit(lambda: None).result(timeout=5)
+    wait_until(lambda: pool.size >= 2)
+    threading.Timer(0.2, release.set).start()
+    assert pool.shutdown() == []  # the idle one ended at once, the busy one after its item
+    assert busy.result(timeout=1) is True
