@@ -1,5 +1,6 @@
-"""containerd 2 (built by ci/setup-testbed from its module) with its CRI plugins and Debian's runc,
-as a real node's container runtime: the `containerd2` runtime of a layout (testbed/platforms.py).
+"""containerd 2 (built by ci/setup-testbed from its module) with its CRI plugins and runc 1.5 (built
+there too: Debian's 1.1 has no idmapped mounts, which a user-namespaced pod's volumes need), as a
+real node's container runtime: the `containerd2` runtime of a layout (testbed/platforms.py).
 
 It runs as containerd 1.6 does (testbed/containerd.py: the same dirs below its own base, the same
 ctr commands, pod netns under its state dir or in /var/run/netns), from a config of version 3:
@@ -100,7 +101,7 @@ class Containerd2(Containerd):
 
     def binaries(self) -> tuple[Path, Path]:
         self.shim = parts.containerd2("containerd-shim-runc-v2").require()
-        self.runc = parts.debian_tool("runc", "runc").require()
+        self.runc = parts.runc().require()
         return parts.containerd2("containerd").require(), parts.containerd2("ctr").require()
 
     def render_config(self) -> str:

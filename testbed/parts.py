@@ -178,6 +178,12 @@ def containerd2(name: str = "containerd") -> Part:
     return Part(f"{name} (containerd 2)", path, SETUP_TESTBED)
 
 
+def runc() -> Part:
+    """runc of containerd 2's nodes: a release with idmapped mounts (user-namespaced pods)."""
+    path = cache_dir() / "runc" / setup_testbed_version("RUNC_VERSION") / "runc"
+    return Part("runc", path, SETUP_TESTBED)
+
+
 def cni_plugin_1_1(name: str) -> Part:
     """The reference plugin `name` (ptp, host-local, portmap) at the release pinned in
     ci/go/cni-plugins, which speaks CNI 1.1.0 (STATUS)."""
