@@ -37,6 +37,9 @@ class ContainerdDirs:
     base: Path
     runc_dir: Path | None = None
     """runc's --root when not below `base` (another containerd's, which nodeclean sweeps)."""
+    state_dir: Path | None = None
+    """The state dir when not below `base` (one that a user-namespaced pod's root can traverse:
+    NodeRecord.traversable_dir)."""
 
     @property
     def root(self) -> Path:
@@ -44,7 +47,7 @@ class ContainerdDirs:
 
     @property
     def state(self) -> Path:
-        return self.base / "state"
+        return self.state_dir or self.base / "state"
 
     @property
     def socket(self) -> Path:

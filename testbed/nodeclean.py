@@ -31,6 +31,8 @@ from testbed.process import pid_alive
 log = logging.getLogger(__name__)
 
 RECORDS = Path("/run/istio-cni-testbed/nodes")
+TRAVERSABLE = Path("/run/istio-cni-testbed/traversable")
+"""Node dirs every uid may traverse (NodeRecord.traversable_dir)."""
 LIBCNI_CACHE = Path("/var/lib/cni/results")
 SHARED_RUN_DIR = Path("/run/containerd")
 CONTAINER_LOG_LINKS = Path("/var/log/containers")  # kubelet's fixed dir of log symlinks
@@ -78,6 +80,22 @@ class NodeRecord:
     def path(self) -> Path:
         return RECORDS / f"{self.owner_pid}-{self.netns_name}.json"
 
+    @property
+    def traversable_dir(self) -> Path:
+        """The node's dir outside `base` whose path every uid may traverse, for containerd 2's
+        state: runc's init looks a container's rootfs mount point up by path as the container's
+        root, in a user-namespaced pod (hostUsers: false) a uid that maps no uid of the machine,
+        so it has no DAC override there and `base` below pytest's 0700 dirs is out of its reach
+        (EACCES). Named after the record: clean() finds it without a field of its own."""
+        return TRAVERSABLE / self.path.stem
+
+    def make_traversable_dir(self) -> Path:
+        path = self.traversable_dir
+        for d in (TRAVERSABLE, path):
+            d.mkdir(exist_ok=True, parents=True)
+            d.chmod(0o711)  # search, not list
+        return path
+
     def save(self) -> None:
         RECORDS.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
@@ -109,6 +127,7 @@ def clean(record: NodeRecord) -> list[str]:
         attempt("containerd shims", functools.partial(_kill_shims, socket))
     attempt("processes in the node netns", lambda: _kill_netns_processes(record.netns_name))
     attempt("mounts", lambda: unmount_below(Path(record.base)))
+    attempt("traversable dir mounts", lambda: unmount_below(record.traversable_dir))
     attempt("node netns", lambda: netns.delete(record.netns_name))
     for name in record.extra_netns:
         attempt(f"netns {name}", functools.partial(netns.delete, name))
@@ -140,10 +159,11 @@ def clean(record: NodeRecord) -> list[str]:
     if record.kubelet_cgroup_root:
         attempt("kubelet cgroups", lambda: _remove_cgroups(record.kubelet_cgroup_root))
     attempt("files", lambda: _remove_tree(Path(record.base)))
+    attempt("traversable dir", lambda: _remove_tree(record.traversable_dir))
     attempt("mount points", lambda: remove_made_dirs(record.made_dirs))
     if not errors:
         record.path.unlink(missing_ok=True)
-        for d in (RECORDS, RECORDS.parent):
+        for d in (RECORDS, TRAVERSABLE, RECORDS.parent):
             with contextlib.suppress(OSError):
                 d.rmdir()
     return errors

@@ -484,7 +484,13 @@ class RealCluster:
         imported (kept across layouts); returns its socket."""
         assert self.record is not None
         if self.containerd2 is None:
-            dirs = ContainerdDirs(self.base / "containerd2", runc_dir=self.runtime_dirs.runc_root)
+            # Its state (container rootfs mount points) where a user-namespaced pod's root can
+            # look them up: runc's init does so as that root (nodeclean.NodeRecord.traversable_dir).
+            dirs = ContainerdDirs(
+                self.base / "containerd2",
+                runc_dir=self.runtime_dirs.runc_root,
+                state_dir=self.record.make_traversable_dir() / "containerd2",
+            )
             self.containerd2 = Containerd2(
                 dirs,
                 self.log_dir / "containerd2.log",
