@@ -21,6 +21,7 @@ import pytest
 
 from testbed import kubepods, netns, nodeclean
 from testbed.parts import REPO_ROOT, MissingPartError
+from testbed.platforms import RUNTIME_VARIANTS
 from testbed.process import pid_alive
 from testbed.realnode import RealCluster
 
@@ -60,6 +61,10 @@ def leftovers(workdir: Path, record: dict[str, Any]) -> list[str]:
     found += [f"process {pid}" for pid in nodeclean.pids_with_cmdline(record["runtime_socket"])]
     if (workdir / "node").exists():
         found.append(f"dir {workdir / 'node'}")
+    traversable = nodeclean.NodeRecord(**record).traversable_dir
+    found += [f"mount {p}" for p in nodeclean.mounted_below(traversable)]
+    if traversable.exists():
+        found.append(f"dir {traversable}")
     if netns.exists(record["netns_name"]):
         found.append(f"netns {record['netns_name']}")
     if any(link["ifname"] == record["host_ifname"] for link in netns.ip_json("link", "show")):
@@ -97,6 +102,37 @@ def test_stop_leaves_nothing_behind(tmp_path: Path) -> None:
         cluster.stop()
     assert leftovers(tmp_path, record) == []
     assert (tmp_path / "logs" / "kubelet.log").is_file()  # the logs stay for post-mortems
+
+
+def test_stop_removes_containerd2_state_outside_the_node_dir(tmp_path: Path) -> None:
+    """containerd 2 keeps its state (rootfs mount points, pinned namespaces) in a dir every uid
+    may traverse, outside the node's: a user-namespaced pod's root walks to its rootfs there.
+    stop() removes it with the rest."""
+    try:
+        cluster = RealCluster(tmp_path, image_names=IMAGES)
+    except MissingPartError as e:
+        pytest.fail(str(e), pytrace=False)
+    try:
+        cluster.start()
+        assert cluster.record is not None
+        record = dataclasses.asdict(cluster.record)
+        cluster.relayout(RUNTIME_VARIANTS["kind-on-containerd2"])
+        assert cluster.containerd2 is not None
+        state = cluster.containerd2.dirs.state
+        assert state.is_relative_to(cluster.record.traversable_dir), state
+        for d in (state, *state.parents):  # searchable by a uid the machine does not know
+            assert d.stat().st_mode & 0o001, oct(d.stat().st_mode)
+        core = cluster.core()
+        manifest = kubepods.pod_manifest(
+            "one", cluster.images["workload"].ref, app_command=["sleep"], sidecar=False
+        )
+        manifest["spec"]["hostUsers"] = False
+        core.create_namespaced_pod("default", manifest)
+        kubepods.wait_running(core, "default", "one")
+        assert (state / "io.containerd.runtime.v2.task").is_dir()
+    finally:
+        cluster.stop()
+    assert leftovers(tmp_path, record) == []
 
 
 NODE_SCRIPT = textwrap.dedent("""

@@ -6,8 +6,11 @@ pod is enrolled with the ztunnel double and its connection answered there.
 Such a pod needs kubelet's UserNamespacesSupport (on by default in 1.35), containerd 2 (whose
 sandbox netns is made inside the pod's user namespace, so the namespace is owned by it) and an
 OCI runtime with idmapped mounts (runc 1.2 or later: ci/setup-testbed builds 1.5.2; Debian's 1.1
-refuses the pod). Each test checks that the pod's processes really run in a user namespace of
-their own (their uid_map is not the identity of the machine's).
+refuses the pod), and containerd's state dir on a path that pod's root may walk (runc's init
+looks the rootfs mount point up by path as that root, which maps no uid of the machine: the test
+bed keeps it outside pytest's 0700 dirs, nodeclean.NodeRecord.traversable_dir). Each test
+checks that the pod's processes really run in a user namespace of their own (their uid_map is
+not the identity of the machine's).
 """
 
 from __future__ import annotations
