@@ -75,6 +75,7 @@ def _base_parts() -> list[str]:
         f"crio/{crio_version}/pinns",
         f"multus/{parts.setup_testbed_version('MULTUS_VERSION')}/multus",
         str(parts.envoy().path.relative_to(parts.cache_dir())),
+        str(parts.runc().path.relative_to(parts.cache_dir())),
         *(
             str(parts.containerd2(name).path.relative_to(parts.cache_dir()))
             for name in ("containerd", "containerd-shim-runc-v2", "ctr")
@@ -96,7 +97,7 @@ def test_cached_parts_are_reused_without_building(tmp_path: Path) -> None:
     _cache(tmp_path, *_base_parts(), *_extra_kube_parts())
     result = _run(tmp_path)
     assert result.returncode == 0, result.stderr
-    assert result.stderr.count("cached at") == 22 + len(_extra_kube_parts())
+    assert result.stderr.count("cached at") == 23 + len(_extra_kube_parts())
     for extra in parts.extra_kube_versions():
         apiserver = f"kube/{extra}/kube-apiserver"
         assert f"kube-apiserver-{extra} {tmp_path}/{apiserver}" in result.stdout
@@ -112,6 +113,8 @@ def test_cached_parts_are_reused_without_building(tmp_path: Path) -> None:
     assert f"crio {tmp_path}/crio/{crio_version}/crio" in result.stdout
     containerd2 = parts.setup_testbed_version("CONTAINERD2_VERSION")
     assert f"containerd2 {tmp_path}/containerd2/{containerd2}/containerd" in result.stdout
+    runc = parts.setup_testbed_version("RUNC_VERSION")
+    assert f"runc {tmp_path}/runc/{runc}/runc" in result.stdout
 
 
 def test_the_demo_needs_only_the_kubernetes_parts(tmp_path: Path) -> None:
