@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from bench.soak.rechecks import Rechecks
 from testbed import kubepods
 from testbed.ztunnel_double import ZtunnelDouble, api_identity, redirects
 
@@ -148,16 +149,14 @@ class AmbientCheck:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.core, self.namespace, self.netns = core, namespace, netns
-        self.standins, self.clock = standins, clock
-        self._seen: dict[str, float] = {}
-        self._read: dict[str, float] = {}
+        self.standins = standins
+        self._rechecks = Rechecks(RECHECK_S, clock)
 
     def __call__(self, item: Any) -> bool | None:
-        uid, now = item.metadata.uid, self.clock()
-        seen = self._seen.setdefault(uid, now)
-        if now - self._read.get(uid, -RECHECK_S) < RECHECK_S:
+        uid = item.metadata.uid
+        waited = self._rechecks.due(uid)
+        if waited is None:
             return None
-        self._read[uid] = now
         log = kubepods.logs(self.core, self.namespace, item.metadata.name, "app").splitlines()
         standin = self.standins.get(item.spec.node_name)
         found = verdict(
@@ -165,11 +164,10 @@ class AmbientCheck:
             annotation=(item.metadata.annotations or {}).get(ANNOTATION),
             rules=netns_redirects(self.netns(uid)),
             added=standin is not None and standin.added(uid),
-            waited=now - seen,
+            waited=waited,
         )
         if found is not None:
-            self._seen.pop(uid, None)
-            self._read.pop(uid, None)
+            self._rechecks.judged(uid)
         return found
 
 

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from bench.soak.rechecks import Rechecks
 from testbed import kubepods, podnet
 
 PORT = 8080
@@ -72,18 +73,16 @@ class SidecarCheck:
         netns: Callable[[str], str],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.core, self.namespace, self.netns, self.clock = core, namespace, netns, clock
-        self._seen: dict[str, float] = {}
-        self._read: dict[str, float] = {}
+        self.core, self.namespace, self.netns = core, namespace, netns
+        self._rechecks = Rechecks(RECHECK_S, clock)
         self.through_proxy = 0
         """Pods proven captured by an answer through their proxy (the rest: by rules)."""
 
     def __call__(self, item: Any) -> bool | None:
-        uid, now = item.metadata.uid, self.clock()
-        seen = self._seen.setdefault(uid, now)
-        if now - self._read.get(uid, -RECHECK_S) < RECHECK_S:
+        uid = item.metadata.uid
+        waited = self._rechecks.due(uid)
+        if waited is None:
             return None
-        self._read[uid] = now
         log = kubepods.logs(self.core, self.namespace, item.metadata.name, "app").splitlines()
         by_rules: list[bool] = []
 
@@ -91,12 +90,11 @@ class SidecarCheck:
             by_rules.append(podnet.has_istio_rules(self.netns(uid)))
             return by_rules[-1]
 
-        found = verdict(log, pod_ip=item.status.pod_ip or "", rules=rules, waited=now - seen)
+        found = verdict(log, pod_ip=item.status.pod_ip or "", rules=rules, waited=waited)
         if found is not None:
             if found and not by_rules:
                 self.through_proxy += 1
-            self._seen.pop(uid, None)
-            self._read.pop(uid, None)
+            self._rechecks.judged(uid)
         return found
 
 
