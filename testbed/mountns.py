@@ -60,6 +60,13 @@ class MountNamespace:
         assert self._holder is not None, "create() first"
         return f"/proc/{self._holder.pid}/ns/mnt"
 
+    @property
+    def root(self) -> Path:
+        """The namespace's / as the machine sees it: what is mounted there (a pod's netns file)
+        shows only through it."""
+        assert self._holder is not None, "create() first"
+        return Path(f"/proc/{self._holder.pid}/root")
+
     def create(self, binds: list[Bind], overlays: list[Overlay]) -> None:
         for bind in binds:
             self._make_target(bind.target)

@@ -171,9 +171,11 @@ class RealCluster:
     def netns_dir(self) -> Path:
         """Where the runtime mounts pod network namespaces, as the machine sees it: under
         containerd's state dir in the test bed's own layout, the layout's /var/run/netns in a
-        platform's."""
-        if self.platform is not None:
-            return self.host_path(LAYOUT_NETNS_DIR)
+        platform's (through its mount namespace: the netns mounts are made there only)."""
+        if self.mount_ns is not None:
+            # /var/run is a link to /run: resolved here, as through /proc/<pid>/root an absolute
+            # link leads back to the machine's own.
+            return self.mount_ns.root / _resolved(LAYOUT_NETNS_DIR).lstrip("/")
         return self.runtime_dirs.netns_dir
 
     @property

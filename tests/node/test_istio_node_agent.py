@@ -7,7 +7,8 @@ nftables (Istio's `global.nativeNftables`, our `ruleBackend: nftables`; `nft lis
 pod that one agent lets start and the other does not is a difference too. Our uninstall leaves
 the node's CNI config as it found it; what Istio's leaves is printed. In ambient mode, one run
 also compares the ZDS streams the agents send the ztunnel double for seeded pods through faults
-(tests/node/zds_scenario.py), but for the differences ALLOWED_ZDS_DIFFERENCES names."""
+(tests/node/zds_scenario.py), but for the differences ALLOWED_ZDS_DIFFERENCES names.
+On containerd 2, the node laid out as kind's (tests/node/conftest.py on_containerd2)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from tests.differential.ambient_pods import NAMESPACES, random_pods
 from tests.differential.pods import random_pod
 from tests.node.zds_scenario import Scenario, kill_pods, netns_namer
 
-pytestmark = [pytest.mark.node, pytest.mark.migration]
+pytestmark = [pytest.mark.node, pytest.mark.migration, pytest.mark.usefixtures("on_containerd2")]
 
 PODS = 32
 START_TIMEOUT = 240.0
@@ -169,7 +170,8 @@ def test_the_same_pods_get_the_same_rules_under_istios_agent_and_ours(
     real_cluster.import_image(istio_image)
     helm = node_helm("4")
     before = real_cluster.conflist_path.read_bytes()
-    conf_files = {p.name for p in real_cluster.cni_conf_dir.iterdir()}
+    conf_dir = real_cluster.host_path(real_cluster.node_dirs.cni_conf)
+    conf_files = {p.name for p in conf_dir.iterdir()}
 
     began = time.monotonic()
     istio_agent.install(
@@ -180,7 +182,7 @@ def test_the_same_pods_get_the_same_rules_under_istios_agent_and_ours(
     theirs = start_all(node_core, real_cluster, workload_ns, specs, image, "istio", rules.listing)
     delete_all(node_core, workload_ns)
     istio_agent.uninstall(helm, node_core)
-    istio_left = sorted(p.name for p in real_cluster.cni_conf_dir.iterdir())
+    istio_left = sorted(p.name for p in conf_dir.iterdir())
     istio_conflist = real_cluster.conflist_path.read_bytes()
     left_diff = difflib.unified_diff(
         before.decode().splitlines(), istio_conflist.decode().splitlines(), lineterm=""
@@ -188,7 +190,7 @@ def test_the_same_pods_get_the_same_rules_under_istios_agent_and_ours(
     print(f"after Istio's uninstall: conf dir {istio_left}; conflist:", *left_diff, sep="\n")
     real_cluster.conflist_path.write_bytes(before)
     for leftover in set(istio_left) - conf_files:
-        (real_cluster.cni_conf_dir / leftover).unlink()
+        (conf_dir / leftover).unlink()
     agent_mod.install(helm, real_cluster, node_core, agent_image, **rules.our_values)
     ours = start_all(node_core, real_cluster, workload_ns, specs, image, "ours", rules.listing)
     delete_all(node_core, workload_ns)

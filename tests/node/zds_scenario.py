@@ -160,8 +160,7 @@ class Scenario:
         lines: list[str] = []
         pod_of: dict[str, str] = {}
         keys = {ns: key for key, ns in self.namespaces.items()}
-        ipam = self.cluster.base / "ipam" / self.cluster.cni_network  # host-local's dataDir
-        sandboxes = SandboxNetns(self.cluster.cri, ipam)  # type: ignore[arg-type]
+        sandboxes = SandboxNetns(self.cluster.cri, self.cluster.ipam_dir)  # type: ignore[arg-type]
         ztunnel.netns_name = netns_namer(self.cluster, sandboxes)
         mark = 0
         quiet(ztunnel)  # the messages about pods from before
