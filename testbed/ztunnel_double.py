@@ -36,7 +36,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
@@ -590,3 +590,28 @@ def _shut(workload: Workload) -> None:
         thread.join(timeout=5)
     for sock in workload.sockets:
         sock.close()
+
+
+@contextlib.contextmanager
+def kept_connected(double: ZtunnelDouble, interval: float = 0.2) -> Iterator[list[float]]:
+    """While inside, `double` is connected again whenever its connection ended, as ztunnel
+    reconnects to the agent's socket at once (a stand-in that stays away would leave every ADD
+    refused with "no ztunnel connected", where the real one is back in a moment). Yields the
+    times (time.monotonic()) of each reconnection, for the test to name."""
+    stop = threading.Event()
+    reconnected: list[float] = []
+
+    def keep() -> None:
+        while not stop.wait(interval):
+            if not double.connected:
+                with contextlib.suppress(OSError):  # the agent's socket not there yet
+                    double.connect()
+                    reconnected.append(time.monotonic())
+
+    thread = threading.Thread(target=keep, name="ztunnel-double-keeper", daemon=True)
+    thread.start()
+    try:
+        yield reconnected
+    finally:
+        stop.set()
+        thread.join(10)

@@ -26,7 +26,7 @@ from agent.socket_keeper import KEEP_SECONDS
 from testbed import netns
 from testbed.wait import wait_for
 from testbed.zds_checks import PodIdentity
-from testbed.ztunnel_double import DNS_PORT, TCP_PORTS, ZtunnelDouble
+from testbed.ztunnel_double import DNS_PORT, TCP_PORTS, ZtunnelDouble, kept_connected
 
 pytestmark = pytest.mark.ambient
 
@@ -456,6 +456,20 @@ def test_unasked_message_drops_the_connection(bed: Bed) -> None:
     ztunnel.send_unasked()
     ztunnel.wait_disconnected()
     bed.wait_gauge(0)
+
+
+def test_a_kept_double_is_back_with_a_snapshot_when_the_agent_drops_it(bed: Bed) -> None:
+    """testbed.ztunnel_double.kept_connected: as ztunnel, the double connects again once the
+    agent ended its connection, and gets a fresh snapshot holding the pods added meanwhile."""
+    ztunnel = bed.connected_ztunnel()
+    with kept_connected(ztunnel, interval=0.05) as reconnected:
+        ztunnel.send_unasked()  # a protocol error: the agent ends the connection
+        wait_for(lambda: reconnected, "the double to connect again", 10)
+        ztunnel.wait_for("a second snapshot", lambda z: z.snapshots == 2)
+        pod = bed.pod("after")
+        bed.server.add(pod)
+        ztunnel.wait_for("the pod added after", lambda z: pod.uid in z.workloads())
+    assert len(reconnected) == 1 and ztunnel.connections == 2
 
 
 def test_stop_closes_connections_and_forgets_pods(bed: Bed) -> None:

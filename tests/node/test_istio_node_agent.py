@@ -30,7 +30,7 @@ from testbed import chart as agent_mod
 from testbed import images, istio_agent, kubepods, podnet
 from testbed.images import Image
 from testbed.realnode import RealCluster
-from testbed.ztunnel_double import ZtunnelDouble, api_identity
+from testbed.ztunnel_double import ZtunnelDouble, api_identity, kept_connected
 from tests.differential.ambient_pods import NAMESPACES, random_pods
 from tests.differential.pods import random_pod
 from tests.node.zds_scenario import Scenario, kill_pods, netns_namer
@@ -259,28 +259,31 @@ def ambient_outcomes(
     with ZtunnelDouble(str(ZDS_SOCKET), identity=api_identity(core), netns_name=namer) as ztunnel:
         ztunnel.connect()
         ztunnel.wait_for("the agent's first snapshot", lambda z: z.snapshots >= 1)
-        for name, (annotations, labels) in AMBIENT_PODS.items():
-            pod = kubepods.pod_manifest(
-                f"{prefix}-{name}",
-                image,
-                app_command=["sleep"],
-                sidecar=False,
-                annotations=annotations,
-                labels=labels,
-            )
-            core.create_namespaced_pod(namespace, pod)
-        for name in AMBIENT_PODS:
-            view = kubepods.wait_running(core, namespace, f"{prefix}-{name}", ready=False)
-            meta = core.read_namespaced_pod(view.name, namespace).metadata
-            redirection = (meta.annotations or {}).get("ambient.istio.io/redirection", "-")
-            # The agent hands a pod to ztunnel after its ADD returned: wait for it a moment.
-            if redirection == "enabled":
-                ztunnel.wait_for(f"{view.name} in ztunnel", in_ztunnel(view.uid))
-            handed = view.uid in ztunnel.workloads()
-            out[name] = f"redirection={redirection} ztunnel={handed}\n" + listing(
-                cluster.pod_netns(view.uid)
-            )
-        delete_all(core, namespace)
+        with kept_connected(ztunnel) as reconnected:
+            for name, (annotations, labels) in AMBIENT_PODS.items():
+                pod = kubepods.pod_manifest(
+                    f"{prefix}-{name}",
+                    image,
+                    app_command=["sleep"],
+                    sidecar=False,
+                    annotations=annotations,
+                    labels=labels,
+                )
+                core.create_namespaced_pod(namespace, pod)
+            for name in AMBIENT_PODS:
+                view = kubepods.wait_running(core, namespace, f"{prefix}-{name}", ready=False)
+                meta = core.read_namespaced_pod(view.name, namespace).metadata
+                redirection = (meta.annotations or {}).get("ambient.istio.io/redirection", "-")
+                # The agent hands a pod to ztunnel after its ADD returned: wait for it a moment.
+                if redirection == "enabled":
+                    ztunnel.wait_for(f"{view.name} in ztunnel", in_ztunnel(view.uid))
+                handed = view.uid in ztunnel.workloads()
+                out[name] = f"redirection={redirection} ztunnel={handed}\n" + listing(
+                    cluster.pod_netns(view.uid)
+                )
+            delete_all(core, namespace)
+        if reconnected:  # shown when the test fails: the agent ended the connection meanwhile
+            print(f"the ztunnel double reconnected {len(reconnected)} times while pods started")
         if zds is not None:
             stream = zds(ztunnel)
     return out, stream
