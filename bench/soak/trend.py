@@ -12,6 +12,12 @@ includes 0, or when it is under the resource's stated floor (FLOORS_PER_H: what 
 could gain and still be noise, e.g. 1 MiB of RSS an hour). It is a leak only when the whole
 interval is above 0 and the slope is above the floor.
 
+Samples a couple of seconds apart are not independent draws: a process's RSS stays near where it
+was a moment ago, so least squares' interval, which counts every sample as new evidence, is too
+narrow and calls noise a trend. The interval is widened for the residuals' lag-1 autocorrelation
+r (an AR(1) view of the noise: the variance of the slope grows by (1 + r) / (1 - r), and the
+samples count as n (1 - r) / (1 + r) for Student's t), as trend tests of autocorrelated series do.
+
 A trend is judged only when one agent process was sampled past its warm-up for JUDGED_SPAN_S
 at least: over a few minutes a process still settling (its heap sized by the pods and events it
 has seen so far, a thread more while a watch reconnects) rises as steeply as a leak does (a
@@ -21,6 +27,7 @@ its slopes without a verdict.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -75,19 +82,40 @@ def slope(
     if n < 3:
         return None
     sxx = sxy = 0.0
-    centred: list[tuple[float, float]] = []
-    for seg in kept:
-        mt = sum(t for t, _ in seg) / len(seg)
-        mv = sum(v for _, v in seg) / len(seg)
+    for seg, mt, mv in _means(kept):
         for t, v in seg:
             sxx += (t - mt) ** 2
             sxy += (t - mt) * (v - mv)
-            centred.append((t - mt, v - mv))
     if sxx == 0.0:
         return None
     b = sxy / sxx
-    dof = n - len(kept) - 1
-    sse = sum((dv - b * dt) ** 2 for dt, dv in centred)
-    half = t975(dof) * math.sqrt(sse / dof / sxx) if dof > 0 else math.inf
+    residuals = [[(v - mv) - b * (t - mt) for t, v in seg] for seg, mt, mv in _means(kept)]
+    sse = sum(e * e for seg in residuals for e in seg)
+    r = lag1_autocorrelation(residuals)
+    inflation = (1 + r) / (1 - r)
+    dof = math.floor(n / inflation) - len(kept) - 1
+    half = t975(dof) * math.sqrt(inflation * sse / max(dof, 1) / sxx) if dof > 0 else math.inf
     longest = max(seg[-1][0] - seg[0][0] for seg in kept)
     return Slope(b * 3600, (b - half) * 3600, (b + half) * 3600, n, len(kept), longest)
+
+
+def _means(
+    segments: Sequence[Sequence[tuple[float, float]]],
+) -> Iterable[tuple[Sequence[tuple[float, float]], float, float]]:
+    """Each segment with its mean time and mean value."""
+    for seg in segments:
+        yield seg, sum(t for t, _ in seg) / len(seg), sum(v for _, v in seg) / len(seg)
+
+
+MAX_AUTOCORRELATION = 0.98
+"""r is capped: at 1 the series is a random walk, for which no interval from one run holds."""
+
+
+def lag1_autocorrelation(residuals: Sequence[Sequence[float]]) -> float:
+    """The residuals' lag-1 autocorrelation, pooled over segments (pairs within a segment
+    only), in [0, MAX_AUTOCORRELATION]: negative r would narrow the interval, never done."""
+    pairs = sum(e0 * e1 for seg in residuals for e0, e1 in itertools.pairwise(seg))
+    total = sum(e * e for seg in residuals for e in seg)
+    if total == 0.0:
+        return 0.0
+    return min(max(pairs / total, 0.0), MAX_AUTOCORRELATION)

@@ -61,7 +61,9 @@ def test_each_process_warm_up_is_left_out() -> None:
     warm = [(t, 10.0 if t < 20 else 50.0 + (t % 4) * 0.1) for t in range(0, 300, 2)]
     found = trend.slope([warm])
     assert found is not None and not found.leaking(FLOOR), found
-    assert trend.slope([warm], warmup_s=0.0).leaking(FLOOR)  # type: ignore[union-attr]
+    assert found.samples == len([t for t, _ in warm if t >= trend.WARMUP_S]), found
+    with_warmup = trend.slope([warm], warmup_s=0.0)
+    assert with_warmup is not None and with_warmup.per_h > 100 * abs(found.per_h), with_warmup
 
 
 def test_too_few_samples_give_no_slope() -> None:
@@ -76,3 +78,49 @@ def test_a_short_run_reports_its_slope_without_a_verdict() -> None:
     assert short is not None and short.leaking(FLOOR) and not short.judged, short
     long = trend.slope([series(trend.JUDGED_SPAN_S + 60, per_h=24.0, noise=0.05, seed=3)])
     assert long is not None and long.leaking(FLOOR) and long.judged, long
+
+
+def ar1_series(
+    seconds: float, *, per_h: float, sd: float, phi: float, seed: int
+) -> list[tuple[float, float]]:
+    """Samples 2 s apart around a line: noise that keeps `phi` of itself from one sample to
+    the next (stationary, standard deviation `sd`), as a process's RSS wanders."""
+    rng = random.Random(seed)
+    step_sd = sd * (1 - phi * phi) ** 0.5
+    e, out = rng.gauss(0.0, sd), []
+    for i in range(int(seconds / 2)):
+        t = i * 2.0
+        out.append((t, 50.0 + per_h * t / 3600 + e))
+        e = phi * e + rng.gauss(0.0, step_sd)
+    return out
+
+
+def test_autocorrelated_noise_is_not_called_a_trend() -> None:
+    # An hour of a flat process whose RSS wanders (0.5 MiB, 98% kept per 2 s sample: a
+    # wander of about a minute and a half): least squares counting every sample as new calls
+    # most seeds a leak past the floor; the widened interval about one in twenty at most.
+    seeds = range(40)
+    runs = [ar1_series(3600, per_h=0.0, sd=0.5, phi=0.98, seed=s) for s in seeds]
+    called = [s for s, run in zip(seeds, runs, strict=True) if trend.slope([run]).leaking(0.0)]  # type: ignore[union-attr]
+    assert len(called) <= 4, called
+    naive = [s for s, run in zip(seeds, runs, strict=True) if naive_low_per_h(run) > 0.0]
+    assert len(naive) >= 10, naive  # what the narrow interval did: the test would see it
+
+
+def naive_low_per_h(run: list[tuple[float, float]]) -> float:
+    """The lower end of least squares' 95% interval that takes every sample as independent."""
+    n = len(run)
+    mt = sum(t for t, _ in run) / n
+    mv = sum(v for _, v in run) / n
+    sxx = sum((t - mt) ** 2 for t, _ in run)
+    b = sum((t - mt) * (v - mv) for t, v in run) / sxx
+    sse = sum(((v - mv) - b * (t - mt)) ** 2 for t, v in run)
+    return (b - 1.96 * (sse / (n - 2) / sxx) ** 0.5) * 3600
+
+
+def test_a_leak_is_caught_through_autocorrelated_noise() -> None:
+    # 6 MiB an hour, over 30 minutes of wandering noise (0.3 MiB, 90% kept per sample).
+    caught = [
+        trend.slope([ar1_series(1800, per_h=6.0, sd=0.3, phi=0.9, seed=s)]) for s in range(10)
+    ]
+    assert all(f is not None and f.leaking(FLOOR) for f in caught), caught
