@@ -14,6 +14,9 @@ from bench.soak import trend
 from bench.soak.invariants import Firing, Violation
 from bench.soak.procstats import AgentSample
 
+SETTLED_S = 30.0
+"""A start counts as settled when no fault on its node recovered within this before it."""
+
 
 @dataclass(frozen=True)
 class PodStart:
@@ -35,6 +38,14 @@ class PodStart:
     @property
     def start_s(self) -> float | None:
         return None if self.running is None else self.running - self.created
+
+    @property
+    def settled(self) -> bool:
+        """No fault on its node while it waited, and none recovered within SETTLED_S before it
+        was created: what the cluster's own components still catch up on after an outage (the
+        scheduler's watch, kubelet's back-off) is behind it too."""
+        quiet = not self.faulted
+        return quiet and (self.after_fault_s is None or self.after_fault_s >= SETTLED_S)
 
 
 @dataclass
@@ -89,6 +100,7 @@ def summary(result: RunResult) -> dict[str, Any]:
     starts = [p.start_s for p in result.pods if p.start_s is not None]
     quiet = [p.start_s for p in result.pods if p.start_s is not None and not p.faulted]
     faulted = [p.start_s for p in result.pods if p.start_s is not None and p.faulted]
+    settled = [p.start_s for p in result.pods if p.start_s is not None and p.settled]
     found = slopes(result.samples)
     recoveries: dict[str, list[float]] = defaultdict(list)
     for f in result.firings:
@@ -115,6 +127,8 @@ def summary(result: RunResult) -> dict[str, Any]:
         "start_p50_s": _rounded(percentile(starts, 50)),
         "start_p50_s_quiet": _rounded(percentile(quiet, 50)),
         "start_p99_s_quiet": _rounded(percentile(quiet, 99)),
+        "start_p50_s_settled": _rounded(percentile(settled, 50)),
+        "start_p99_s_settled": _rounded(percentile(settled, 99)),
         "start_p50_s_faulted": _rounded(percentile(faulted, 50)),
         "start_p99_s_faulted": _rounded(percentile(faulted, 99)),
         "pods_never_started": sum(1 for p in result.pods if p.running is None),
@@ -199,6 +213,8 @@ def markdown(data: dict[str, Any]) -> str:
         "|---|---|",
         f"| pods started | {data['pods_started']} (never started: {never}) |",
         f"| start p50 / p99 s, no fault | {pair('start_p50_s_quiet', 'start_p99_s_quiet')} |",
+        f"| start p50 / p99 s, no fault in the {SETTLED_S:g} s before | "
+        f"{pair('start_p50_s_settled', 'start_p99_s_settled')} |",
         f"| start p50 / p99 s, faulted | {pair('start_p50_s_faulted', 'start_p99_s_faulted')} |",
         f"| RSS slope MiB/h (95% interval) | {slope('rss_slope_mib_per_h', 'rss_mib')} |",
         f"| fd slope /h (95% interval) | {slope('fd_slope_per_h', 'fds')} |",

@@ -131,3 +131,18 @@ def test_the_json_gives_each_modes_pods_and_every_recovery() -> None:
     assert data["by_mode"]["sidecar"]["pods_started"] == 100
     assert data["pods_started"] == 102
     assert data["recovery_s"] == {"agent_kill9": [12.5, 5.0]}
+
+
+def test_a_start_soon_after_a_fault_is_quiet_but_not_settled() -> None:
+    result = report.RunResult(minutes=1, seed=1, mode="sidecar")
+    late = report.SETTLED_S + 1.0
+    result.pods = [
+        report.PodStart("never-faulted", "n1", 0.0, 1.0, faulted=False),
+        report.PodStart("long-after", "n1", 0.0, 2.0, faulted=False, after_fault_s=late),
+        report.PodStart("just-after", "n1", 0.0, 9.0, faulted=False, after_fault_s=2.0),
+        report.PodStart("during", "n1", 0.0, 40.0, faulted=True, after_fault_s=None),
+    ]
+    data = report.summary(result)
+    assert data["start_p99_s_quiet"] == 9.0 and data["start_p99_s_settled"] == 2.0
+    assert data["start_p99_s_faulted"] == 40.0
+    assert "no fault in the 30 s before | 1.0 / 2.0 |" in report.markdown(data)
