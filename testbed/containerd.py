@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
+
 from testbed import parts
 from testbed.process import Daemon
 
@@ -187,7 +189,7 @@ class Containerd:
                 done = self.ctr("plugins", "ls", check=False)
                 if done.returncode == 0:
                     cri = [line for line in done.stdout.splitlines() if " cri " in line]
-                    if cri and cri[0].split()[-1] == "ok":
+                    if cri and cri[0].split()[-1] == "ok" and cri_answers(self.dirs.socket):
                         return
                     if cri:
                         raise self.daemon.failure(f"loaded its CRI plugin with an error: {cri[0]}")
@@ -271,3 +273,16 @@ class Containerd:
 
     def remove_image(self, ref: str) -> None:
         self.ctr("images", "rm", ref)
+
+
+def cri_answers(socket: Path, timeout: float = 2.0) -> bool:
+    """Whether the CRI on `socket` answers RuntimeService/Version. containerd lists its CRI
+    plugin ok before the CRI server has loaded its state and serves; until then every call
+    fails "server is not initialized", and a kubelet started then exits at its start."""
+    with grpc.insecure_channel(f"unix://{socket}") as channel:
+        version = channel.unary_unary("/runtime.v1.RuntimeService/Version")
+        try:
+            version(b"", timeout=timeout)  # VersionRequest{} is no bytes
+        except grpc.RpcError:
+            return False
+    return True
