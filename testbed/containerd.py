@@ -189,9 +189,10 @@ class Containerd:
                 done = self.ctr("plugins", "ls", check=False)
                 if done.returncode == 0:
                     cri = [line for line in done.stdout.splitlines() if " cri " in line]
-                    if cri and cri[0].split()[-1] == "ok" and cri_answers(self.dirs.socket):
-                        return
-                    if cri:
+                    if cri and cri[0].split()[-1] == "ok":
+                        if cri_answers(self.dirs.socket):
+                            return
+                    elif cri:
                         raise self.daemon.failure(f"loaded its CRI plugin with an error: {cri[0]}")
             if time.monotonic() > deadline:
                 raise self.daemon.failure(f"did not serve its CRI plugin within {timeout}s")
