@@ -12,8 +12,8 @@ pytest_plugins = ["tests.fixtures", "tests.e2e.harness"]
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The modules with hostile-tier tests run last, each whole and in order: they compare
-    latencies quiet and flooded, and in ci/test the process beside this one (unmarked, chart,
-    differential and stress tests, CPU-bound) has ended by then. Before them, the modules on
+    latencies quiet and flooded (ci/test runs the tier in a process of its own once the others
+    have ended, and this order keeps a run of several tiers the same). Before them, the modules on
     containerd 2 (tests/node/conftest.py on_containerd2) one after another: the node is laid
     out so once for them all, and back once."""
     hostile = {item.path for item in items if item.get_closest_marker("hostile") is not None}
