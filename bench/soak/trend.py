@@ -81,20 +81,21 @@ def slope(
     n = sum(len(s) for s in kept)
     if n < 3:
         return None
+    means = list(_means(kept))
     sxx = sxy = 0.0
-    for seg, mt, mv in _means(kept):
+    for seg, mt, mv in means:
         for t, v in seg:
             sxx += (t - mt) ** 2
             sxy += (t - mt) * (v - mv)
     if sxx == 0.0:
         return None
     b = sxy / sxx
-    residuals = [[(v - mv) - b * (t - mt) for t, v in seg] for seg, mt, mv in _means(kept)]
+    residuals = [[(v - mv) - b * (t - mt) for t, v in seg] for seg, mt, mv in means]
     sse = sum(e * e for seg in residuals for e in seg)
     r = lag1_autocorrelation(residuals)
     inflation = (1 + r) / (1 - r)
     dof = math.floor(n / inflation) - len(kept) - 1
-    half = t975(dof) * math.sqrt(inflation * sse / max(dof, 1) / sxx) if dof > 0 else math.inf
+    half = t975(dof) * math.sqrt(inflation * sse / dof / sxx) if dof > 0 else math.inf
     longest = max(seg[-1][0] - seg[0][0] for seg in kept)
     return Slope(b * 3600, (b - half) * 3600, (b + half) * 3600, n, len(kept), longest)
 
