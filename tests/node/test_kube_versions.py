@@ -4,16 +4,16 @@ ci/go/kubernetes-1.<minor> (parts.extra_kube_versions(); built by ci/setup-testb
 release (testbed/realnode.py with parts.kube(version)), started for the module and stopped,
 whatever happened, before the next release's. On each:
 
+- the node tier's and the istiod tier's own tests, the same functions (TAKEN below): the chart
+  installed with Helm 3 and 4, a sidecar pod captured and a plain one untouched, `helm uninstall`
+  restoring the node, pods waiting for the agent across a restart and repaired after it, an ambient
+  pod enrolled with the ztunnel TEST DOUBLE (testbed/ztunnel_double.py); istiod (testbed/istiod.py)
+  injecting pods whose `istio-validation` passes, that validation failing without the agent and
+  each repair mode handling it, every injected variant, and the node's taint;
 - test_chart_installs_and_a_sidecar_pod_is_captured: the API server and the Node's kubelet report
-  the release, `helm install` (Helm 4) passes the chart's kubeVersion check against that server,
-  the agent chains itself into the node's conflist, and a sidecar pod starts with Istio's rules
-  in its network namespace;
-- test_ambient_pod_enrolled: an ambient pod is enrolled (annotated, its netns handed to the
-  ztunnel TEST DOUBLE, testbed/ztunnel_double.py; its outbound connection answered by it);
+  the release and `helm install` passes the chart's kubeVersion check against that server;
 - test_helm_uninstall_leaves_the_node_byte_identical: every file of the node's CNI dirs (bytes,
-  link targets, modes, owners) as before the install;
-- test_istiod_injects_and_validation_passes: Istio's istiod (testbed/istiod.py) injects a
-  Deployment's pod, native sidecar and `istio-validation`, which passes against our rules.
+  link targets, modes, owners) as before the install.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterator
-from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -31,22 +31,17 @@ from agent.check.platform import CHART_KUBE_VERSION, parse_version, satisfies
 from testbed import chart as agent_mod
 from testbed import images, kubepods, parts, podnet
 from testbed.images import Image
-from testbed.injected import (
-    PROXY,
-    VALIDATION,
-    assert_outbound_captured,
-    assert_validation_passed,
-    connect_loop,
-    deployment,
-    injected_namespace,
-    wait_deployment_pod,
-    wait_injected_running,
-)
-from testbed.istiod import Istiod
 from testbed.parts import MissingPartError
 from testbed.process import PartFailedError
 from testbed.realnode import RealCluster
-from tests.node.test_ambient import assert_a_pod_enrolled_with_ztunnel, set_mode_label
+from tests.node import (
+    test_ambient,
+    test_install,
+    test_istiod,
+    test_restart,
+    test_traffic,
+    test_uninstall,
+)
 
 pytestmark = [pytest.mark.node, pytest.mark.kubeversions]
 
@@ -82,6 +77,32 @@ def node_core(real_cluster: RealCluster) -> Any:
 @pytest.fixture(scope="module")
 def agent_image(real_cluster: RealCluster) -> images.Image:
     return real_cluster.images["istio-cni"]
+
+
+# The node tier's and the istiod tier's own tests, the same functions, collected here as well:
+# with this module's fixtures above they run on each release's bed, the istiod tier's on its
+# containerd 1.6 (tests/node/test_istiod.py lays the session's node out on containerd 2). The
+# fixtures of their modules that they take come with them.
+TAKEN: dict[ModuleType, tuple[str, ...]] = {
+    test_install: ("test_helm_install_runs_the_agent_on_the_node",),
+    test_traffic: ("test_sidecar_pod_captured_plain_pod_untouched",),
+    test_uninstall: ("test_helm_uninstall_restores_the_node",),
+    test_restart: (
+        "agent_image_back",
+        "test_after_restart_pods_wait_for_the_agent",
+        "test_pod_started_before_the_agent_is_repaired",
+    ),
+    test_ambient: ("plain_ns", "test_ambient_pod_enrolled_captured_probed_and_released"),
+    test_istiod: (
+        "injected_ns",
+        "test_istiod_injects_validation_passes_traffic_captured",
+        "test_validation_fails_without_the_agent_and_repair_handles_the_pod",
+        "test_injected_variants_validated_captured_and_programmed_as_rules_pod_prints",
+        "test_istiod_untaints_the_node_once_the_agent_is_ready_and_the_agent_does_not_fight_it",
+    ),
+}
+for _module, _names in TAKEN.items():
+    globals().update({name: getattr(_module, name) for name in _names})
 
 
 def node_files(cluster: RealCluster) -> dict[str, tuple[int, int, int, bytes]]:
@@ -139,21 +160,6 @@ def test_chart_installs_and_a_sidecar_pod_is_captured(
     )
 
 
-def test_ambient_pod_enrolled(
-    real_cluster: RealCluster,
-    ztunnel_socket: Path,
-    node_helm: Any,
-    node_core: Any,
-    agent_image: Image,
-    workload_ns: str,
-) -> None:
-    # ztunnel_socket comes first: its clean-up runs after the release is uninstalled.
-    set_mode_label(node_core, workload_ns, "ambient")
-    ambient = {"enabled": True, "ztunnelSocketPath": str(ztunnel_socket)}
-    agent_mod.install(node_helm("4"), real_cluster, node_core, agent_image, ambient=ambient)
-    assert_a_pod_enrolled_with_ztunnel(real_cluster, node_core, workload_ns, ztunnel_socket)
-
-
 def test_helm_uninstall_leaves_the_node_byte_identical(
     real_cluster: RealCluster, node_helm: Any, node_core: Any, agent_image: Image
 ) -> None:
@@ -167,24 +173,3 @@ def test_helm_uninstall_leaves_the_node_byte_identical(
     assert after.keys() == before.keys()
     changed = [path for path in before if after[path] != before[path]]
     assert not changed, changed
-
-
-@pytest.mark.istiod
-def test_istiod_injects_and_validation_passes(
-    real_cluster: RealCluster,
-    node_helm: Any,
-    node_core: Any,
-    agent_image: Image,
-    istiod: Istiod,
-) -> None:
-    agent_mod.install(node_helm("4"), real_cluster, node_core, agent_image)
-    with injected_namespace(node_core, real_cluster.apps(), istiod) as namespace:
-        manifest = deployment("web", real_cluster.images["workload"].ref, connect_loop())
-        real_cluster.apps().create_namespaced_deployment(namespace, manifest)
-        pod = wait_deployment_pod(node_core, namespace, "app=web", istiod)
-        view = wait_injected_running(node_core, namespace, pod)
-        pod = node_core.read_namespaced_pod(view.name, namespace)
-        # istiod's auto-detection: every release here runs native sidecars.
-        assert [c.name for c in pod.spec.init_containers or []] == [VALIDATION, PROXY]
-        assert_validation_passed(node_core, namespace, pod)
-        assert_outbound_captured(node_core, namespace, pod)
