@@ -1,5 +1,8 @@
 """An agent process's RSS, threads and open descriptors, read from /proc on the node's host
-(the agent's container shares the machine's kernel)."""
+(the agent's container shares the machine's kernel). The RSS also split as the kernel counts it:
+anonymous pages (the heap, thread stacks, what the allocators hold) and file-backed or shared
+pages (code and data of the interpreter and libraries, paged in as code paths first run), so a
+rise can be told apart: only the first kind can be a leak."""
 
 from __future__ import annotations
 
@@ -18,6 +21,10 @@ class AgentSample:
     rss_mib: float
     threads: int
     fds: int
+    anon_mib: float = 0.0
+    """RssAnon."""
+    file_mib: float = 0.0
+    """RssFile + RssShmem."""
 
 
 def read(pid: int, *, node: str, at: float, proc: Path = PROC) -> AgentSample | None:
@@ -28,5 +35,17 @@ def read(pid: int, *, node: str, at: float, proc: Path = PROC) -> AgentSample | 
     except (FileNotFoundError, ProcessLookupError):
         return None
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-    rss_kib = int(fields["VmRSS"].split()[0]) if "VmRSS" in fields else 0  # a zombie has none
-    return AgentSample(at, node, pid, rss_kib / 1024.0, int(fields["Threads"]), fds)
+
+    def mib(*names: str) -> float:  # a zombie has none of them
+        return sum(int(fields[n].split()[0]) for n in names if n in fields) / 1024.0
+
+    return AgentSample(
+        at,
+        node,
+        pid,
+        mib("VmRSS"),
+        int(fields["Threads"]),
+        fds,
+        anon_mib=mib("RssAnon"),
+        file_mib=mib("RssFile", "RssShmem"),
+    )

@@ -78,7 +78,15 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return ordered[int(rank) - 1]
 
 
-def slopes(samples: Sequence[AgentSample]) -> dict[str, trend.Slope | None]:
+JUDGED = ("rss_mib", "fds", "threads")
+"""The resources whose trend is an invariant (trend.FLOORS_PER_H)."""
+RSS_PARTS = ("anon_mib", "file_mib")
+"""The RSS's anonymous and file-backed parts: reported beside it, to tell where a rise is."""
+
+
+def slopes(
+    samples: Sequence[AgentSample], names: Sequence[str] = JUDGED
+) -> dict[str, trend.Slope | None]:
     """Per resource, the slope common to every agent process (segments by node and pid)."""
     segments: dict[tuple[str, int], list[AgentSample]] = defaultdict(list)
     for s in sorted(samples, key=lambda s: s.at):
@@ -87,8 +95,12 @@ def slopes(samples: Sequence[AgentSample]) -> dict[str, trend.Slope | None]:
         name: trend.slope(
             [[(s.at, float(getattr(s, name))) for s in seg] for seg in segments.values()]
         )
-        for name in ("rss_mib", "fds", "threads")
+        for name in names
     }
+
+
+def _per_h(found: trend.Slope | None) -> float | None:
+    return None if found is None else round(found.per_h, 3)
 
 
 def _rounded(value: float | None, digits: int = 3) -> float | None:
@@ -102,14 +114,14 @@ def summary(result: RunResult) -> dict[str, Any]:
     faulted = [p.start_s for p in result.pods if p.start_s is not None and p.faulted]
     settled = [p.start_s for p in result.pods if p.start_s is not None and p.settled]
     found = slopes(result.samples)
+    parts = slopes(result.samples, RSS_PARTS)
     recoveries: dict[str, list[float]] = defaultdict(list)
     for f in result.firings:
         if f.recovery_s is not None:
             recoveries[f.kind].append(f.recovery_s)
 
     def per_h(name: str) -> float | None:
-        s = found[name]
-        return None if s is None else round(s.per_h, 3)
+        return _per_h(found[name])
 
     return {
         "pods_started": len(starts),
@@ -122,8 +134,10 @@ def summary(result: RunResult) -> dict[str, Any]:
         "threads_slope_per_h": per_h("threads"),
         "slope_intervals_per_h": {
             k: None if s is None else [round(s.low_per_h, 3), round(s.high_per_h, 3)]
-            for k, s in found.items()
+            for k, s in (found | parts).items()
         },
+        "rss_anon_slope_mib_per_h": _per_h(parts["anon_mib"]),
+        "rss_file_slope_mib_per_h": _per_h(parts["file_mib"]),
         "start_p50_s": _rounded(percentile(starts, 50)),
         "start_p50_s_quiet": _rounded(percentile(quiet, 50)),
         "start_p99_s_quiet": _rounded(percentile(quiet, 99)),
@@ -198,7 +212,7 @@ def markdown(data: dict[str, Any]) -> str:
     def slope(key: str, interval: str) -> str:
         unjudged = f" (not judged: no agent process sampled {trend.JUDGED_SPAN_S / 60:.0f} min)"
         note = unjudged if interval in data.get("trends_unjudged", ()) else ""
-        return f"{fmt(data[key])} {fmt(data['slope_intervals_per_h'][interval])}{note}"
+        return f"{fmt(data.get(key))} {fmt(data['slope_intervals_per_h'].get(interval))}{note}"
 
     never = data["pods_never_started"]
     lines = [
@@ -217,6 +231,9 @@ def markdown(data: dict[str, Any]) -> str:
         f"{pair('start_p50_s_settled', 'start_p99_s_settled')} |",
         f"| start p50 / p99 s, faulted | {pair('start_p50_s_faulted', 'start_p99_s_faulted')} |",
         f"| RSS slope MiB/h (95% interval) | {slope('rss_slope_mib_per_h', 'rss_mib')} |",
+        f"| of it anonymous / file-backed, not judged | "
+        f"{slope('rss_anon_slope_mib_per_h', 'anon_mib')} / "
+        f"{slope('rss_file_slope_mib_per_h', 'file_mib')} |",
         f"| fd slope /h (95% interval) | {slope('fd_slope_per_h', 'fds')} |",
         f"| threads slope /h (95% interval) | {slope('threads_slope_per_h', 'threads')} |",
         f"| violations | {len(data['violations'])} |",
@@ -321,10 +338,12 @@ def write(result: RunResult, report: Path) -> dict[str, Any]:
     report.with_suffix(".json").write_text(json.dumps(data, indent=2) + "\n")
     # Every agent sample, for judging a slope by eye (the plot shows RSS only).
     rows = [
-        f"{s.at:.2f},{s.node},{s.pid},{s.rss_mib:.3f},{s.threads},{s.fds}" for s in result.samples
+        f"{s.at:.2f},{s.node},{s.pid},{s.rss_mib:.3f},{s.threads},{s.fds},"
+        f"{s.anon_mib:.3f},{s.file_mib:.3f}"
+        for s in result.samples
     ]
     report.with_suffix(".samples.csv").write_text(
-        "\n".join(["at_s,node,pid,rss_mib,threads,fds", *rows]) + "\n"
+        "\n".join(["at_s,node,pid,rss_mib,threads,fds,anon_mib,file_mib", *rows]) + "\n"
     )
     # Every pod's start, for finding what the slow ones have in common.
     pods = [_pod_row(p) for p in result.pods]

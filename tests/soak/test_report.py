@@ -33,7 +33,7 @@ def a_result() -> report.RunResult:
     ]
     result.violations = [Violation("uncaptured", 31.0, "n1", "pod p7", ("agent_kill9@n1",))]
     result.samples = [
-        AgentSample(float(t), node, pid, 50.0 + t / 100, 8, 20)
+        AgentSample(float(t), node, pid, 50.0 + t / 100, 8, 20, 20.0 + t / 100, 30.0)
         for node, pid in (("n1", 10), ("n2", 11))
         for t in range(0, 300, 2)
     ]
@@ -63,6 +63,16 @@ def test_the_json_holds_the_contract_keys_with_the_run_figures() -> None:
     assert data["unrecovered"] == ["api_429"]
     assert 30.0 < data["rss_slope_mib_per_h"] < 42.0  # 36 MiB an hour
     assert data["fd_slope_per_h"] == 0.0
+    # The RSS's split, reported beside it: the rise is all anonymous here.
+    assert 30.0 < data["rss_anon_slope_mib_per_h"] < 42.0
+    assert data["rss_file_slope_mib_per_h"] == 0.0
+    assert set(data["slope_intervals_per_h"]) == {
+        "rss_mib",
+        "fds",
+        "threads",
+        "anon_mib",
+        "file_mib",
+    }
     json.dumps(data)  # serialisable as it is
 
 
@@ -72,6 +82,7 @@ def test_the_markdown_names_faults_unavailable_kinds_and_violations() -> None:
     assert "| node_reboot | not available: waits for the reboot bed | - |" in text
     assert "| 31.0 | uncaptured | n1 | agent_kill9@n1 | pod p7 |" in text
     assert "- helm_rollback start: HelmError: no revision (at 50.0 s)" in text
+    assert "| of it anonymous / file-backed, not judged | 36" in text
 
 
 def test_write_puts_markdown_json_and_a_png_beside_each_other(tmp_path: Path) -> None:
