@@ -216,12 +216,14 @@ def wait_running(
     return result
 
 
-def logs(core: Any, namespace: str, name: str, container: str) -> str:
-    """The container's log through the API server (which asks the kubelet)."""
+def logs(core: Any, namespace: str, name: str, container: str, *, previous: bool = False) -> str:
+    """The container's log through the API server (which asks the kubelet); `previous`: its run
+    before the current one."""
+    extra = {"previous": True} if previous else {}
     try:
-        return str(core.read_namespaced_pod_log(name, namespace, container=container))
+        return str(core.read_namespaced_pod_log(name, namespace, container=container, **extra))
     except ApiException as e:
-        if e.status in (400, 404):  # not started yet / gone
+        if e.status in (400, 404):  # not started yet (no earlier run) / gone
             return ""
         raise
 

@@ -206,14 +206,7 @@ def _ended_runs_log(core: Any, namespace: str, name: str) -> str:
     """istio-validation's log of its run before the current one, then the current one's: by the
     time the failed run is seen, kubelet may have started the next, whose log is the current
     one (seen on the Kubernetes 1.37.2 bed: only its first lines)."""
-    try:
-        previous = str(
-            core.read_namespaced_pod_log(name, namespace, container=VALIDATION, previous=True)
-        )
-    except ApiException as e:
-        if e.status not in (400, 404):  # no earlier run
-            raise
-        previous = ""
+    previous = kubepods.logs(core, namespace, name, VALIDATION, previous=True)
     return previous + kubepods.logs(core, namespace, name, VALIDATION)
 
 
